@@ -1,0 +1,4 @@
+//! One module per group of subcommands.
+pub mod pipe;
+pub mod serve;
+pub mod transfer;
