@@ -1,0 +1,473 @@
+//! FTP commands (RFC 959, 2389, 2428, 3659) and the xftp extensions,
+//! parsed from control-connection lines.
+//!
+//! Path arguments stay bytes: file names need not be UTF-8 and must not be
+//! mangled on the way to the file system.
+
+use std::net::{SocketAddr, SocketAddrV4};
+
+use crate::error::ProtoError;
+use crate::hostport;
+
+/// Longest command line accepted (RFC 959 sets no limit; 4 KiB covers any
+/// real path while bounding memory per session).
+pub const MAX_LINE: usize = 4096;
+
+/// Representation type (TYPE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferType {
+    /// TYPE A (optionally with format N): line endings become CRLF on the wire.
+    Ascii,
+    /// TYPE I (or L 8): bytes as they are.
+    Image,
+}
+
+/// One parsed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Command {
+    /// USER name
+    User(String),
+    /// PASS password (possibly empty)
+    Pass(String),
+    /// QUIT
+    Quit,
+    /// NOOP
+    Noop,
+    /// SYST
+    Syst,
+    /// STAT [path]
+    Stat(Option<Vec<u8>>),
+    /// HELP [topic]
+    Help(Option<String>),
+    /// FEAT
+    Feat,
+    /// OPTS option
+    Opts(String),
+    /// TYPE A|I|L 8
+    Type(TransferType),
+    /// MODE S|E (the code letter, upper-cased)
+    Mode(char),
+    /// STRU F|R|P (the code letter, upper-cased)
+    Stru(char),
+    /// PWD / XPWD
+    Pwd,
+    /// CWD path / XCWD
+    Cwd(Vec<u8>),
+    /// CDUP / XCUP
+    Cdup,
+    /// LIST [args]
+    List(Option<Vec<u8>>),
+    /// NLST [args]
+    Nlst(Option<Vec<u8>>),
+    /// MLSD [path]
+    Mlsd(Option<Vec<u8>>),
+    /// MLST [path]
+    Mlst(Option<Vec<u8>>),
+    /// SIZE path
+    Size(Vec<u8>),
+    /// MDTM path
+    Mdtm(Vec<u8>),
+    /// RETR path
+    Retr(Vec<u8>),
+    /// STOR path
+    Stor(Vec<u8>),
+    /// APPE path
+    Appe(Vec<u8>),
+    /// REST offset (stream mode restart)
+    Rest(u64),
+    /// DELE path
+    Dele(Vec<u8>),
+    /// MKD path / XMKD
+    Mkd(Vec<u8>),
+    /// RMD path / XRMD
+    Rmd(Vec<u8>),
+    /// RNFR path
+    Rnfr(Vec<u8>),
+    /// RNTO path
+    Rnto(Vec<u8>),
+    /// ABOR
+    Abor,
+    /// PORT h1,h2,h3,h4,p1,p2
+    Port(SocketAddrV4),
+    /// PASV
+    Pasv,
+    /// EPRT |af|addr|port|
+    Eprt(SocketAddr),
+    /// EPSV [af|ALL]
+    Epsv(Option<String>),
+    /// xftp: MULT [n] — ask for n parallel data connections.
+    Mult(Option<u32>),
+    /// xftp: MPRT spec spec ... — one client address per data connection.
+    Mprt(Vec<SocketAddr>),
+    /// SITE subcommand (text after SITE)
+    Site(String),
+    /// A verb we do not implement (upper-cased).
+    Unknown(String),
+}
+
+impl Command {
+    /// The upper-case verb as the client sent it, for logs and replies.
+    pub fn verb_of(line: &[u8]) -> String {
+        let end = line.iter().position(|b| *b == b' ').unwrap_or(line.len());
+        String::from_utf8_lossy(&line[..end]).to_ascii_uppercase()
+    }
+
+    /// Parse one command line (without the CRLF).
+    pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
+        let (verb, arg) = match line.iter().position(|b| *b == b' ') {
+            Some(i) => (&line[..i], Some(&line[i + 1..])),
+            None => (line, None),
+        };
+        if verb.is_empty() || verb.len() > 8 || !verb.iter().all(u8::is_ascii_alphabetic) {
+            return Err(ProtoError::BadVerb);
+        }
+        let verb = String::from_utf8_lossy(verb).to_ascii_uppercase();
+        // An argument of only spaces counts as none (some clients send "LIST ").
+        let arg = arg.filter(|a| !a.iter().all(|b| *b == b' '));
+        let text = |name: &'static str| -> Result<String, ProtoError> {
+            let a = arg.ok_or(ProtoError::MissingArgument(name))?;
+            String::from_utf8(a.to_vec()).map_err(|_| ProtoError::BadArgument {
+                verb: name,
+                reason: "argument is not UTF-8".into(),
+            })
+        };
+        let path = |name: &'static str| -> Result<Vec<u8>, ProtoError> {
+            let a = arg.ok_or(ProtoError::MissingArgument(name))?;
+            if a.contains(&0) {
+                return Err(ProtoError::BadPath("NUL byte in path"));
+            }
+            Ok(a.to_vec())
+        };
+        let opt_path = |name: &'static str| -> Result<Option<Vec<u8>>, ProtoError> {
+            match arg {
+                None => Ok(None),
+                Some(_) => path(name).map(Some),
+            }
+        };
+        Ok(match verb.as_str() {
+            "USER" => Command::User(text("USER")?),
+            "PASS" => Command::Pass(
+                arg.map(|a| String::from_utf8_lossy(a).into_owned())
+                    .unwrap_or_default(),
+            ),
+            "QUIT" => Command::Quit,
+            "NOOP" => Command::Noop,
+            "SYST" => Command::Syst,
+            "STAT" => Command::Stat(opt_path("STAT")?),
+            "HELP" => Command::Help(arg.map(|a| String::from_utf8_lossy(a).into_owned())),
+            "FEAT" => Command::Feat,
+            "OPTS" => Command::Opts(text("OPTS")?),
+            "TYPE" => Command::Type(parse_type(&text("TYPE")?)?),
+            "MODE" => Command::Mode(one_letter("MODE", &text("MODE")?)?),
+            "STRU" => Command::Stru(one_letter("STRU", &text("STRU")?)?),
+            "PWD" | "XPWD" => Command::Pwd,
+            "CWD" | "XCWD" => Command::Cwd(path("CWD")?),
+            "CDUP" | "XCUP" => Command::Cdup,
+            "LIST" => Command::List(opt_path("LIST")?),
+            "NLST" => Command::Nlst(opt_path("NLST")?),
+            "MLSD" => Command::Mlsd(opt_path("MLSD")?),
+            "MLST" => Command::Mlst(opt_path("MLST")?),
+            "SIZE" => Command::Size(path("SIZE")?),
+            "MDTM" => Command::Mdtm(path("MDTM")?),
+            "RETR" => Command::Retr(path("RETR")?),
+            "STOR" => Command::Stor(path("STOR")?),
+            "APPE" => Command::Appe(path("APPE")?),
+            "REST" => {
+                let t = text("REST")?;
+                Command::Rest(t.trim().parse().map_err(|_| ProtoError::BadArgument {
+                    verb: "REST",
+                    reason: format!("{t:?} is not a byte offset"),
+                })?)
+            }
+            "DELE" => Command::Dele(path("DELE")?),
+            "MKD" | "XMKD" => Command::Mkd(path("MKD")?),
+            "RMD" | "XRMD" => Command::Rmd(path("RMD")?),
+            "RNFR" => Command::Rnfr(path("RNFR")?),
+            "RNTO" => Command::Rnto(path("RNTO")?),
+            "ABOR" => Command::Abor,
+            "PORT" => Command::Port(hostport::parse_port_arg(&text("PORT")?)?),
+            "PASV" => Command::Pasv,
+            "EPRT" => Command::Eprt(hostport::parse_eprt_arg(&text("EPRT")?)?),
+            "EPSV" => Command::Epsv(arg.map(|a| String::from_utf8_lossy(a).trim().to_owned())),
+            "MULT" => Command::Mult(match arg {
+                None => None,
+                Some(a) => {
+                    let t = String::from_utf8_lossy(a);
+                    let n: u32 = t.trim().parse().map_err(|_| ProtoError::BadArgument {
+                        verb: "MULT",
+                        reason: format!("{t:?} is not a connection count"),
+                    })?;
+                    if n == 0 {
+                        return Err(ProtoError::BadArgument {
+                            verb: "MULT",
+                            reason: "the connection count must be at least 1".into(),
+                        });
+                    }
+                    Some(n)
+                }
+            }),
+            "MPRT" => Command::Mprt(hostport::parse_mprt_arg(&text("MPRT")?)?),
+            "SITE" => Command::Site(text("SITE")?),
+            _ => Command::Unknown(verb),
+        })
+    }
+}
+
+fn parse_type(arg: &str) -> Result<TransferType, ProtoError> {
+    let up = arg.trim().to_ascii_uppercase();
+    let words: Vec<&str> = up.split_ascii_whitespace().collect();
+    match words.as_slice() {
+        ["A"] | ["A", "N"] => Ok(TransferType::Ascii),
+        ["I"] | ["L", "8"] => Ok(TransferType::Image),
+        _ => Err(ProtoError::BadArgument {
+            verb: "TYPE",
+            reason: format!("unsupported type {arg:?} (use A or I)"),
+        }),
+    }
+}
+
+fn one_letter(verb: &'static str, arg: &str) -> Result<char, ProtoError> {
+    let t = arg.trim();
+    let mut chars = t.chars();
+    match (chars.next(), chars.next()) {
+        (Some(c), None) if c.is_ascii_alphabetic() => Ok(c.to_ascii_uppercase()),
+        _ => Err(ProtoError::BadArgument {
+            verb,
+            reason: format!("expected one letter, got {t:?}"),
+        }),
+    }
+}
+
+/// Splits the control stream into command lines, sans-IO.
+///
+/// Handles CRLF and bare LF, strips Telnet IAC sequences (clients send
+/// `IAC IP IAC DM` before ABOR, RFC 959 section 4.1.3), and bounds the line
+/// length: an over-long line yields one `LineTooLong` error and is then
+/// skipped up to its end, so the session stays usable.
+#[derive(Debug, Default)]
+pub struct LineReader {
+    buf: Vec<u8>,
+    discarding: bool,
+    iac: IacState,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum IacState {
+    #[default]
+    Data,
+    Iac,
+    Option,
+}
+
+impl LineReader {
+    /// An empty reader.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed bytes; complete lines (and errors) are pushed to `out`.
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<Result<Vec<u8>, ProtoError>>) {
+        for &b in data {
+            match self.iac {
+                IacState::Iac => {
+                    self.iac = match b {
+                        0xff => {
+                            self.push(0xff, out);
+                            IacState::Data
+                        }
+                        // WILL WONT DO DONT carry one option byte.
+                        0xfb..=0xfe => IacState::Option,
+                        _ => IacState::Data,
+                    };
+                    continue;
+                }
+                IacState::Option => {
+                    self.iac = IacState::Data;
+                    continue;
+                }
+                IacState::Data => {}
+            }
+            if b == 0xff {
+                self.iac = IacState::Iac;
+                continue;
+            }
+            self.push(b, out);
+        }
+    }
+
+    fn push(&mut self, b: u8, out: &mut Vec<Result<Vec<u8>, ProtoError>>) {
+        if b == b'\n' {
+            if self.discarding {
+                self.discarding = false;
+            } else {
+                let mut line = std::mem::take(&mut self.buf);
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                out.push(Ok(line));
+            }
+            self.buf.clear();
+            return;
+        }
+        if self.discarding {
+            return;
+        }
+        if self.buf.len() >= MAX_LINE {
+            self.buf.clear();
+            self.discarding = true;
+            out.push(Err(ProtoError::LineTooLong { limit: MAX_LINE }));
+            return;
+        }
+        self.buf.push(b);
+    }
+}
+
+/// Fuzz entry point: feed arbitrary bytes through the line reader and the
+/// command parser. Must never panic.
+#[doc(hidden)]
+pub fn fuzz_commands(data: &[u8]) {
+    let mut r = LineReader::new();
+    let mut out = Vec::new();
+    r.feed(data, &mut out);
+    for line in out.into_iter().flatten() {
+        let _ = Command::parse(&line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(data: &[u8]) -> Vec<Result<Vec<u8>, ProtoError>> {
+        let mut r = LineReader::new();
+        let mut out = Vec::new();
+        r.feed(data, &mut out);
+        out
+    }
+
+    #[test]
+    fn parses_common_commands() {
+        assert_eq!(
+            Command::parse(b"USER anonymous").unwrap(),
+            Command::User("anonymous".into())
+        );
+        assert_eq!(
+            Command::parse(b"pass").unwrap(),
+            Command::Pass(String::new())
+        );
+        assert_eq!(
+            Command::parse(b"type i").unwrap(),
+            Command::Type(TransferType::Image)
+        );
+        assert_eq!(
+            Command::parse(b"TYPE A N").unwrap(),
+            Command::Type(TransferType::Ascii)
+        );
+        assert_eq!(
+            Command::parse(b"TYPE L 8").unwrap(),
+            Command::Type(TransferType::Image)
+        );
+        assert_eq!(
+            Command::parse(b"RETR a b.txt").unwrap(),
+            Command::Retr(b"a b.txt".to_vec())
+        );
+        assert_eq!(Command::parse(b"REST 100").unwrap(), Command::Rest(100));
+        assert_eq!(Command::parse(b"LIST ").unwrap(), Command::List(None));
+        assert_eq!(Command::parse(b"MULT").unwrap(), Command::Mult(None));
+        assert_eq!(Command::parse(b"MULT 8").unwrap(), Command::Mult(Some(8)));
+        assert_eq!(Command::parse(b"XPWD").unwrap(), Command::Pwd);
+        assert_eq!(
+            Command::parse(b"PORT 127,0,0,1,4,1").unwrap(),
+            Command::Port("127.0.0.1:1025".parse().unwrap())
+        );
+        assert_eq!(
+            Command::parse(b"FOO bar").unwrap(),
+            Command::Unknown("FOO".into())
+        );
+    }
+
+    #[test]
+    fn non_utf8_paths_survive() {
+        assert_eq!(
+            Command::parse(b"STOR caf\xe9").unwrap(),
+            Command::Stor(b"caf\xe9".to_vec())
+        );
+    }
+
+    #[test]
+    fn argument_errors() {
+        assert_eq!(
+            Command::parse(b"RETR"),
+            Err(ProtoError::MissingArgument("RETR"))
+        );
+        assert!(matches!(
+            Command::parse(b"REST -1"),
+            Err(ProtoError::BadArgument { .. })
+        ));
+        assert!(matches!(
+            Command::parse(b"TYPE E"),
+            Err(ProtoError::BadArgument { .. })
+        ));
+        assert!(matches!(
+            Command::parse(b"MULT 0"),
+            Err(ProtoError::BadArgument { .. })
+        ));
+        assert!(matches!(
+            Command::parse(b"PORT 1,2,3"),
+            Err(ProtoError::BadArgument { .. })
+        ));
+        assert_eq!(
+            Command::parse(b"RETR a\0b"),
+            Err(ProtoError::BadPath("NUL byte in path"))
+        );
+        assert_eq!(Command::parse(b""), Err(ProtoError::BadVerb));
+        assert_eq!(Command::parse(b"12 x"), Err(ProtoError::BadVerb));
+    }
+
+    #[test]
+    fn line_reader_crlf_lf_and_partial() {
+        let mut r = LineReader::new();
+        let mut out = Vec::new();
+        r.feed(b"NOOP\r\nSY", &mut out);
+        r.feed(b"ST\nQUIT\r", &mut out);
+        assert_eq!(out.len(), 2);
+        r.feed(b"\n", &mut out);
+        let got: Vec<Vec<u8>> = out.into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            got,
+            vec![b"NOOP".to_vec(), b"SYST".to_vec(), b"QUIT".to_vec()]
+        );
+    }
+
+    #[test]
+    fn line_reader_strips_telnet_ip_dm() {
+        // What ftplib's abort() and curl send before ABOR.
+        let out = lines(b"\xff\xf4\xff\xf2ABOR\r\n");
+        assert_eq!(out, vec![Ok(b"ABOR".to_vec())]);
+        let out = lines(b"\xff\xfd\x01NOOP\r\n");
+        assert_eq!(out, vec![Ok(b"NOOP".to_vec())]);
+    }
+
+    #[test]
+    fn over_long_line_reported_once_then_skipped() {
+        let mut data = vec![b'A'; MAX_LINE * 3];
+        data.extend_from_slice(b"\r\nNOOP\r\n");
+        let out = lines(&data);
+        assert_eq!(out.len(), 2);
+        assert!(matches!(out[0], Err(ProtoError::LineTooLong { .. })));
+        assert_eq!(out[1], Ok(b"NOOP".to_vec()));
+    }
+
+    #[test]
+    fn fuzz_entry_runs() {
+        fuzz_commands(b"USER a\r\nPORT 999,1\r\n\xff\xffMULT x\r\nEPRT |9|x|y|\r\n");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..2000)) {
+            fuzz_commands(&data);
+        }
+    }
+}
