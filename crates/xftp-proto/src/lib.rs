@@ -11,6 +11,7 @@
 //!   Command / Reply ──► encode() ──► socket bytes
 //! ```
 
+pub mod ascii;
 pub mod command;
 pub mod hostport;
 pub mod path;
