@@ -1,1 +1,39 @@
-//! xftp-client
+//! Async FTP client for xftp, on tokio.
+//!
+//! Every operation is "send a command, expect these codes": anything else
+//! becomes a [`ClientError`] that keeps the server's code and text. Command
+//! arguments containing CR or LF are refused before anything is sent.
+//!
+//! * Login is pipelined: USER, PASS, TYPE I (and `MULT n`) go out in one
+//!   write; anonymous when no user is given.
+//! * Data connections are passive by default (EPSV, falling back to PASV;
+//!   a PASV address that differs from the control peer is replaced by the
+//!   control peer's address, the usual NAT workaround), or active (EPRT,
+//!   falling back to PORT for IPv4; the client listens on the control
+//!   connection's local address).
+//! * Downloads land in a temporary file beside the target, renamed only on
+//!   success and after the byte count matched the server's SIZE.
+//! * Uploads check the bytes sent against the local length and, afterwards,
+//!   the server's SIZE.
+//! * Timeouts on connect, on every reply and on stalled data connections.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), xftp_client::ClientError> {
+//! use xftp_client::{Client, ClientConfig};
+//! let mut c = Client::connect("127.0.0.1", 2121, ClientConfig::default()).await?;
+//! c.login(None, None).await?;
+//! let report = c.download("pub/file.bin", std::path::Path::new("file.bin")).await?;
+//! println!("{} bytes", report.bytes);
+//! c.quit().await;
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod control;
+mod error;
+pub mod negotiate;
+pub mod url;
+
+pub use client::{Client, ClientConfig, DataMode, TransferReport, ANONYMOUS_PASSWORD};
+pub use error::{ClientError, Result};
+pub use url::FtpUrl;

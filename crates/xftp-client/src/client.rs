@@ -1,0 +1,751 @@
+//! The session: connect, log in, negotiate streams, move files.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use xftp_proto::hostport;
+use xftp_proto::Reply;
+
+use crate::control::{reply_text, unexpected, Cmd, Control};
+use crate::error::{ClientError, Result};
+use crate::negotiate;
+
+/// Password sent for anonymous logins (RFC 1635 asks for an e-mail-like string).
+pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
+
+/// Chunk size for single-stream copies.
+const CHUNK: usize = 256 * 1024;
+
+/// How data connections are set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataMode {
+    /// The client connects to the server (EPSV, falling back to PASV).
+    #[default]
+    Passive,
+    /// The server connects to one client listening port (EPRT, falling back
+    /// to PORT for IPv4).
+    Active,
+    /// The server connects to one client listening port per stream (xftp
+    /// `MPRT`); with one stream this is the same as `Active`.
+    Mprt,
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Limit for each TCP connect (control and passive data connections).
+    pub connect_timeout: Duration,
+    /// Limit for each reply on the control connection.
+    pub reply_timeout: Duration,
+    /// A data connection on which nothing moves for this long is an error;
+    /// also the limit for the server to open active-mode connections.
+    pub data_timeout: Duration,
+    /// How to set up data connections.
+    pub data_mode: DataMode,
+    /// Data connections to ask for with `MULT` (1 sends no MULT at all).
+    pub streams: u32,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(15),
+            reply_timeout: Duration::from_secs(60),
+            data_timeout: Duration::from_secs(60),
+            data_mode: DataMode::Passive,
+            streams: 1,
+        }
+    }
+}
+
+/// What a finished transfer moved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransferReport {
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Payload bytes per data connection (one entry per connection used).
+    pub per_stream_bytes: Vec<u64>,
+    /// From the first data-connection command to the final reply.
+    pub elapsed: Duration,
+}
+
+impl TransferReport {
+    /// Data connections used for the transfer.
+    pub fn streams(&self) -> usize {
+        self.per_stream_bytes.len()
+    }
+}
+
+/// Data connections being set up: what remains to do after the server's
+/// 150 reply.
+enum Setup {
+    /// Passive: already connected.
+    Connected(Vec<TcpStream>),
+    /// Active: accept `n` connections from the server on one port.
+    Listen { listener: TcpListener, n: usize },
+    /// MPRT: accept one connection on each port.
+    ListenEach(Vec<TcpListener>),
+}
+
+/// An FTP session over one control connection.
+#[derive(Debug)]
+pub struct Client {
+    ctl: Control,
+    cfg: ClientConfig,
+    granted: u32,
+    notices: Vec<String>,
+    epsv_refused: bool,
+    eprt_refused: bool,
+}
+
+impl Client {
+    /// Resolve `host`, connect to `port` (trying each address in turn) and
+    /// read the server's greeting.
+    pub async fn connect(host: &str, port: u16, cfg: ClientConfig) -> Result<Client> {
+        let addrs = resolve(host, port, cfg.connect_timeout).await?;
+        let mut last = None;
+        for addr in addrs {
+            match connect_tcp(addr, cfg.connect_timeout).await {
+                Ok(s) => return Client::from_stream(s, cfg).await,
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Resolve {
+            host: host.to_owned(),
+            reason: "no addresses".into(),
+        }))
+    }
+
+    /// Use an already connected control stream; reads the greeting.
+    pub async fn from_stream(stream: TcpStream, cfg: ClientConfig) -> Result<Client> {
+        let mut ctl = Control::new(stream, cfg.reply_timeout)?;
+        let greet = Cmd::bare("(greeting)");
+        let mut r = ctl.read_reply().await?;
+        // 120: "service ready in nnn minutes"; the 220 follows.
+        while r.code == 120 {
+            r = ctl.read_reply().await?;
+        }
+        if r.code != 220 {
+            return Err(unexpected(&greet, &r));
+        }
+        Ok(Client {
+            ctl,
+            cfg,
+            granted: 1,
+            notices: Vec::new(),
+            epsv_refused: false,
+            eprt_refused: false,
+        })
+    }
+
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.ctl.peer()
+    }
+
+    /// Data connections each RETR/STOR uses (1 unless MULT granted more).
+    pub fn streams(&self) -> u32 {
+        self.granted
+    }
+
+    /// Messages for the user (e.g. "server does not support MULT"), taken
+    /// out so each is shown once.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
+    /// Log in and set binary type, in one round trip: USER, PASS, TYPE I
+    /// (and `MULT n` when more than one stream is configured) are sent
+    /// together. No user means anonymous with an e-mail-like password.
+    pub async fn login(&mut self, user: Option<&str>, password: Option<&str>) -> Result<()> {
+        let (user, password) = match user {
+            None => ("anonymous", Some(password.unwrap_or(ANONYMOUS_PASSWORD))),
+            Some(u) => (u, password),
+        };
+        let c_user = Cmd::with("USER", user);
+        let c_pass = password.map(|p| Cmd::with("PASS", p));
+        let c_type = Cmd::with("TYPE", "I");
+        let want = self.cfg.streams;
+        let c_mult = (want > 1).then(|| Cmd::with("MULT", want.to_string()));
+        let mut batch: Vec<&Cmd> = vec![&c_user];
+        batch.extend(c_pass.as_ref());
+        batch.push(&c_type);
+        batch.extend(c_mult.as_ref());
+        self.ctl.send(&batch).await?;
+
+        let r = self.ctl.read_reply().await?;
+        match r.code {
+            230 => {
+                // Logged in without a password; a pipelined PASS gets some
+                // reply (202, 230 or 503), none of which matters.
+                if c_pass.is_some() {
+                    self.ctl.read_reply().await?;
+                }
+            }
+            331 | 332 => {
+                let Some(c_pass) = &c_pass else {
+                    return Err(ClientError::Usage(format!(
+                        "the server wants a password for user {user:?}"
+                    )));
+                };
+                self.ctl.expect(c_pass, &[230, 202]).await?;
+            }
+            _ => return Err(unexpected(&c_user, &r)),
+        }
+        self.ctl.expect(&c_type, &[200]).await?;
+        if let Some(c_mult) = &c_mult {
+            let r = self.ctl.read_reply().await?;
+            if r.is_success() {
+                self.granted =
+                    negotiate::mult_granted(&r, want).ok_or_else(|| ClientError::BadReply {
+                        command: c_mult.display(),
+                        code: r.code,
+                        text: reply_text(&r),
+                        reason: format!("expected `200 MULT <n>` with 1 <= n <= {want}"),
+                    })?;
+                if self.granted < want {
+                    self.notices.push(format!(
+                        "server granted {} of {want} connections",
+                        self.granted
+                    ));
+                }
+            } else if r.is_failure() {
+                self.granted = 1;
+                self.notices
+                    .push("server does not support MULT; using 1 connection".into());
+            } else {
+                return Err(unexpected(c_mult, &r));
+            }
+        }
+        Ok(())
+    }
+
+    /// Send any command and expect one of `codes` (escape hatch).
+    pub async fn command(
+        &mut self,
+        verb: &'static str,
+        arg: Option<&str>,
+        codes: &[u16],
+    ) -> Result<Reply> {
+        let c = match arg {
+            Some(a) => Cmd::with(verb, a),
+            None => Cmd::bare(verb),
+        };
+        self.ctl.command(&c, codes).await
+    }
+
+    /// The size of a remote file, `None` when the server cannot tell
+    /// (no SIZE support, or a refusal such as 550).
+    pub async fn size(&mut self, path: &str) -> Result<Option<u64>> {
+        let c = Cmd::with("SIZE", path);
+        self.ctl.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        Ok(negotiate::size_value(&r))
+    }
+
+    /// Download `remote` to `local`. Data goes to a temporary file next to
+    /// `local`, renamed over it only after the server's 226 and, when the
+    /// server answers SIZE, a matching byte count. On any error nothing is
+    /// left under either name.
+    pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        let tmp = temp_next_to(local)?;
+        let start = Instant::now();
+        let n = self.granted as usize;
+        let c_size = Cmd::with("SIZE", remote);
+        let (size_reply, setup) = self.prepare_data(n, Some(&c_size)).await?;
+        let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        let c_retr = Cmd::with("RETR", remote);
+        self.ctl.send(&[&c_retr]).await?;
+        self.expect_preliminary(&c_retr).await?;
+        let conns = self.finish_data(setup).await?;
+        let per_stream = if conns.len() == 1 {
+            let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+            let mut file = tokio::fs::File::from_std(file);
+            let got = self.recv_plain(conns, &mut file, tmp.path()).await?;
+            file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
+            vec![got]
+        } else {
+            self.recv_striped(conns, &tmp).await?
+        };
+        let bytes: u64 = per_stream.iter().sum();
+        self.expect_complete(&c_retr).await?;
+        if let Some(exp) = expected {
+            if exp != bytes {
+                return Err(ClientError::ShortTransfer {
+                    expected: exp,
+                    got: bytes,
+                });
+            }
+        }
+        finish_temp(tmp, local)?;
+        Ok(TransferReport {
+            bytes,
+            per_stream_bytes: per_stream,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Upload `local` to `remote`. The bytes sent must equal the local
+    /// file's length, and after the 226 the server's SIZE (when it answers)
+    /// must agree too.
+    pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        let file = std::fs::File::open(local).map_err(|e| local_err(local, e))?;
+        let meta = file.metadata().map_err(|e| local_err(local, e))?;
+        if !meta.is_file() {
+            return Err(ClientError::Usage(format!(
+                "{} is not a regular file",
+                local.display()
+            )));
+        }
+        let len = meta.len();
+        let start = Instant::now();
+        let n = self.granted as usize;
+        let (_, setup) = self.prepare_data(n, None).await?;
+        let c_stor = Cmd::with("STOR", remote);
+        self.ctl.send(&[&c_stor]).await?;
+        self.expect_preliminary(&c_stor).await?;
+        let conns = self.finish_data(setup).await?;
+        let per_stream = if conns.len() == 1 {
+            let mut file = tokio::fs::File::from_std(file);
+            vec![self.send_plain(conns, &mut file, local).await?]
+        } else {
+            self.send_striped(conns, file, len).await?
+        };
+        let sent: u64 = per_stream.iter().sum();
+        self.expect_complete(&c_stor).await?;
+        if sent != len {
+            return Err(ClientError::UploadMismatch {
+                what: "bytes sent",
+                expected: len,
+                got: sent,
+            });
+        }
+        if let Some(remote_len) = self.size(remote).await? {
+            if remote_len != len {
+                return Err(ClientError::UploadMismatch {
+                    what: "the server's SIZE",
+                    expected: len,
+                    got: remote_len,
+                });
+            }
+        }
+        Ok(TransferReport {
+            bytes: sent,
+            per_stream_bytes: per_stream,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// `LIST [path]` over one plain data connection; the raw listing.
+    pub async fn list(&mut self, path: Option<&str>) -> Result<Vec<u8>> {
+        let (_, setup) = self.prepare_data(1, None).await?;
+        let c_list = match path {
+            Some(p) if !p.is_empty() => Cmd::with("LIST", p),
+            _ => Cmd::bare("LIST"),
+        };
+        self.ctl.send(&[&c_list]).await?;
+        self.expect_preliminary(&c_list).await?;
+        let conns = self.finish_data(setup).await?;
+        let mut out = Vec::new();
+        self.recv_plain(conns, &mut out, Path::new("(listing)"))
+            .await?;
+        self.expect_complete(&c_list).await?;
+        Ok(out)
+    }
+
+    /// Say goodbye. Errors are ignored: the session is over either way.
+    pub async fn quit(mut self) {
+        let c = Cmd::bare("QUIT");
+        if self.ctl.send(&[&c]).await.is_ok() {
+            let _ = self
+                .ctl
+                .read_reply_within(Duration::from_secs(2).min(self.cfg.reply_timeout))
+                .await;
+        }
+        self.ctl.shutdown().await;
+    }
+
+    // ---- data connections ----
+
+    /// Ask for `n` data connections; `before` is sent in the same write and
+    /// its reply (any code) returned.
+    async fn prepare_data(
+        &mut self,
+        n: usize,
+        before: Option<&Cmd>,
+    ) -> Result<(Option<Reply>, Setup)> {
+        let mode = match self.cfg.data_mode {
+            DataMode::Mprt if n == 1 => DataMode::Active,
+            m => m,
+        };
+        match mode {
+            DataMode::Passive => self.prepare_passive(n, before).await,
+            DataMode::Active => {
+                let listener = self.listen().await?;
+                let addr = listener.local_addr().map_err(ClientError::DataIo)?;
+                let before_reply = self.announce_port(addr, before).await?;
+                Ok((before_reply, Setup::Listen { listener, n }))
+            }
+            DataMode::Mprt => {
+                let mut listeners = Vec::with_capacity(n);
+                let mut addrs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let l = self.listen().await?;
+                    addrs.push(l.local_addr().map_err(ClientError::DataIo)?);
+                    listeners.push(l);
+                }
+                let c = Cmd::with("MPRT", hostport::format_mprt_arg(&addrs));
+                let before_reply = self.send_with(before, &c).await?;
+                self.ctl.expect(&c, &[200]).await?;
+                Ok((before_reply, Setup::ListenEach(listeners)))
+            }
+        }
+    }
+
+    /// Send `before` (if any) and `c` together; read `before`'s reply.
+    async fn send_with(&mut self, before: Option<&Cmd>, c: &Cmd) -> Result<Option<Reply>> {
+        match before {
+            Some(b) => {
+                self.ctl.send(&[b, c]).await?;
+                Ok(Some(self.ctl.read_reply().await?))
+            }
+            None => {
+                self.ctl.send(&[c]).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn prepare_passive(
+        &mut self,
+        n: usize,
+        before: Option<&Cmd>,
+    ) -> Result<(Option<Reply>, Setup)> {
+        let peer = self.ctl.peer().ip();
+        let mut before_reply = None;
+        let mut target = None;
+        if !self.epsv_refused {
+            let c = Cmd::bare("EPSV");
+            before_reply = self.send_with(before, &c).await?;
+            let r = self.ctl.read_reply().await?;
+            if r.code == 229 {
+                let port =
+                    hostport::parse_epsv_reply(&r.text()).map_err(|e| bad_reply(&c, &r, e))?;
+                target = Some(SocketAddr::new(peer, port));
+            } else if r.code >= 500 {
+                tracing::debug!("EPSV refused ({}); falling back to PASV", r.code);
+                self.epsv_refused = true;
+            } else {
+                return Err(unexpected(&c, &r));
+            }
+        }
+        let target = match target {
+            Some(t) => t,
+            None => {
+                let c = Cmd::bare("PASV");
+                let b = if before_reply.is_none() { before } else { None };
+                let br = self.send_with(b, &c).await?;
+                before_reply = before_reply.or(br);
+                let r = self.ctl.expect(&c, &[227]).await?;
+                let announced =
+                    hostport::parse_pasv_reply(&r.text()).map_err(|e| bad_reply(&c, &r, e))?;
+                if negotiate::pasv_rewritten(announced, peer) {
+                    tracing::info!(
+                        "PASV announced {announced}; connecting to the control peer {peer} instead"
+                    );
+                }
+                negotiate::pasv_target(announced, peer)
+            }
+        };
+        // Open every connection at once: each costs one round trip, and
+        // they should overlap, not queue.
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let t = self.cfg.connect_timeout;
+            set.spawn(async move { connect_tcp(target, t).await });
+        }
+        let mut conns = Vec::with_capacity(n);
+        while let Some(r) = set.join_next().await {
+            let s = r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??;
+            conns.push(s);
+        }
+        Ok((before_reply, Setup::Connected(conns)))
+    }
+
+    /// A listening socket on the control connection's local address.
+    async fn listen(&self) -> Result<TcpListener> {
+        TcpListener::bind(SocketAddr::new(self.ctl.local().ip(), 0))
+            .await
+            .map_err(ClientError::DataIo)
+    }
+
+    /// EPRT (or PORT when EPRT is refused and the address is IPv4).
+    async fn announce_port(
+        &mut self,
+        addr: SocketAddr,
+        before: Option<&Cmd>,
+    ) -> Result<Option<Reply>> {
+        let mut before_reply = None;
+        if !self.eprt_refused {
+            let c = Cmd::with("EPRT", hostport::format_eprt_arg(addr));
+            before_reply = self.send_with(before, &c).await?;
+            let r = self.ctl.read_reply().await?;
+            if r.code == 200 {
+                return Ok(before_reply);
+            }
+            if r.code < 500 || !addr.is_ipv4() {
+                return Err(unexpected(&c, &r));
+            }
+            tracing::debug!("EPRT refused ({}); falling back to PORT", r.code);
+            self.eprt_refused = true;
+        }
+        let SocketAddr::V4(v4) = addr else {
+            return Err(ClientError::Usage(
+                "the server refuses EPRT and PORT cannot carry an IPv6 address; use passive mode"
+                    .into(),
+            ));
+        };
+        let c = Cmd::with("PORT", hostport::format_port_arg(v4));
+        let b = if before_reply.is_none() { before } else { None };
+        let br = self.send_with(b, &c).await?;
+        self.ctl.expect(&c, &[200]).await?;
+        Ok(before_reply.or(br))
+    }
+
+    /// After the 150: accept what the server opens (active modes).
+    async fn finish_data(&mut self, setup: Setup) -> Result<Vec<TcpStream>> {
+        let peer = self.ctl.peer().ip();
+        let t = self.cfg.data_timeout;
+        match setup {
+            Setup::Connected(c) => Ok(c),
+            Setup::Listen { listener, n } => {
+                let mut conns = Vec::with_capacity(n);
+                while conns.len() < n {
+                    conns.push(accept_from(&listener, peer, t).await?);
+                }
+                Ok(conns)
+            }
+            Setup::ListenEach(ls) => {
+                let mut conns = Vec::with_capacity(ls.len());
+                for l in &ls {
+                    conns.push(accept_from(l, peer, t).await?);
+                }
+                Ok(conns)
+            }
+        }
+    }
+
+    /// 125/150 (or another 1xx) before a transfer.
+    async fn expect_preliminary(&mut self, c: &Cmd) -> Result<()> {
+        let r = self.ctl.read_reply().await?;
+        if r.is_preliminary() {
+            Ok(())
+        } else {
+            Err(unexpected(c, &r))
+        }
+    }
+
+    /// 226/250 after a transfer.
+    async fn expect_complete(&mut self, c: &Cmd) -> Result<()> {
+        self.ctl.expect(c, &[226, 250]).await.map(|_| ())
+    }
+
+    async fn recv_plain<W: tokio::io::AsyncWrite + Unpin>(
+        &mut self,
+        mut conns: Vec<TcpStream>,
+        out: &mut W,
+        out_path: &Path,
+    ) -> Result<u64> {
+        let mut conn = conns
+            .pop()
+            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut got = 0u64;
+        loop {
+            let n = match tokio::time::timeout(self.cfg.data_timeout, conn.read(&mut buf)).await {
+                Ok(r) => r.map_err(ClientError::DataIo)?,
+                Err(_) => return Err(stall(self.cfg.data_timeout, got)),
+            };
+            if n == 0 {
+                return Ok(got);
+            }
+            out.write_all(&buf[..n])
+                .await
+                .map_err(|e| local_err(out_path, e))?;
+            got += n as u64;
+        }
+    }
+
+    async fn send_plain<R: tokio::io::AsyncRead + Unpin>(
+        &mut self,
+        mut conns: Vec<TcpStream>,
+        src: &mut R,
+        src_path: &Path,
+    ) -> Result<u64> {
+        let mut conn = conns
+            .pop()
+            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut sent = 0u64;
+        let t = self.cfg.data_timeout;
+        loop {
+            let n = src
+                .read(&mut buf)
+                .await
+                .map_err(|e| local_err(src_path, e))?;
+            if n == 0 {
+                break;
+            }
+            match tokio::time::timeout(t, conn.write_all(&buf[..n])).await {
+                Ok(r) => r.map_err(ClientError::DataIo)?,
+                Err(_) => return Err(stall(t, sent)),
+            }
+            sent += n as u64;
+        }
+        // Half-close: end of file for the server, then wait for its close.
+        match tokio::time::timeout(t, conn.shutdown()).await {
+            Ok(r) => r.map_err(ClientError::DataIo)?,
+            Err(_) => return Err(stall(t, sent)),
+        }
+        Ok(sent)
+    }
+
+    async fn recv_striped(
+        &mut self,
+        _conns: Vec<TcpStream>,
+        _tmp: &tempfile::NamedTempFile,
+    ) -> Result<Vec<u64>> {
+        Err(ClientError::Stripe(
+            "multi-stream transfers are not available in this build".into(),
+        ))
+    }
+
+    async fn send_striped(
+        &mut self,
+        _conns: Vec<TcpStream>,
+        _file: std::fs::File,
+        _len: u64,
+    ) -> Result<Vec<u64>> {
+        Err(ClientError::Stripe(
+            "multi-stream transfers are not available in this build".into(),
+        ))
+    }
+}
+
+fn stall(after: Duration, so_far: u64) -> ClientError {
+    ClientError::Timeout {
+        what: format!("the data connection to move (stalled after {so_far} bytes)"),
+        after,
+    }
+}
+
+fn bad_reply(c: &Cmd, r: &Reply, e: xftp_proto::ProtoError) -> ClientError {
+    ClientError::BadReply {
+        command: c.display(),
+        code: r.code,
+        text: reply_text(r),
+        reason: e.to_string(),
+    }
+}
+
+fn local_err(path: &Path, source: std::io::Error) -> ClientError {
+    ClientError::Local {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+async fn resolve(host: &str, port: u16, limit: Duration) -> Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let fail = |reason: String| ClientError::Resolve {
+        host: host.to_owned(),
+        reason,
+    };
+    match tokio::time::timeout(limit, tokio::net::lookup_host((host, port))).await {
+        Ok(Ok(it)) => {
+            let v: Vec<SocketAddr> = it.collect();
+            if v.is_empty() {
+                Err(fail("no addresses".into()))
+            } else {
+                Ok(v)
+            }
+        }
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(_) => Err(fail(format!(
+            "no answer within {:.0} s",
+            limit.as_secs_f64()
+        ))),
+    }
+}
+
+async fn connect_tcp(addr: SocketAddr, limit: Duration) -> Result<TcpStream> {
+    match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(source)) => Err(ClientError::Connect { addr, source }),
+        Err(_) => Err(ClientError::Timeout {
+            what: format!("a TCP connection to {addr}"),
+            after: limit,
+        }),
+    }
+}
+
+/// Accept one connection coming from `peer` (the control connection's
+/// server); connections from anywhere else are dropped.
+async fn accept_from(l: &TcpListener, peer: IpAddr, limit: Duration) -> Result<TcpStream> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, l.accept()).await {
+            Ok(Ok((s, from))) if from.ip() == peer => return Ok(s),
+            Ok(Ok((_, from))) => {
+                tracing::warn!("dropping a data connection from {from}: not the server {peer}");
+            }
+            Ok(Err(e)) => return Err(ClientError::DataIo(e)),
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    what: "the server to open the data connection".into(),
+                    after: limit,
+                })
+            }
+        }
+    }
+}
+
+/// A temporary file in the target's directory, so the final rename stays
+/// on one file system and is atomic.
+fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "download".into());
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".xftp-part")
+        .tempfile_in(&dir)
+        .map_err(|e| local_err(&dir, e))
+}
+
+/// Give the finished file ordinary permissions and rename it into place.
+fn finish_temp(tmp: tempfile::NamedTempFile, target: &Path) -> Result<()> {
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| local_err(tmp.path(), e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // tempfile creates 0600; a downloaded file should look like any
+        // other new file (0644 under the usual umask).
+        let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644));
+    }
+    tmp.persist(target)
+        .map(|_| ())
+        .map_err(|e| local_err(target, e.error))
+}

@@ -1,0 +1,222 @@
+//! The control connection: send commands, read replies, check codes.
+//!
+//! Every call is "send this command, expect one of these codes"; anything
+//! else becomes [`ClientError::Reply`] with the server's code and text.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use xftp_proto::{Reply, ReplyParser};
+
+use crate::error::{ClientError, Result};
+
+/// One command to send: verb and optional argument.
+#[derive(Debug, Clone)]
+pub struct Cmd {
+    verb: &'static str,
+    arg: Option<String>,
+}
+
+impl Cmd {
+    /// A command without argument.
+    pub fn bare(verb: &'static str) -> Cmd {
+        Cmd { verb, arg: None }
+    }
+
+    /// A command with an argument.
+    pub fn with(verb: &'static str, arg: impl Into<String>) -> Cmd {
+        Cmd {
+            verb,
+            arg: Some(arg.into()),
+        }
+    }
+
+    /// The command for logs and errors; passwords are masked.
+    pub fn display(&self) -> String {
+        match (&self.arg, self.verb) {
+            (Some(_), "PASS") => "PASS ****".to_owned(),
+            (Some(a), v) => format!("{v} {a}"),
+            (None, v) => v.to_owned(),
+        }
+    }
+
+    /// The wire form, refusing CR/LF inside the argument (command smuggling).
+    fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
+        if self.arg.as_ref().is_some_and(|a| a.contains(['\r', '\n'])) {
+            return Err(ClientError::BadArgument {
+                verb: self.verb.to_owned(),
+            });
+        }
+        out.extend_from_slice(self.verb.as_bytes());
+        if let Some(a) = &self.arg {
+            out.push(b' ');
+            out.extend_from_slice(a.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        Ok(())
+    }
+}
+
+/// Build the error for an unexpected reply.
+pub fn unexpected(cmd: &Cmd, reply: &Reply) -> ClientError {
+    ClientError::Reply {
+        command: cmd.display(),
+        code: reply.code,
+        text: reply_text(reply),
+    }
+}
+
+/// Reply lines joined by spaces, trimmed.
+pub fn reply_text(reply: &Reply) -> String {
+    reply
+        .lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The control connection of one session.
+#[derive(Debug)]
+pub struct Control {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    parser: ReplyParser,
+    buf: Vec<u8>,
+    reply_timeout: Duration,
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+impl Control {
+    /// Wrap a connected stream.
+    pub fn new(stream: TcpStream, reply_timeout: Duration) -> Result<Control> {
+        let peer = stream.peer_addr().map_err(ClientError::ControlIo)?;
+        let local = stream.local_addr().map_err(ClientError::ControlIo)?;
+        // Commands are small and often pipelined; do not let Nagle hold them.
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        Ok(Control {
+            rd,
+            wr,
+            parser: ReplyParser::new(),
+            buf: vec![0; 4096],
+            reply_timeout,
+            peer,
+            local,
+        })
+    }
+
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Our end of the control connection.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Send several commands in one write (pipelining); every argument is
+    /// checked before anything is sent.
+    pub async fn send(&mut self, cmds: &[&Cmd]) -> Result<()> {
+        let mut out = Vec::new();
+        for c in cmds {
+            c.encode(&mut out)?;
+            tracing::debug!(">>> {}", c.display());
+        }
+        let write = self.wr.write_all(&out);
+        match tokio::time::timeout(self.reply_timeout, write).await {
+            Ok(r) => r.map_err(ClientError::ControlIo),
+            Err(_) => Err(ClientError::Timeout {
+                what: "the control connection to accept a command".into(),
+                after: self.reply_timeout,
+            }),
+        }
+    }
+
+    /// Read the next reply (any code).
+    pub async fn read_reply(&mut self) -> Result<Reply> {
+        self.read_reply_within(self.reply_timeout).await
+    }
+
+    /// Read the next reply, waiting at most `limit`.
+    pub async fn read_reply_within(&mut self, limit: Duration) -> Result<Reply> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(r) = self.parser.next_reply()? {
+                tracing::debug!("<<< {} {}", r.code, reply_text(&r));
+                return Ok(r);
+            }
+            let n = match tokio::time::timeout_at(deadline, self.rd.read(&mut self.buf)).await {
+                Ok(r) => r.map_err(ClientError::ControlIo)?,
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        what: "a reply from the server".into(),
+                        after: limit,
+                    })
+                }
+            };
+            if n == 0 {
+                return Err(ClientError::Closed);
+            }
+            self.parser.feed(&self.buf[..n]);
+        }
+    }
+
+    /// Read the reply to `cmd` (already sent) and check its code.
+    pub async fn expect(&mut self, cmd: &Cmd, codes: &[u16]) -> Result<Reply> {
+        let r = self.read_reply().await?;
+        if codes.contains(&r.code) {
+            Ok(r)
+        } else {
+            Err(unexpected(cmd, &r))
+        }
+    }
+
+    /// Send `cmd` and expect one of `codes`.
+    pub async fn command(&mut self, cmd: &Cmd, codes: &[u16]) -> Result<Reply> {
+        self.send(&[cmd]).await?;
+        self.expect(cmd, codes).await
+    }
+
+    /// Close our write side politely.
+    pub async fn shutdown(&mut self) {
+        let _ = self.wr.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crlf_in_argument_is_refused() {
+        let mut out = Vec::new();
+        let c = Cmd::with("RETR", "a\r\nDELE b");
+        assert!(matches!(
+            c.encode(&mut out),
+            Err(ClientError::BadArgument { .. })
+        ));
+        let c = Cmd::with("RETR", "a\nb");
+        assert!(c.encode(&mut out).is_err());
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn encodes_with_crlf() {
+        let mut out = Vec::new();
+        Cmd::with("RETR", "a b").encode(&mut out).unwrap();
+        Cmd::bare("PASV").encode(&mut out).unwrap();
+        assert_eq!(out, b"RETR a b\r\nPASV\r\n");
+    }
+
+    #[test]
+    fn password_is_masked() {
+        assert_eq!(Cmd::with("PASS", "secret").display(), "PASS ****");
+    }
+}

@@ -1,0 +1,134 @@
+//! The one error type of the client library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+use xftp_proto::ProtoError;
+
+/// Everything that can go wrong in a client operation.
+///
+/// Each variant says who is at fault: the server (it refused or misbehaved),
+/// the network, the local file system, or the caller's input.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The TCP connection to the server could not be made.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The address we tried.
+        addr: SocketAddr,
+        /// The operating system's reason (refused, unreachable, ...).
+        #[source]
+        source: std::io::Error,
+    },
+    /// A host name did not resolve to any address.
+    #[error("cannot resolve host {host:?}: {reason}")]
+    Resolve {
+        /// The host as given.
+        host: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The server answered a command with a code we did not expect.
+    /// `code` and `text` are the server's own words.
+    #[error("{command}: server replied {code} {text}")]
+    Reply {
+        /// The command as sent (passwords masked).
+        command: String,
+        /// The server's reply code.
+        code: u16,
+        /// The server's reply text (lines joined with a space).
+        text: String,
+    },
+    /// An argument contained CR or LF, which would let it smuggle a second
+    /// command onto the control connection. Refused before anything is sent.
+    #[error("refusing to send {verb}: its argument contains a CR or LF character")]
+    BadArgument {
+        /// The command whose argument was refused.
+        verb: String,
+    },
+    /// The server sent something that is not an FTP reply.
+    #[error("malformed reply from server: {0}")]
+    Protocol(#[from] ProtoError),
+    /// A reply that parsed but whose content made no sense (e.g. a 229
+    /// without a port).
+    #[error("{command}: cannot use the server's reply {code} {text}: {reason}")]
+    BadReply {
+        /// The command that was answered.
+        command: String,
+        /// The reply code.
+        code: u16,
+        /// The reply text.
+        text: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The server closed the control connection.
+    #[error("the server closed the control connection")]
+    Closed,
+    /// Nothing arrived in time.
+    #[error("timed out after {:.1} s waiting for {what}", .after.as_secs_f64())]
+    Timeout {
+        /// What we were waiting for.
+        what: String,
+        /// How long we waited.
+        after: Duration,
+    },
+    /// Reading or writing the control connection failed.
+    #[error("control connection: {0}")]
+    ControlIo(#[source] std::io::Error),
+    /// Reading or writing a data connection failed.
+    #[error("data connection: {0}")]
+    DataIo(#[source] std::io::Error),
+    /// A local file could not be read, created or renamed.
+    #[error("{}: {source}", .path.display())]
+    Local {
+        /// The file concerned.
+        path: PathBuf,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Fewer (or more) bytes arrived than the server's SIZE announced.
+    /// The partial file has been removed.
+    #[error("short transfer: received {got} bytes, the server's SIZE says {expected}")]
+    ShortTransfer {
+        /// Bytes the server said the file has.
+        expected: u64,
+        /// Bytes that arrived.
+        got: u64,
+    },
+    /// After an upload, the bytes sent or the server's SIZE do not match the
+    /// local file's length.
+    #[error("upload incomplete: {what} is {got} bytes, the local file has {expected}")]
+    UploadMismatch {
+        /// Which count disagrees ("bytes sent" or "the server's SIZE").
+        what: &'static str,
+        /// The local file's length.
+        expected: u64,
+        /// The count that disagrees.
+        got: u64,
+    },
+    /// The striping engine failed on a multi-stream transfer.
+    #[error("multi-stream transfer: {0}")]
+    Stripe(String),
+    /// The caller asked for something impossible (a bad URL, a path that
+    /// names no file, ...).
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ClientError {
+    /// The server's reply code, when the error is a refusal by the server.
+    pub fn reply_code(&self) -> Option<u16> {
+        match self {
+            ClientError::Reply { code, .. } | ClientError::BadReply { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;

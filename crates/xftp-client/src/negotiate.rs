@@ -1,0 +1,80 @@
+//! Pure decisions on reply contents (no I/O), unit-tested on their own.
+
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+
+use xftp_proto::Reply;
+
+/// The number of streams granted by a `200 MULT <granted> ...` reply: the
+/// first integer after the word MULT. `None` when the reply has no such
+/// number, or grants 0 or more than was requested (a protocol violation:
+/// the server would wait for connections we never open).
+pub fn mult_granted(reply: &Reply, requested: u32) -> Option<u32> {
+    let text = reply.lines.first()?;
+    let mut words = text.split_ascii_whitespace();
+    words.find(|w| w.eq_ignore_ascii_case("MULT"))?;
+    let n: u32 = words.next()?.parse().ok()?;
+    (1..=requested).contains(&n).then_some(n)
+}
+
+/// The size in a `213 <size>` reply.
+pub fn size_value(reply: &Reply) -> Option<u64> {
+    if reply.code != 213 {
+        return None;
+    }
+    reply.lines.first()?.trim().parse().ok()
+}
+
+/// Where to connect for a 227 reply. Servers behind NAT often announce a
+/// private or unusable address; like most clients we then connect to the
+/// control connection's peer with the announced port. We do so whenever the
+/// announced address differs from the control peer, which also keeps a
+/// hostile server from pointing our data connection at a third host.
+pub fn pasv_target(announced: SocketAddrV4, control_peer: IpAddr) -> SocketAddr {
+    SocketAddr::new(control_peer, announced.port())
+}
+
+/// True when a PASV announcement differed from the control peer (logged).
+pub fn pasv_rewritten(announced: SocketAddrV4, control_peer: IpAddr) -> bool {
+    IpAddr::V4(*announced.ip()) != control_peer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(code: u16, t: &str) -> Reply {
+        Reply::new(code, t)
+    }
+
+    #[test]
+    fn mult_reply_parsing() {
+        assert_eq!(
+            mult_granted(&r(200, "MULT 4 connections granted"), 8),
+            Some(4)
+        );
+        assert_eq!(mult_granted(&r(200, "MULT 8"), 8), Some(8));
+        assert_eq!(mult_granted(&r(200, "ok MULT 2 of 16"), 16), Some(2));
+        assert_eq!(mult_granted(&r(200, "MULT 9"), 8), None, "more than asked");
+        assert_eq!(mult_granted(&r(200, "MULT 0"), 8), None);
+        assert_eq!(mult_granted(&r(200, "MULT x"), 8), None);
+        assert_eq!(mult_granted(&r(200, "4 granted"), 8), None);
+    }
+
+    #[test]
+    fn size_reply_parsing() {
+        assert_eq!(size_value(&r(213, "1048583")), Some(1_048_583));
+        assert_eq!(size_value(&r(213, "18446744073709551615")), Some(u64::MAX));
+        assert_eq!(size_value(&r(550, "1")), None);
+        assert_eq!(size_value(&r(213, "big")), None);
+    }
+
+    #[test]
+    fn pasv_uses_control_peer() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let a: SocketAddrV4 = "10.0.0.5:4000".parse().unwrap();
+        assert_eq!(pasv_target(a, peer), "127.0.0.1:4000".parse().unwrap());
+        assert!(pasv_rewritten(a, peer));
+        let same: SocketAddrV4 = "127.0.0.1:4001".parse().unwrap();
+        assert!(!pasv_rewritten(same, peer));
+    }
+}
