@@ -1,1 +1,134 @@
-//! xftp-server
+//! The xftp FTP server.
+//!
+//! A standards-compliant FTP server (RFC 959, 2389, 2428, 3659) with the
+//! xftp extensions for multi-stream transfers (`MULT`, `MPRT`; see
+//! docs/protocol.md). Protocol parsing lives in `xftp-proto`; the striping
+//! of one file over many data connections in `xftp-stripe`. This crate is
+//! the async shell: one task per control connection.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let mut config = xftp_server::Config::new(std::path::Path::new("/srv/ftp"))?;
+//! config.anonymous = true;
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! xftp_server::serve(listener, Arc::new(config), shutdown).await
+//! # }
+//! ```
+
+pub mod auth;
+pub mod fs;
+
+mod data;
+mod session;
+mod transfer;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use auth::{Access, UserDb};
+pub use fs::Root;
+
+/// Server settings. Build with [`Config::new`] and adjust the fields.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The served directory; clients cannot leave it.
+    pub root: Root,
+    /// Allow `USER anonymous` / `USER ftp` with any password.
+    pub anonymous: bool,
+    /// Anonymous users may write (STOR, DELE, MKD, ...).
+    pub anonymous_write: bool,
+    /// Named users.
+    pub users: UserDb,
+    /// Most data connections one transfer may use (MULT).
+    pub max_streams: u32,
+    /// Data connections granted to a bare `MULT`.
+    pub default_streams: u32,
+    /// Close a control connection idle this long (421).
+    pub idle_timeout: Duration,
+    /// Give up on a data connection that does not arrive (425).
+    pub data_timeout: Duration,
+    /// Most concurrent sessions (more get 421).
+    pub max_sessions: usize,
+    /// Record size of multi-stream transfers sent by the server.
+    pub record_size: u32,
+}
+
+impl Config {
+    /// Defaults for serving `root`: no anonymous access, no users.
+    pub fn new(root: &Path) -> std::io::Result<Config> {
+        Ok(Config {
+            root: Root::new(root)?,
+            anonymous: false,
+            anonymous_write: false,
+            users: UserDb::default(),
+            max_streams: 64,
+            default_streams: 4,
+            idle_timeout: Duration::from_secs(300),
+            data_timeout: Duration::from_secs(30),
+            max_sessions: 512,
+            record_size: 256 * 1024,
+        })
+    }
+}
+
+/// Accept control connections on `listener` until `shutdown` is cancelled;
+/// then stop accepting and wait for running sessions to end.
+pub async fn serve(
+    listener: TcpListener,
+    config: Arc<Config>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let tracker = TaskTracker::new();
+    let active = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let n = active.fetch_add(1, Ordering::SeqCst) + 1;
+        let guard = ActiveGuard(active.clone());
+        let cfg = config.clone();
+        let stop = shutdown.clone();
+        tracker.spawn(async move {
+            let _guard = guard;
+            if n > cfg.max_sessions {
+                session::refuse(stream, "421 Too many sessions, try again later.\r\n").await;
+                return;
+            }
+            tracing::info!(%peer, "session start");
+            if let Err(e) = session::run(stream, cfg, stop).await {
+                tracing::info!(%peer, "session ended: {e}");
+            } else {
+                tracing::info!(%peer, "session end");
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}

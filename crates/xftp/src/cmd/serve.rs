@@ -1,14 +1,159 @@
 //! `xftp serve` and `xftp useradd`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {}
-#[derive(clap::Args, Debug)]
-pub struct UseraddArgs {}
+use anyhow::{bail, Context};
+use tokio_util::sync::CancellationToken;
+use xftp_server::{Access, Config, UserDb};
 
-pub async fn run(_a: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("serve is not built yet")
+/// Arguments of `xftp serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Directory to serve; clients cannot leave it.
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+    /// Address to listen on (port 0 picks a free port). IPv6: [::1]:2121.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:2121")]
+    pub listen: SocketAddr,
+    /// Allow anonymous login (USER anonymous or ftp, any password), read-only.
+    #[arg(long)]
+    pub anonymous: bool,
+    /// Let anonymous users write (implies --anonymous).
+    #[arg(long)]
+    pub anonymous_write: bool,
+    /// Users file made with `xftp useradd`.
+    #[arg(long, value_name = "FILE")]
+    pub users: Option<PathBuf>,
+    /// Most data connections one transfer may use (MULT).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_streams: u32,
+    /// Data connections granted to a bare MULT.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub default_streams: u32,
+    /// Close control connections idle this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub idle_timeout: u64,
+    /// Give up on a data connection that does not arrive within SECS (425).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub data_timeout: u64,
+    /// Most concurrent sessions.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_sessions: usize,
 }
-pub fn useradd(_a: UseraddArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("useradd is not built yet")
+
+/// Arguments of `xftp useradd`.
+#[derive(clap::Args, Debug)]
+pub struct UseraddArgs {
+    /// Users file to create or update.
+    #[arg(long, value_name = "FILE")]
+    pub users: PathBuf,
+    /// User name.
+    pub name: String,
+    /// Read-only user (default: read-write).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Read the password from this file (first line) instead of standard input.
+    #[arg(long, value_name = "FILE")]
+    pub password_file: Option<PathBuf>,
+}
+
+pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut config = Config::new(&a.root).with_context(|| {
+        format!(
+            "cannot serve {}: it must be an existing directory",
+            a.root.display()
+        )
+    })?;
+    config.anonymous = a.anonymous || a.anonymous_write;
+    config.anonymous_write = a.anonymous_write;
+    if let Some(u) = &a.users {
+        config.users =
+            UserDb::load(u).context("loading --users (create it with `xftp useradd`)")?;
+    }
+    if !config.anonymous && a.users.is_none() {
+        bail!(
+            "nobody could log in: pass --anonymous (read-only), --anonymous-write, or --users FILE"
+        );
+    }
+    config.max_streams = a.max_streams;
+    config.default_streams = a.default_streams.min(a.max_streams);
+    config.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
+    config.data_timeout = Duration::from_secs(a.data_timeout.max(1));
+    config.max_sessions = a.max_sessions;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (in use? try --listen 127.0.0.1:0)",
+                a.listen
+            )
+        })?;
+    let addr = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on {addr}")?;
+        out.flush()?;
+    }
+    tracing::info!(root = %config.root.path().display(), %addr, "serving");
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        stop.cancel();
+    });
+    xftp_server::serve(listener, Arc::new(config), shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
+    let password = match &a.password_file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading password file {}", f.display()))?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned(),
+        None => {
+            eprintln!("password for {} (one line on standard input):", a.name);
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the password")?;
+            line.trim_end_matches(['\r', '\n']).to_owned()
+        }
+    };
+    if password.is_empty() {
+        bail!("empty password: give one on standard input or with --password-file");
+    }
+    let mut db = if a.users.exists() {
+        UserDb::load(&a.users)?
+    } else {
+        UserDb::default()
+    };
+    let access = if a.read_only {
+        Access::ReadOnly
+    } else {
+        Access::ReadWrite
+    };
+    db.set(&a.name, &password, access)?;
+    let tmp = a.users.with_extension("tmp");
+    std::fs::write(&tmp, db.render()).with_context(|| format!("writing {}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::fs::rename(&tmp, &a.users).with_context(|| format!("replacing {}", a.users.display()))?;
+    eprintln!("user {} saved in {}", a.name, a.users.display());
+    Ok(ExitCode::SUCCESS)
 }

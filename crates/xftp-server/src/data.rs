@@ -1,0 +1,158 @@
+//! Data connections: passive listeners, active connects, the bounce rules
+//! of RFC 2577, and opening n connections for a multi-stream transfer.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// How the next transfer gets its data connections.
+#[derive(Debug, Default)]
+pub enum DataPlan {
+    /// Nothing set up yet: a transfer now gets 425.
+    #[default]
+    None,
+    /// PASV/EPSV: the client connects to this listener.
+    Passive(TcpListener),
+    /// PORT/EPRT: the server connects to this address (n times).
+    Active(SocketAddr),
+    /// MPRT: one address per connection.
+    Multi(Vec<SocketAddr>),
+}
+
+/// Why data connections could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// No PORT/PASV before the transfer.
+    #[error("Use PORT, EPRT, MPRT, PASV or EPSV first")]
+    NoPlan,
+    /// The client did not connect (or the server could not) in time.
+    #[error("data connection timed out")]
+    Timeout,
+    /// MPRT address count differs from the granted stream count.
+    #[error("MPRT gave {given} addresses but {needed} connections are in use")]
+    Count {
+        /// Addresses given.
+        given: usize,
+        /// Connections granted by MULT.
+        needed: usize,
+    },
+    /// A connect or accept failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
+/// RFC 2577: a data address must be the client's own (no FTP bounce) and
+/// not a privileged port. Returns the reason for refusal.
+pub fn check_active_addr(addr: SocketAddr, peer: IpAddr) -> Result<(), String> {
+    if canonical(addr.ip()) != canonical(peer) {
+        return Err(format!(
+            "Refusing data connection to {} (not the client's address {}).",
+            addr.ip(),
+            peer
+        ));
+    }
+    if addr.port() < 1024 {
+        return Err(format!(
+            "Refusing data connection to privileged port {}.",
+            addr.port()
+        ));
+    }
+    Ok(())
+}
+
+/// Bind a passive listener on the control connection's local address.
+pub async fn passive_listener(local: IpAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(SocketAddr::new(local, 0)).await
+}
+
+/// Open `n` data connections according to `plan` within `timeout`.
+/// Passive: accept exactly `n` connections from `peer`, closing any from
+/// elsewhere; the listener is dropped afterwards, so later connects are
+/// refused by the kernel.
+pub async fn open(
+    plan: DataPlan,
+    n: usize,
+    peer: IpAddr,
+    local: IpAddr,
+    timeout: Duration,
+) -> Result<Vec<TcpStream>, DataError> {
+    let fut = async {
+        match plan {
+            DataPlan::None => Err(DataError::NoPlan),
+            DataPlan::Passive(listener) => {
+                let mut conns = Vec::with_capacity(n);
+                while conns.len() < n {
+                    let (s, from) = listener.accept().await?;
+                    if canonical(from.ip()) != canonical(peer) {
+                        tracing::warn!(%from, "data connection from a foreign address refused");
+                        drop(s);
+                        continue;
+                    }
+                    conns.push(s);
+                }
+                Ok(conns)
+            }
+            DataPlan::Active(addr) => {
+                let mut conns = Vec::with_capacity(n);
+                for _ in 0..n {
+                    conns.push(connect_from(local, addr).await?);
+                }
+                Ok(conns)
+            }
+            DataPlan::Multi(addrs) => {
+                if addrs.len() != n {
+                    return Err(DataError::Count {
+                        given: addrs.len(),
+                        needed: n,
+                    });
+                }
+                let mut conns = Vec::with_capacity(n);
+                for a in addrs {
+                    conns.push(connect_from(local, a).await?);
+                }
+                Ok(conns)
+            }
+        }
+    };
+    let conns = tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| DataError::Timeout)??;
+    for c in &conns {
+        let _ = c.set_nodelay(true);
+    }
+    Ok(conns)
+}
+
+/// Connect to `to` from the control connection's local address, so the
+/// data connection leaves through the same interface as the control one.
+async fn connect_from(local: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = match to {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if local.is_ipv4() == to.is_ipv4() {
+        sock.bind(SocketAddr::new(local, 0))?;
+    }
+    sock.connect(to).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounce_rules() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(check_active_addr("127.0.0.1:5000".parse().unwrap(), peer).is_ok());
+        assert!(check_active_addr("127.0.0.2:5000".parse().unwrap(), peer).is_err());
+        assert!(check_active_addr("127.0.0.1:25".parse().unwrap(), peer).is_err());
+        // An IPv4-mapped peer address matches its IPv4 form.
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert!(check_active_addr("127.0.0.1:5000".parse().unwrap(), mapped).is_ok());
+    }
+}

@@ -1,0 +1,265 @@
+//! The served root on the real file system: mapping virtual paths to real
+//! ones without letting symbolic links lead outside, and listing formats.
+
+use std::ffi::OsStr;
+use std::fs::Metadata;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use xftp_proto::path::VPath;
+
+/// Why a path cannot be used. Each maps to one FTP reply (see `code`).
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// Nothing by that name (550).
+    #[error("No such file or directory")]
+    NotFound,
+    /// The path resolves outside the root through a symbolic link (550).
+    #[error("Permission denied (outside the served root)")]
+    Outside,
+    /// A directory where a file was needed (550).
+    #[error("Is a directory")]
+    IsDir,
+    /// A file where a directory was needed (550).
+    #[error("Not a directory")]
+    NotDir,
+    /// Target exists (550 for MKD).
+    #[error("File exists")]
+    Exists,
+    /// Any other I/O error (451 or 550 depending on the command).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl FsError {
+    /// Map an io::Error of a lookup to the matching variant.
+    pub fn from_io(e: std::io::Error) -> FsError {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => FsError::NotFound,
+            _ => match e.raw_os_error() {
+                Some(libc::ENOTDIR) => FsError::NotDir,
+                Some(libc::EISDIR) => FsError::IsDir,
+                Some(libc::EEXIST) => FsError::Exists,
+                _ => FsError::Io(e),
+            },
+        }
+    }
+}
+
+/// The served directory.
+#[derive(Debug, Clone)]
+pub struct Root {
+    real: PathBuf,
+}
+
+impl Root {
+    /// Open a root; it must exist and be a directory.
+    pub fn new(dir: &Path) -> std::io::Result<Root> {
+        let real = std::fs::canonicalize(dir)?;
+        if !real.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not a directory", dir.display()),
+            ));
+        }
+        Ok(Root { real })
+    }
+
+    /// The canonical real path of the root.
+    pub fn path(&self) -> &Path {
+        &self.real
+    }
+
+    fn join(&self, v: &VPath) -> PathBuf {
+        let mut p = self.real.clone();
+        for c in v.components() {
+            p.push(OsStr::from_bytes(c));
+        }
+        p
+    }
+
+    fn check_inside(&self, canon: &Path) -> Result<(), FsError> {
+        if canon.starts_with(&self.real) {
+            Ok(())
+        } else {
+            Err(FsError::Outside)
+        }
+    }
+
+    /// The real path of an existing object, with every symbolic link
+    /// resolved and checked to stay inside the root.
+    pub fn existing(&self, v: &VPath) -> Result<PathBuf, FsError> {
+        let canon = std::fs::canonicalize(self.join(v)).map_err(FsError::from_io)?;
+        self.check_inside(&canon)?;
+        Ok(canon)
+    }
+
+    /// The real path for an object that may not exist yet (STOR, MKD,
+    /// RNTO): its parent must exist inside the root; the last component is
+    /// appended as is (a rename onto it replaces a link, never its target).
+    pub fn creatable(&self, v: &VPath) -> Result<PathBuf, FsError> {
+        let name = v.file_name().ok_or(FsError::Exists)?;
+        let parent = self.existing(&v.parent())?;
+        if !parent.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        Ok(parent.join(OsStr::from_bytes(name)))
+    }
+
+    /// The real path of an object to delete or rename (the link itself,
+    /// not its target, when the last component is a symbolic link).
+    pub fn entry(&self, v: &VPath) -> Result<PathBuf, FsError> {
+        let p = self.creatable(v)?;
+        std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
+        Ok(p)
+    }
+}
+
+/// Seconds since the epoch of a metadata's mtime (0 if unknown).
+pub fn mtime_secs(md: &Metadata) -> i64 {
+    md.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// (year, month 1-12, day 1-31) for days since 1970-01-01
+/// (H. Hinnant's civil_from_days).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// `YYYYMMDDHHMMSS` in UTC (MDTM, MLSx `modify` fact; RFC 3659).
+pub fn mdtm_string(secs: i64) -> String {
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}{mo:02}{d:02}{:02}{:02}{:02}",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60
+    )
+}
+
+fn ls_date(secs: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let month = MONTHS[(mo as usize).saturating_sub(1).min(11)];
+    // ls shows the time for files from the last six months, else the year.
+    if (now - secs).abs() < 182 * 86_400 {
+        format!("{month} {d:>2} {:02}:{:02}", s / 3600, s % 3600 / 60)
+    } else {
+        format!("{month} {d:>2}  {y}")
+    }
+}
+
+fn mode_string(md: &Metadata) -> String {
+    let ft = md.file_type();
+    let kind = if ft.is_dir() {
+        'd'
+    } else if ft.is_symlink() {
+        'l'
+    } else {
+        '-'
+    };
+    let mode = md.permissions().mode();
+    let mut s = String::with_capacity(10);
+    s.push(kind);
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// One `ls -l` style line (LIST), without CRLF. Name bytes are kept as is.
+pub fn list_line(name: &[u8], md: &Metadata) -> Vec<u8> {
+    let mut line = format!(
+        "{} {:>3} {:<8} {:<8} {:>12} {} ",
+        mode_string(md),
+        md.nlink(),
+        md.uid(),
+        md.gid(),
+        md.len(),
+        ls_date(mtime_secs(md))
+    )
+    .into_bytes();
+    line.extend_from_slice(name);
+    line
+}
+
+/// RFC 3659 facts for MLSD/MLST, without the name: `type=file;size=..;...; `.
+pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) -> String {
+    let kind = kind_override.unwrap_or(if md.is_dir() { "dir" } else { "file" });
+    let perm = match (md.is_dir(), writable) {
+        (true, true) => "elcmfp",
+        (true, false) => "el",
+        (false, true) => "radfw",
+        (false, false) => "r",
+    };
+    format!(
+        "type={kind};size={};modify={};perm={perm};UNIX.mode=0{:o}; ",
+        md.len(),
+        mdtm_string(mtime_secs(md)),
+        md.permissions().mode() & 0o7777
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(mdtm_string(0), "19700101000000");
+        assert_eq!(mdtm_string(951_782_400), "20000229000000");
+        assert_eq!(mdtm_string(1_700_000_000), "20231114221320");
+    }
+
+    #[test]
+    fn symlink_outside_is_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"x").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("pw")).unwrap();
+        std::fs::write(dir.path().join("ok"), b"y").unwrap();
+        let root = Root::new(dir.path()).unwrap();
+        let v = |s: &str| VPath::root().resolve(s.as_bytes()).unwrap();
+        assert!(matches!(
+            root.existing(&v("/link/secret")),
+            Err(FsError::Outside)
+        ));
+        assert!(matches!(root.existing(&v("/pw")), Err(FsError::Outside)));
+        assert!(matches!(
+            root.creatable(&v("/link/new")),
+            Err(FsError::Outside)
+        ));
+        assert!(root.existing(&v("/ok")).is_ok());
+        assert!(matches!(
+            root.existing(&v("/missing")),
+            Err(FsError::NotFound)
+        ));
+        // Deleting the link itself is fine: it removes the link, not the target.
+        assert!(root.entry(&v("/pw")).is_ok());
+    }
+}

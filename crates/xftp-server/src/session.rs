@@ -1,0 +1,1290 @@
+//! One control connection: login, navigation, data-connection setup and
+//! transfers. Replies are decided here, next to the command that causes
+//! them.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use xftp_proto::command::TransferType;
+use xftp_proto::path::VPath;
+use xftp_proto::{hostport, Command, LineReader, ProtoError, Reply};
+
+use crate::auth::Access;
+use crate::data::{self, DataError, DataPlan};
+use crate::fs::{self, FsError};
+use crate::transfer::{self, Progress, TransferError, Upload, UploadKind};
+use crate::Config;
+
+/// Failed logins before the server hangs up.
+const MAX_LOGIN_FAILURES: u32 = 3;
+
+/// Send one line and close (used when the server is full).
+pub async fn refuse(mut stream: TcpStream, msg: &str) {
+    let _ = stream.write_all(msg.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Run a session to its end.
+pub async fn run(
+    stream: TcpStream,
+    cfg: Arc<Config>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let peer = stream.peer_addr()?;
+    let local = stream.local_addr()?;
+    let (r, w) = stream.into_split();
+    let mut s = Session {
+        cfg,
+        r,
+        w,
+        peer,
+        local,
+        reader: LineReader::new(),
+        queued: VecDeque::new(),
+        login: Login::AwaitUser,
+        failures: 0,
+        cwd: VPath::root(),
+        ttype: TransferType::Ascii,
+        rest: 0,
+        rnfr: None,
+        data: DataPlan::None,
+        streams: 1,
+        epsv_all: false,
+        shutdown,
+    };
+    s.reply(220, "xftp ready").await?;
+    s.main_loop().await
+}
+
+/// Login state: each state accepts only what can follow it.
+#[derive(Debug)]
+enum Login {
+    AwaitUser,
+    AwaitPass { user: String, anonymous: bool },
+    LoggedIn { user: String, access: Access },
+}
+
+/// What happened to a transfer task.
+enum Outcome<T> {
+    Done(T),
+    Failed(TransferError),
+    Aborted,
+}
+
+enum Flow {
+    Continue,
+    Quit,
+}
+
+struct Session {
+    cfg: Arc<Config>,
+    r: OwnedReadHalf,
+    w: OwnedWriteHalf,
+    peer: SocketAddr,
+    local: SocketAddr,
+    reader: LineReader,
+    /// Lines already read but not yet handled (pipelined commands).
+    queued: VecDeque<Result<Vec<u8>, ProtoError>>,
+    login: Login,
+    failures: u32,
+    cwd: VPath,
+    ttype: TransferType,
+    rest: u64,
+    rnfr: Option<PathBuf>,
+    data: DataPlan,
+    /// Data connections per transfer, granted by MULT.
+    streams: u32,
+    epsv_all: bool,
+    shutdown: CancellationToken,
+}
+
+fn quote(path: &str) -> String {
+    // RFC 959 appendix II: a quote inside a 257 path is doubled.
+    path.replace('"', "\"\"")
+}
+
+fn fs_reply(e: &FsError) -> (u16, String) {
+    match e {
+        FsError::Io(io) => (550, io.to_string()),
+        other => (550, other.to_string()),
+    }
+}
+
+impl Session {
+    async fn reply(&mut self, code: u16, text: impl Into<String>) -> std::io::Result<()> {
+        self.send(&Reply::new(code, text)).await
+    }
+
+    async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
+        tracing::debug!(peer = %self.peer, "-> {}", r);
+        self.w.write_all(&r.encode()).await
+    }
+
+    fn peer_ip(&self) -> IpAddr {
+        self.peer.ip()
+    }
+
+    /// The next command line, or `None` when the client has gone, the
+    /// session idled out, or the server shuts down.
+    async fn next_line(&mut self) -> std::io::Result<Option<Result<Vec<u8>, ProtoError>>> {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(l) = self.queued.pop_front() {
+                return Ok(Some(l));
+            }
+            let read = tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    let _ = self.reply(421, "Server shutting down.").await;
+                    return Ok(None);
+                }
+                r = tokio::time::timeout(self.cfg.idle_timeout, self.r.read(&mut buf)) => r,
+            };
+            match read {
+                Err(_) => {
+                    let secs = self.cfg.idle_timeout.as_secs();
+                    let _ = self
+                        .reply(
+                            421,
+                            format!("Idle timeout ({secs} s), closing control connection."),
+                        )
+                        .await;
+                    return Ok(None);
+                }
+                Ok(Ok(0)) => return Ok(None),
+                Ok(Ok(n)) => {
+                    let mut out = Vec::new();
+                    self.reader.feed(&buf[..n], &mut out);
+                    self.queued.extend(out);
+                }
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn main_loop(&mut self) -> std::io::Result<()> {
+        while let Some(line) = self.next_line().await? {
+            let line = match line {
+                Ok(l) => l,
+                Err(ProtoError::LineTooLong { limit }) => {
+                    self.reply(500, format!("Command line too long (limit {limit} bytes)."))
+                        .await?;
+                    continue;
+                }
+                Err(e) => {
+                    self.reply(500, e.to_string()).await?;
+                    continue;
+                }
+            };
+            if line.is_empty() {
+                continue;
+            }
+            match self.dispatch(&line).await? {
+                Flow::Continue => {}
+                Flow::Quit => break,
+            }
+        }
+        let _ = self.w.shutdown().await;
+        Ok(())
+    }
+
+    fn access(&self) -> Option<Access> {
+        match &self.login {
+            Login::LoggedIn { access, .. } => Some(*access),
+            _ => None,
+        }
+    }
+
+    async fn dispatch(&mut self, line: &[u8]) -> std::io::Result<Flow> {
+        let verb = Command::verb_of(line);
+        if verb == "PASS" {
+            tracing::debug!(peer = %self.peer, "<- PASS ****");
+        } else {
+            tracing::debug!(peer = %self.peer, "<- {}", String::from_utf8_lossy(line));
+        }
+        let cmd = match Command::parse(line) {
+            Ok(c) => c,
+            Err(ProtoError::BadVerb) => {
+                self.reply(500, "Syntax error, command unrecognized.")
+                    .await?;
+                return Ok(Flow::Continue);
+            }
+            Err(e @ ProtoError::BadArgument { .. })
+                if matches!(verb.as_str(), "TYPE" | "MODE" | "STRU") =>
+            {
+                // RFC 959: a well-formed but unsupported parameter is 504.
+                self.reply(504, e.to_string()).await?;
+                return Ok(Flow::Continue);
+            }
+            Err(e) => {
+                self.reply(501, e.to_string()).await?;
+                return Ok(Flow::Continue);
+            }
+        };
+        // RNFR must be followed immediately by RNTO.
+        let rnfr = self.rnfr.take();
+        let pre_login_ok = matches!(
+            cmd,
+            Command::User(_)
+                | Command::Pass(_)
+                | Command::Quit
+                | Command::Noop
+                | Command::Feat
+                | Command::Help(_)
+                | Command::Syst
+                | Command::Opts(_)
+                | Command::Unknown(_)
+        );
+        if !pre_login_ok && self.access().is_none() {
+            self.reply(530, "Please log in with USER and PASS.").await?;
+            return Ok(Flow::Continue);
+        }
+        match cmd {
+            Command::User(name) => self.user(name).await?,
+            Command::Pass(pw) => return self.pass(pw).await,
+            Command::Quit => {
+                self.reply(221, "Goodbye.").await?;
+                return Ok(Flow::Quit);
+            }
+            Command::Noop => self.reply(200, "NOOP ok.").await?,
+            Command::Syst => self.reply(215, "UNIX Type: L8").await?,
+            Command::Feat => self.feat().await?,
+            Command::Help(_) => self.help().await?,
+            Command::Opts(o) => self.opts(&o).await?,
+            Command::Stat(None) => self.stat().await?,
+            Command::Stat(Some(p)) => self.stat_path(&p).await?,
+            Command::Type(t) => {
+                self.ttype = t;
+                let name = match t {
+                    TransferType::Ascii => "A",
+                    TransferType::Image => "I",
+                };
+                self.reply(200, format!("Type set to {name}.")).await?
+            }
+            Command::Mode('S') => self.reply(200, "Mode set to S.").await?,
+            Command::Mode(m) => {
+                self.reply(
+                    504,
+                    format!("MODE {m} not supported (use MODE S; MULT for parallel transfers)."),
+                )
+                .await?
+            }
+            Command::Stru('F') => self.reply(200, "Structure set to F.").await?,
+            Command::Stru(s) => self.reply(504, format!("STRU {s} not supported.")).await?,
+            Command::Pwd => {
+                let p = quote(&self.cwd.display());
+                self.reply(257, format!("\"{p}\" is the current directory."))
+                    .await?
+            }
+            Command::Cwd(p) => self.cwd(&p).await?,
+            Command::Cdup => {
+                self.cwd = self.cwd.parent();
+                let p = self.cwd.display();
+                self.reply(200, format!("Directory changed to {p}."))
+                    .await?
+            }
+            Command::List(a) => self.listing(ListKind::List, a).await?,
+            Command::Nlst(a) => self.listing(ListKind::Nlst, a).await?,
+            Command::Mlsd(a) => self.listing(ListKind::Mlsd, a).await?,
+            Command::Mlst(a) => self.mlst(a).await?,
+            Command::Size(p) => self.size(&p).await?,
+            Command::Mdtm(p) => self.mdtm(&p).await?,
+            Command::Retr(p) => self.retr(&p).await?,
+            Command::Stor(p) => self.store(&p, false).await?,
+            Command::Appe(p) => self.store(&p, true).await?,
+            Command::Rest(n) => {
+                self.rest = n;
+                self.reply(350, format!("Restarting at {n}. Send RETR or STOR."))
+                    .await?
+            }
+            Command::Dele(p) => self.dele(&p).await?,
+            Command::Mkd(p) => self.mkd(&p).await?,
+            Command::Rmd(p) => self.rmd(&p).await?,
+            Command::Rnfr(p) => self.rnfr(&p).await?,
+            Command::Rnto(p) => self.rnto(&p, rnfr).await?,
+            Command::Abor => {
+                self.data = DataPlan::None;
+                self.reply(226, "No transfer to abort.").await?
+            }
+            Command::Port(a) => self.active(SocketAddr::V4(a)).await?,
+            Command::Eprt(a) => self.active(a).await?,
+            Command::Pasv => self.pasv().await?,
+            Command::Epsv(arg) => self.epsv(arg).await?,
+            Command::Mult(n) => {
+                let g = n
+                    .unwrap_or(self.cfg.default_streams)
+                    .clamp(1, self.cfg.max_streams.max(1));
+                self.streams = g;
+                let max = self.cfg.max_streams;
+                self.reply(200, format!("MULT {g} granted (server maximum {max})."))
+                    .await?
+            }
+            Command::Mprt(addrs) => self.mprt(addrs).await?,
+            Command::Site(s) => self.site(&s).await?,
+            Command::Unknown(v) => match v.as_str() {
+                "ALLO" => self.reply(202, "ALLO not needed.").await?,
+                "ACCT" | "SMNT" | "REIN" | "STOU" => {
+                    self.reply(502, format!("{v} not implemented.")).await?
+                }
+                _ => self.reply(500, format!("Unknown command {v}.")).await?,
+            },
+            _ => self.reply(502, "Command not implemented.").await?,
+        }
+        Ok(Flow::Continue)
+    }
+
+    // ---- login ----
+
+    async fn user(&mut self, name: String) -> std::io::Result<()> {
+        let anonymous = matches!(name.to_ascii_lowercase().as_str(), "anonymous" | "ftp");
+        if anonymous && !self.cfg.anonymous {
+            self.login = Login::AwaitUser;
+            return self
+                .reply(530, "Anonymous access is disabled on this server.")
+                .await;
+        }
+        let text = if anonymous {
+            "Anonymous login okay, send your e-mail address as password.".to_string()
+        } else {
+            format!("Password required for {name}.")
+        };
+        self.login = Login::AwaitPass {
+            user: name,
+            anonymous,
+        };
+        self.reply(331, text).await
+    }
+
+    async fn pass(&mut self, pw: String) -> std::io::Result<Flow> {
+        let (user, anonymous) = match std::mem::replace(&mut self.login, Login::AwaitUser) {
+            Login::AwaitPass { user, anonymous } => (user, anonymous),
+            other @ Login::LoggedIn { .. } => {
+                self.login = other;
+                self.reply(503, "Already logged in.").await?;
+                return Ok(Flow::Continue);
+            }
+            Login::AwaitUser => {
+                self.reply(503, "Login with USER first.").await?;
+                return Ok(Flow::Continue);
+            }
+        };
+        let access = if anonymous {
+            Some(if self.cfg.anonymous_write {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            })
+        } else {
+            let cfg = self.cfg.clone();
+            let u = user.clone();
+            tokio::task::spawn_blocking(move || cfg.users.verify(&u, &pw))
+                .await
+                .ok()
+                .flatten()
+        };
+        match access {
+            Some(access) => {
+                let mode = match access {
+                    Access::ReadOnly => "read-only",
+                    Access::ReadWrite => "read-write",
+                };
+                tracing::info!(peer = %self.peer, %user, mode, "login");
+                self.login = Login::LoggedIn { user, access };
+                self.failures = 0;
+                self.reply(230, format!("Login successful ({mode})."))
+                    .await?;
+                Ok(Flow::Continue)
+            }
+            None => {
+                self.failures += 1;
+                tracing::warn!(peer = %self.peer, %user, "login failed");
+                // Slow down password guessing.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if self.failures >= MAX_LOGIN_FAILURES {
+                    self.reply(421, "Too many failed logins, closing connection.")
+                        .await?;
+                    return Ok(Flow::Quit);
+                }
+                self.reply(530, "Login incorrect.").await?;
+                Ok(Flow::Continue)
+            }
+        }
+    }
+
+    fn may_write(&self) -> bool {
+        self.access() == Some(Access::ReadWrite)
+    }
+
+    async fn deny_write(&mut self) -> std::io::Result<()> {
+        self.reply(550, "Permission denied: this login is read-only.")
+            .await
+    }
+
+    // ---- information ----
+
+    async fn feat(&mut self) -> std::io::Result<()> {
+        let lines = [
+            "Extensions supported:",
+            "EPRT",
+            "EPSV",
+            "MDTM",
+            "MLST type*;size*;modify*;perm*;UNIX.mode*;",
+            "MULT",
+            "MPRT",
+            "REST STREAM",
+            "SIZE",
+            "TVFS",
+            "UTF8",
+            "End",
+        ];
+        let r = Reply::multi(211, lines.iter().map(|s| s.to_string()).collect());
+        self.send(&r).await
+    }
+
+    async fn help(&mut self) -> std::io::Result<()> {
+        let lines = vec![
+            "Commands recognized:".to_string(),
+            "USER PASS QUIT NOOP SYST STAT HELP FEAT OPTS TYPE MODE STRU".to_string(),
+            "PWD CWD CDUP LIST NLST MLSD MLST SIZE MDTM RETR STOR APPE REST".to_string(),
+            "DELE MKD RMD RNFR RNTO ABOR PORT PASV EPRT EPSV ALLO MULT MPRT".to_string(),
+            "Help OK.".to_string(),
+        ];
+        self.send(&Reply::multi(214, lines)).await
+    }
+
+    async fn opts(&mut self, o: &str) -> std::io::Result<()> {
+        let up = o.trim().to_ascii_uppercase();
+        if up == "UTF8 ON" || up == "UTF8" || up == "UTF-8 ON" {
+            self.reply(200, "UTF8 mode on (names are passed through as bytes).")
+                .await
+        } else if up == "UTF8 OFF" {
+            self.reply(200, "UTF8 mode off (names are passed through as bytes).")
+                .await
+        } else if up.starts_with("MLST") {
+            self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;")
+                .await
+        } else {
+            self.reply(501, format!("Option not understood: {o}")).await
+        }
+    }
+
+    async fn stat(&mut self) -> std::io::Result<()> {
+        let user = match &self.login {
+            Login::LoggedIn { user, .. } => user.clone(),
+            _ => "-".into(),
+        };
+        let lines = vec![
+            "xftp server status:".to_string(),
+            format!("Connected from {}", self.peer),
+            format!("Logged in as {user}"),
+            format!(
+                "TYPE: {}, STRU: F, MODE: S, MULT: {} (max {})",
+                if self.ttype == TransferType::Image {
+                    "I"
+                } else {
+                    "A"
+                },
+                self.streams,
+                self.cfg.max_streams
+            ),
+            "End of status".to_string(),
+        ];
+        self.send(&Reply::multi(211, lines)).await
+    }
+
+    async fn stat_path(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        match self.build_listing(ListKind::List, Some(arg.to_vec())).await {
+            Ok(bytes) => {
+                let mut lines = vec![format!("Status of {}:", String::from_utf8_lossy(arg))];
+                for l in bytes.split(|b| *b == b'\n') {
+                    let l = String::from_utf8_lossy(l)
+                        .trim_end_matches('\r')
+                        .to_string();
+                    if !l.is_empty() {
+                        lines.push(l);
+                    }
+                }
+                lines.push("End of status".into());
+                self.send(&Reply::multi(213, lines)).await
+            }
+            Err((code, text)) => self.reply(code, text).await,
+        }
+    }
+
+    async fn site(&mut self, s: &str) -> std::io::Result<()> {
+        let word = s
+            .split_ascii_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_uppercase();
+        match word.as_str() {
+            "HELP" => self.reply(214, "SITE commands: HELP").await,
+            _ => {
+                self.reply(500, format!("Unknown SITE command {word}."))
+                    .await
+            }
+        }
+    }
+
+    // ---- paths ----
+
+    fn vpath(&self, arg: &[u8]) -> Result<VPath, (u16, String)> {
+        self.cwd.resolve(arg).map_err(|e| (501, e.to_string()))
+    }
+
+    async fn cwd(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        match self.cfg.root.existing(&v) {
+            Ok(p) if p.is_dir() => {
+                self.cwd = v;
+                let d = self.cwd.display();
+                self.reply(250, format!("Directory changed to {d}.")).await
+            }
+            Ok(_) => {
+                self.reply(550, format!("{}: Not a directory.", v.display()))
+                    .await
+            }
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    /// Resolve to an existing real path or reply with the error.
+    async fn existing(&mut self, arg: &[u8]) -> std::io::Result<Option<(VPath, PathBuf)>> {
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => {
+                self.reply(c, t).await?;
+                return Ok(None);
+            }
+        };
+        match self.cfg.root.existing(&v) {
+            Ok(p) => Ok(Some((v, p))),
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn size(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        let Some((v, p)) = self.existing(arg).await? else {
+            return Ok(());
+        };
+        let md = match std::fs::metadata(&p) {
+            Ok(m) => m,
+            Err(e) => return self.reply(550, e.to_string()).await,
+        };
+        if !md.is_file() {
+            return self
+                .reply(550, format!("{}: not a plain file.", v.display()))
+                .await;
+        }
+        if self.ttype == TransferType::Image {
+            return self.reply(213, md.len().to_string()).await;
+        }
+        // RFC 3659 4: SIZE reports the bytes a transfer in the current TYPE
+        // would carry, so count the CRs TYPE A adds.
+        let n = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
+            use std::io::Read;
+            let mut f = std::fs::File::open(&p)?;
+            let mut conv = xftp_proto::ascii::ToWire::new();
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut n = 0;
+            loop {
+                let k = f.read(&mut buf)?;
+                if k == 0 {
+                    return Ok(n);
+                }
+                n += conv.wire_len(&buf[..k]);
+            }
+        })
+        .await;
+        match n {
+            Ok(Ok(n)) => self.reply(213, n.to_string()).await,
+            Ok(Err(e)) => self.reply(550, e.to_string()).await,
+            Err(e) => self.reply(451, e.to_string()).await,
+        }
+    }
+
+    async fn mdtm(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        let Some((v, p)) = self.existing(arg).await? else {
+            return Ok(());
+        };
+        match std::fs::metadata(&p) {
+            Ok(md) if md.is_file() => self.reply(213, fs::mdtm_string(fs::mtime_secs(&md))).await,
+            Ok(_) => {
+                self.reply(550, format!("{}: not a plain file.", v.display()))
+                    .await
+            }
+            Err(e) => self.reply(550, e.to_string()).await,
+        }
+    }
+
+    async fn dele(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        let r = self.cfg.root.entry(&v).and_then(|p| {
+            let md = std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
+            if md.is_dir() {
+                return Err(FsError::IsDir);
+            }
+            std::fs::remove_file(&p).map_err(FsError::from_io)
+        });
+        match r {
+            Ok(()) => self.reply(250, format!("{} deleted.", v.display())).await,
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    async fn mkd(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        let r = self
+            .cfg
+            .root
+            .creatable(&v)
+            .and_then(|p| std::fs::create_dir(&p).map_err(FsError::from_io));
+        match r {
+            Ok(()) => {
+                let q = quote(&v.display());
+                self.reply(257, format!("\"{q}\" created.")).await
+            }
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    async fn rmd(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        if v.is_root() {
+            return self.reply(550, "Cannot remove the root directory.").await;
+        }
+        let r = self
+            .cfg
+            .root
+            .entry(&v)
+            .and_then(|p| std::fs::remove_dir(&p).map_err(FsError::from_io));
+        match r {
+            Ok(()) => self.reply(250, format!("{} removed.", v.display())).await,
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    async fn rnfr(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        if v.is_root() {
+            return self.reply(550, "Cannot rename the root directory.").await;
+        }
+        match self.cfg.root.entry(&v) {
+            Ok(p) => {
+                self.rnfr = Some(p);
+                self.reply(350, "Ready for RNTO.").await
+            }
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    async fn rnto(&mut self, arg: &[u8], from: Option<PathBuf>) -> std::io::Result<()> {
+        let Some(from) = from else {
+            return self.reply(503, "RNTO must come right after RNFR.").await;
+        };
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        let r = self
+            .cfg
+            .root
+            .creatable(&v)
+            .and_then(|to| std::fs::rename(&from, &to).map_err(FsError::from_io));
+        match r {
+            Ok(()) => {
+                self.reply(250, format!("Renamed to {}.", v.display()))
+                    .await
+            }
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                self.reply(c, format!("{}: {t}.", v.display())).await
+            }
+        }
+    }
+
+    // ---- data connection setup ----
+
+    async fn active(&mut self, addr: SocketAddr) -> std::io::Result<()> {
+        if self.epsv_all {
+            return self.reply(501, "EPSV ALL is in effect: use EPSV.").await;
+        }
+        if let Err(why) = data::check_active_addr(addr, self.peer_ip()) {
+            return self.reply(501, why).await;
+        }
+        self.data = DataPlan::Active(addr);
+        self.reply(200, "PORT command successful.").await
+    }
+
+    async fn mprt(&mut self, addrs: Vec<SocketAddr>) -> std::io::Result<()> {
+        if self.epsv_all {
+            return self.reply(501, "EPSV ALL is in effect: use EPSV.").await;
+        }
+        if addrs.len() != self.streams as usize {
+            let g = self.streams;
+            return self
+                .reply(
+                    501,
+                    format!(
+                        "MPRT needs exactly {g} addresses (MULT granted {g}), got {}.",
+                        addrs.len()
+                    ),
+                )
+                .await;
+        }
+        for (i, a) in addrs.iter().enumerate() {
+            if let Err(why) = data::check_active_addr(*a, self.peer_ip()) {
+                return self.reply(501, why).await;
+            }
+            if addrs[..i].contains(a) {
+                return self.reply(501, format!("MPRT lists {a} twice.")).await;
+            }
+        }
+        self.data = DataPlan::Multi(addrs);
+        self.reply(200, "MPRT command successful.").await
+    }
+
+    async fn pasv(&mut self) -> std::io::Result<()> {
+        if self.epsv_all {
+            return self.reply(501, "EPSV ALL is in effect: use EPSV.").await;
+        }
+        let ip = match self.local.ip().to_canonical() {
+            IpAddr::V4(v4) => v4,
+            IpAddr::V6(_) => {
+                return self
+                    .reply(500, "PASV is IPv4-only; use EPSV on an IPv6 connection.")
+                    .await
+            }
+        };
+        match data::passive_listener(IpAddr::V4(ip)).await.and_then(|l| {
+            let port = l.local_addr()?.port();
+            Ok((l, port))
+        }) {
+            Ok((l, port)) => {
+                self.data = DataPlan::Passive(l);
+                let a = std::net::SocketAddrV4::new(ip, port);
+                self.reply(227, hostport::format_pasv_reply(a)).await
+            }
+            Err(e) => {
+                self.reply(425, format!("Cannot open passive port: {e}"))
+                    .await
+            }
+        }
+    }
+
+    async fn epsv(&mut self, arg: Option<String>) -> std::io::Result<()> {
+        let want_v6 = !matches!(self.local.ip().to_canonical(), IpAddr::V4(_));
+        match arg.as_deref().map(str::to_ascii_uppercase).as_deref() {
+            None => {}
+            Some("ALL") => {
+                self.epsv_all = true;
+                return self.reply(200, "EPSV ALL accepted.").await;
+            }
+            Some("1") if !want_v6 => {}
+            Some("2") if want_v6 => {}
+            Some("1") | Some("2") => {
+                let p = if want_v6 { 2 } else { 1 };
+                return self
+                    .reply(522, format!("Network protocol not supported, use ({p})"))
+                    .await;
+            }
+            Some(other) => return self.reply(501, format!("Bad EPSV argument {other}.")).await,
+        }
+        match data::passive_listener(self.local.ip())
+            .await
+            .and_then(|l| Ok((l.local_addr()?.port(), l)))
+        {
+            Ok((port, l)) => {
+                self.data = DataPlan::Passive(l);
+                self.reply(229, hostport::format_epsv_reply(port)).await
+            }
+            Err(e) => {
+                self.reply(425, format!("Cannot open passive port: {e}"))
+                    .await
+            }
+        }
+    }
+
+    /// Open `n` data connections from the current plan, replying 425 on
+    /// failure. The plan is used up either way.
+    async fn open_data(&mut self, n: usize) -> std::io::Result<Option<Vec<TcpStream>>> {
+        let plan = std::mem::take(&mut self.data);
+        match data::open(
+            plan,
+            n,
+            self.peer_ip(),
+            self.local.ip(),
+            self.cfg.data_timeout,
+        )
+        .await
+        {
+            Ok(c) => Ok(Some(c)),
+            Err(DataError::Timeout) => {
+                self.reply(425, "Data connection timed out.").await?;
+                Ok(None)
+            }
+            Err(e) => {
+                self.reply(425, format!("Cannot open data connection: {e}"))
+                    .await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Wait for a transfer task while still reading the control connection:
+    /// ABOR cancels it, STAT reports progress, anything else waits in the
+    /// queue until the transfer is over.
+    async fn run_transfer<T: Send + 'static>(
+        &mut self,
+        mut task: JoinHandle<Result<T, TransferError>>,
+        progress: Progress,
+    ) -> std::io::Result<Outcome<T>> {
+        let mut buf = [0u8; 4096];
+        loop {
+            tokio::select! {
+                r = &mut task => {
+                    return Ok(match r {
+                        Ok(Ok(t)) => Outcome::Done(t),
+                        Ok(Err(e)) => Outcome::Failed(e),
+                        Err(e) => Outcome::Failed(TransferError::Storage(std::io::Error::other(e.to_string()))),
+                    });
+                }
+                n = self.r.read(&mut buf) => {
+                    let n = match n {
+                        Ok(0) | Err(_) => {
+                            // Client gone: stop the transfer (an upload is rolled back).
+                            task.abort();
+                            let _ = task.await;
+                            return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "control connection closed during transfer"));
+                        }
+                        Ok(n) => n,
+                    };
+                    let mut lines = Vec::new();
+                    self.reader.feed(&buf[..n], &mut lines);
+                    let mut rest = lines.into_iter();
+                    while let Some(l) = rest.next() {
+                        let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();
+                        if verb == "ABOR" {
+                            task.abort();
+                            let _ = task.await;
+                            self.queued.extend(rest);
+                            return Ok(Outcome::Aborted);
+                        } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
+                            let done = progress.load(Ordering::Relaxed);
+                            self.reply(213, format!("Transfer in progress: {done} bytes.")).await?;
+                        } else {
+                            self.queued.push_back(l);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn finish<T>(
+        &mut self,
+        outcome: Outcome<T>,
+        ok: impl FnOnce(T) -> String,
+    ) -> std::io::Result<()> {
+        match outcome {
+            Outcome::Done(t) => self.reply(226, ok(t)).await,
+            Outcome::Failed(TransferError::Storage(e)) => {
+                self.reply(451, format!("Local error, transfer aborted: {e}"))
+                    .await
+            }
+            Outcome::Failed(e) => {
+                self.reply(426, format!("Connection closed; transfer aborted: {e}"))
+                    .await
+            }
+            Outcome::Aborted => {
+                self.reply(426, "Transfer aborted.").await?;
+                self.reply(226, "ABOR command successful.").await
+            }
+        }
+    }
+
+    fn multi(&self) -> bool {
+        self.streams > 1
+    }
+
+    async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        let rest = std::mem::take(&mut self.rest);
+        let Some((v, p)) = self.existing(arg).await? else {
+            return Ok(());
+        };
+        let file = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
+        };
+        let md = match file.metadata() {
+            Ok(m) => m,
+            Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
+        };
+        if md.is_dir() {
+            return self
+                .reply(550, format!("{}: Is a directory.", v.display()))
+                .await;
+        }
+        let len = md.len();
+        if rest > len {
+            return self
+                .reply(
+                    554,
+                    format!("Invalid REST parameter: {rest} is past the end ({len} bytes)."),
+                )
+                .await;
+        }
+        let ascii = self.ttype == TransferType::Ascii;
+        let n = if self.multi() {
+            self.streams as usize
+        } else {
+            1
+        };
+        if n > 1 && (ascii || rest > 0) {
+            return self
+                .reply(
+                    504,
+                    "Multi-stream transfers need TYPE I and no REST (send MULT 1 first).",
+                )
+                .await;
+        }
+        let kind = if ascii { "ASCII" } else { "BINARY" };
+        self.reply(
+            150,
+            format!(
+                "Opening {kind} mode data connection for {} ({len} bytes, {n} connection(s)).",
+                v.display()
+            ),
+        )
+        .await?;
+        let Some(conns) = self.open_data(n).await? else {
+            return Ok(());
+        };
+        let progress: Progress = Arc::new(AtomicU64::new(0));
+        if n == 1 {
+            let Some(conn) = conns.into_iter().next() else {
+                return self.reply(425, "No data connection.").await;
+            };
+            let task = tokio::spawn(transfer::send_stream(
+                file,
+                rest,
+                conn,
+                ascii,
+                progress.clone(),
+            ));
+            let out = self.run_transfer(task, progress).await?;
+            self.finish(out, |b| format!("Transfer complete ({b} bytes)."))
+                .await
+        } else {
+            let rs = self.cfg.record_size;
+            let task = tokio::spawn(transfer::send_multi(file, len, conns, rs));
+            let out = self.run_transfer(task, progress).await?;
+            self.finish(out, |r| {
+                format!(
+                    "Transfer complete ({} bytes on {} connections).",
+                    r.bytes,
+                    r.streams.len()
+                )
+            })
+            .await
+        }
+    }
+
+    async fn store(&mut self, arg: &[u8], append: bool) -> std::io::Result<()> {
+        let rest = std::mem::take(&mut self.rest);
+        if !self.may_write() {
+            return self.deny_write().await;
+        }
+        let v = match self.vpath(arg) {
+            Ok(v) => v,
+            Err((c, t)) => return self.reply(c, t).await,
+        };
+        let target = match self.cfg.root.creatable(&v) {
+            Ok(p) => p,
+            Err(e) => {
+                let (_, t) = fs_reply(&e);
+                // RFC 959: 553, file name not allowed (missing directory, outside root).
+                return self.reply(553, format!("{}: {t}.", v.display())).await;
+            }
+        };
+        if target.is_dir() {
+            return self
+                .reply(553, format!("{}: Is a directory.", v.display()))
+                .await;
+        }
+        let kind = if append {
+            UploadKind::Append
+        } else if rest > 0 {
+            UploadKind::Resume
+        } else {
+            UploadKind::Replace
+        };
+        let ascii = self.ttype == TransferType::Ascii;
+        let n = if self.multi() {
+            self.streams as usize
+        } else {
+            1
+        };
+        if n > 1 && (ascii || kind != UploadKind::Replace) {
+            return self
+                .reply(
+                    504,
+                    "Multi-stream uploads need TYPE I, STOR and no REST (send MULT 1 first).",
+                )
+                .await;
+        }
+        let (upload, file, offset) = match Upload::begin(&target, kind, rest) {
+            Ok(x) => x,
+            Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
+        };
+        self.reply(
+            150,
+            format!("Ready to receive {} on {n} connection(s).", v.display()),
+        )
+        .await?;
+        let Some(conns) = self.open_data(n).await? else {
+            return Ok(());
+        };
+        let progress: Progress = Arc::new(AtomicU64::new(0));
+        let prog = progress.clone();
+        let task = tokio::spawn(async move {
+            let report = if n == 1 {
+                let conn = conns.into_iter().next().ok_or_else(|| {
+                    TransferError::Network(std::io::Error::other("no data connection"))
+                })?;
+                let b = transfer::recv_stream(file, offset, conn, ascii, prog).await?;
+                (b, 1)
+            } else {
+                let r = transfer::recv_multi(file, conns).await?;
+                (r.bytes, r.streams.len())
+            };
+            upload.commit().map_err(TransferError::Storage)?;
+            Ok(report)
+        });
+        let out = self.run_transfer(task, progress).await?;
+        self.finish(out, |(b, k)| {
+            format!("Transfer complete ({b} bytes on {k} connection(s)).")
+        })
+        .await
+    }
+
+    // ---- listings ----
+
+    async fn build_listing(
+        &self,
+        kind: ListKind,
+        arg: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, (u16, String)> {
+        // `ls` options (`LIST -la`) are accepted and ignored.
+        let arg = arg.map(|a| {
+            let mut a: &[u8] = &a;
+            while a.first() == Some(&b'-') {
+                let end = a.iter().position(|b| *b == b' ').unwrap_or(a.len());
+                a = &a[end..];
+                while a.first() == Some(&b' ') {
+                    a = &a[1..];
+                }
+            }
+            a.to_vec()
+        });
+        let v = match arg.filter(|a| !a.is_empty()) {
+            Some(a) => self.vpath(&a)?,
+            None => self.cwd.clone(),
+        };
+        let real = self.cfg.root.existing(&v).map_err(|e| {
+            let (c, t) = fs_reply(&e);
+            (c, format!("{}: {t}.", v.display()))
+        })?;
+        let writable = self.may_write();
+        let root = self.cfg.root.clone();
+        tokio::task::spawn_blocking(move || listing(&root, &real, kind, writable))
+            .await
+            .map_err(|e| (451, e.to_string()))?
+            .map_err(|e| (550, format!("{}: {e}", v.display())))
+    }
+
+    async fn listing(&mut self, kind: ListKind, arg: Option<Vec<u8>>) -> std::io::Result<()> {
+        let body = match self.build_listing(kind, arg).await {
+            Ok(b) => b,
+            Err((code, text)) => {
+                // A directory that cannot be listed also uses up the data plan.
+                self.data = DataPlan::None;
+                return self.reply(code, text).await;
+            }
+        };
+        self.reply(150, "Here comes the directory listing.").await?;
+        let Some(conns) = self.open_data(1).await? else {
+            return Ok(());
+        };
+        let progress: Progress = Arc::new(AtomicU64::new(0));
+        let prog = progress.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = conns;
+            let Some(mut c) = conns.pop() else {
+                return Err(TransferError::Network(std::io::Error::other(
+                    "no data connection",
+                )));
+            };
+            c.write_all(&body).await.map_err(TransferError::Network)?;
+            c.shutdown().await.map_err(TransferError::Network)?;
+            prog.store(body.len() as u64, Ordering::Relaxed);
+            Ok(())
+        });
+        let out = self.run_transfer(task, progress).await?;
+        self.finish(out, |_| "Directory send OK.".to_string()).await
+    }
+
+    async fn mlst(&mut self, arg: Option<Vec<u8>>) -> std::io::Result<()> {
+        let v = match arg {
+            Some(a) => match self.vpath(&a) {
+                Ok(v) => v,
+                Err((c, t)) => return self.reply(c, t).await,
+            },
+            None => self.cwd.clone(),
+        };
+        let md = match self
+            .cfg
+            .root
+            .existing(&v)
+            .and_then(|p| std::fs::metadata(p).map_err(FsError::from_io))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                let (c, t) = fs_reply(&e);
+                return self.reply(c, format!("{}: {t}.", v.display())).await;
+            }
+        };
+        let facts = fs::mlsx_facts(&md, self.may_write(), None);
+        let lines = vec![
+            format!("Listing {}", v.display()),
+            format!("{facts}{}", v.display()),
+            "End".to_string(),
+        ];
+        self.send(&Reply::multi(250, lines)).await
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ListKind {
+    List,
+    Nlst,
+    Mlsd,
+}
+
+fn listing(
+    root: &fs::Root,
+    real: &std::path::Path,
+    kind: ListKind,
+    writable: bool,
+) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let md = std::fs::metadata(real)?;
+    let mut out = Vec::new();
+    let mut push = |name: &[u8], md: &std::fs::Metadata| {
+        match kind {
+            ListKind::List => out.extend_from_slice(&fs::list_line(name, md)),
+            ListKind::Nlst => out.extend_from_slice(name),
+            ListKind::Mlsd => {
+                out.extend_from_slice(fs::mlsx_facts(md, writable, None).as_bytes());
+                out.extend_from_slice(name);
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+    };
+    if !md.is_dir() {
+        if matches!(kind, ListKind::Mlsd) {
+            return Err(std::io::Error::other("Not a directory"));
+        }
+        let name = real
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .unwrap_or_default();
+        push(&name, &md);
+        return Ok(out);
+    }
+    let mut entries: Vec<_> = std::fs::read_dir(real)?.filter_map(Result::ok).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name();
+        let name = name.as_bytes();
+        if name.contains(&b'\n') || name.contains(&b'\r') {
+            // Cannot be represented in a CRLF listing.
+            continue;
+        }
+        let Ok(lmd) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        // Links are listed by what they point to, and only if that stays
+        // inside the root; dangling or escaping links are left out.
+        let md = if lmd.file_type().is_symlink() {
+            match std::fs::canonicalize(e.path()) {
+                Ok(t) if t.starts_with(root.path()) => match std::fs::metadata(&t) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+                _ => continue,
+            }
+        } else {
+            lmd
+        };
+        push(name, &md);
+    }
+    Ok(out)
+}

@@ -1,0 +1,271 @@
+//! Moving file bytes over data connections: stream mode on one connection
+//! (with TYPE A conversion) and striped multi-stream transfers through the
+//! xftp-stripe engine. Uploads never leave a complete-looking file behind
+//! when they fail (see [`Upload`]).
+
+use std::fs::{File, OpenOptions};
+use std::io::SeekFrom;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use xftp_proto::ascii;
+use xftp_stripe::{recv_file, send_file, SendConfig, StripeError};
+
+const CHUNK: usize = 256 * 1024;
+
+/// Why a transfer failed after its data connections were open.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// Reading or writing the local file failed (451).
+    #[error("local file error: {0}")]
+    Storage(std::io::Error),
+    /// The data connection failed (426).
+    #[error("data connection failed: {0}")]
+    Network(std::io::Error),
+    /// A striped transfer failed (426): lost connection, hole, bad block.
+    #[error("{0}")]
+    Stripe(#[from] StripeError),
+}
+
+/// Bytes moved so far, shared with the control task for STAT.
+pub type Progress = Arc<AtomicU64>;
+
+/// RETR in stream mode: `file` from `offset` to the end, on one connection.
+pub async fn send_stream(
+    file: File,
+    offset: u64,
+    mut conn: TcpStream,
+    ascii_mode: bool,
+    progress: Progress,
+) -> Result<u64, TransferError> {
+    let mut file = tokio::fs::File::from_std(file);
+    if offset > 0 {
+        file.seek(SeekFrom::Start(offset))
+            .await
+            .map_err(TransferError::Storage)?;
+    }
+    let mut buf = vec![0u8; CHUNK];
+    let mut conv = ascii::ToWire::new();
+    let mut wire = Vec::new();
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf).await.map_err(TransferError::Storage)?;
+        if n == 0 {
+            break;
+        }
+        let out: &[u8] = if ascii_mode {
+            wire.clear();
+            conv.convert(&buf[..n], &mut wire);
+            &wire
+        } else {
+            &buf[..n]
+        };
+        conn.write_all(out).await.map_err(TransferError::Network)?;
+        total += out.len() as u64;
+        progress.store(total, Ordering::Relaxed);
+    }
+    conn.shutdown().await.map_err(TransferError::Network)?;
+    Ok(total)
+}
+
+/// STOR/APPE in stream mode: everything the client sends until it closes.
+pub async fn recv_stream(
+    file: File,
+    offset: u64,
+    mut conn: TcpStream,
+    ascii_mode: bool,
+    progress: Progress,
+) -> Result<u64, TransferError> {
+    let mut file = tokio::fs::File::from_std(file);
+    file.seek(SeekFrom::Start(offset))
+        .await
+        .map_err(TransferError::Storage)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut conv = ascii::FromWire::new();
+    let mut local = Vec::new();
+    let mut total = 0u64;
+    loop {
+        let n = conn.read(&mut buf).await.map_err(TransferError::Network)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if ascii_mode {
+            local.clear();
+            conv.convert(&buf[..n], &mut local);
+            file.write_all(&local)
+                .await
+                .map_err(TransferError::Storage)?;
+        } else {
+            file.write_all(&buf[..n])
+                .await
+                .map_err(TransferError::Storage)?;
+        }
+        progress.store(total, Ordering::Relaxed);
+    }
+    if ascii_mode {
+        local.clear();
+        conv.finish(&mut local);
+        file.write_all(&local)
+            .await
+            .map_err(TransferError::Storage)?;
+    }
+    file.flush().await.map_err(TransferError::Storage)?;
+    Ok(total)
+}
+
+/// RETR over several connections: MODE E blocks, dynamic assignment.
+pub async fn send_multi(
+    file: File,
+    len: u64,
+    conns: Vec<TcpStream>,
+    record_size: u32,
+) -> Result<xftp_stripe::TransferReport, TransferError> {
+    let cfg = SendConfig {
+        record_size,
+        ..SendConfig::default()
+    };
+    Ok(send_file(Arc::new(file), len, conns, &cfg).await?)
+}
+
+/// STOR over several connections: blocks written at their offsets.
+pub async fn recv_multi(
+    file: File,
+    conns: Vec<TcpStream>,
+) -> Result<xftp_stripe::TransferReport, TransferError> {
+    Ok(recv_file(Arc::new(file), conns, None).await?)
+}
+
+/// An upload in progress. Dropped without [`Upload::commit`], it undoes
+/// itself: a new file's temporary is removed; an append is truncated back
+/// to its old length. So an aborted or failed upload never leaves a file
+/// that looks complete under its final name.
+#[derive(Debug)]
+pub struct Upload {
+    final_path: PathBuf,
+    temp: Option<PathBuf>,
+    rollback_len: Option<u64>,
+    committed: bool,
+}
+
+/// Kinds of upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadKind {
+    /// STOR: replace or create, via a temporary file renamed on success.
+    Replace,
+    /// STOR after REST n > 0: write into the existing file from n (resume).
+    Resume,
+    /// APPE: append; rolled back to the old length on failure.
+    Append,
+}
+
+impl Upload {
+    /// Open the file to write for `kind` at `final_path`; returns the file
+    /// and the offset to write at.
+    pub fn begin(
+        final_path: &Path,
+        kind: UploadKind,
+        rest: u64,
+    ) -> std::io::Result<(Upload, File, u64)> {
+        match kind {
+            UploadKind::Replace => {
+                let dir = final_path.parent().unwrap_or(Path::new("."));
+                let name = final_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                for _ in 0..16 {
+                    let tag: u64 = rand::random();
+                    let temp = dir.join(format!(".{name}.xftp-part-{tag:016x}"));
+                    match OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o644)
+                        .open(&temp)
+                    {
+                        Ok(f) => {
+                            return Ok((
+                                Upload {
+                                    final_path: final_path.to_owned(),
+                                    temp: Some(temp),
+                                    rollback_len: None,
+                                    committed: false,
+                                },
+                                f,
+                                0,
+                            ))
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(std::io::Error::other("cannot create a temporary file"))
+            }
+            UploadKind::Resume => {
+                let f = OpenOptions::new().write(true).open(final_path)?;
+                Ok((
+                    Upload {
+                        final_path: final_path.to_owned(),
+                        temp: None,
+                        rollback_len: None,
+                        committed: false,
+                    },
+                    f,
+                    rest,
+                ))
+            }
+            UploadKind::Append => {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o644)
+                    .open(final_path)?;
+                let len = f.metadata()?.len();
+                Ok((
+                    Upload {
+                        final_path: final_path.to_owned(),
+                        temp: None,
+                        rollback_len: Some(len),
+                        committed: false,
+                    },
+                    f,
+                    len,
+                ))
+            }
+        }
+    }
+
+    /// The transfer succeeded: move the temporary into place.
+    pub fn commit(mut self) -> std::io::Result<()> {
+        if let Some(temp) = self.temp.take() {
+            if let Err(e) = std::fs::rename(&temp, &self.final_path) {
+                let _ = std::fs::remove_file(&temp);
+                self.committed = true;
+                return Err(e);
+            }
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        if let Some(temp) = &self.temp {
+            let _ = std::fs::remove_file(temp);
+        }
+        if let Some(len) = self.rollback_len {
+            if let Ok(f) = OpenOptions::new().write(true).open(&self.final_path) {
+                let _ = f.set_len(len);
+            }
+        }
+    }
+}
