@@ -1,0 +1,229 @@
+//! Bad input gets the right reply code and the session stays usable.
+//! Each test names the rule it pins.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::io::AsyncWriteExt;
+
+#[tokio::test]
+async fn paths_cannot_escape_the_root() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "inside", b"ok");
+    std::os::unix::fs::symlink("/etc", srv.dir.path().join("etc-link")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", srv.dir.path().join("host-link")).unwrap();
+    let mut c = Ctl::login(srv.addr).await;
+    // `..` above the root stays at the root.
+    c.cmd("CWD ../../..", 250).await;
+    let pwd = c.cmd("PWD", 257).await;
+    assert!(pwd.text().starts_with("\"/\""), "{pwd}");
+    // Absolute paths are inside the virtual root: /etc/passwd does not exist there.
+    c.cmd("SIZE /etc/passwd", 550).await;
+    c.cmd("SIZE ../../../../etc/passwd", 550).await;
+    c.cmd("SIZE %2e%2e/%2e%2e/etc/passwd", 550).await;
+    // Symbolic links that lead outside are refused.
+    c.cmd("CWD etc-link", 550).await;
+    c.cmd("SIZE etc-link/passwd", 550).await;
+    c.cmd("SIZE host-link", 550).await;
+    c.cmd("RETR host-link", 550).await;
+    c.cmd("STOR etc-link/evil", 553).await;
+    c.cmd("MKD etc-link/evil", 550).await;
+    // A NUL byte in a path is refused.
+    c.send_raw(b"SIZE inside\0x\r\n").await;
+    c.expect(501).await;
+    c.cmd("SIZE inside", 213).await;
+}
+
+#[tokio::test]
+async fn active_mode_refuses_bounce_and_privileged_ports() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    // RFC 2577: a third-party address (FTP bounce) is refused.
+    c.cmd("PORT 10,0,0,1,39,16", 501).await;
+    c.cmd("EPRT |1|127.0.0.2|10000|", 501).await;
+    c.cmd("EPRT |2|::1|10000|", 501).await;
+    // A privileged port is refused.
+    c.cmd("PORT 127,0,0,1,0,25", 501).await;
+    c.cmd("EPRT |1|127.0.0.1|21|", 501).await;
+    c.cmd("EPRT |1|127.0.0.1|10000|", 200).await;
+    // MPRT applies the same rules to every address.
+    c.cmd("MULT 2", 200).await;
+    c.cmd("MPRT |1|127.0.0.1|10000| |1|10.1.1.1|10001|", 501)
+        .await;
+    c.cmd("MPRT |1|127.0.0.1|10000|", 501).await;
+    c.cmd("MPRT |1|127.0.0.1|10000| |1|127.0.0.1|10000|", 501)
+        .await;
+    c.cmd("MPRT |1|127.0.0.1|10000| |1|127.0.0.1|10001|", 200)
+        .await;
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test]
+async fn malformed_commands_keep_the_session_usable() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::connect(srv.addr).await;
+    // Commands before login.
+    c.cmd("PWD", 530).await;
+    c.cmd("RETR x", 530).await;
+    c.cmd("PASS x", 503).await;
+    c.cmd("USER anonymous", 331).await;
+    c.cmd("PASS x", 230).await;
+    // Over-long line: 500, then the session goes on.
+    let long = "A".repeat(xftp_proto::MAX_LINE * 2);
+    c.cmd(&long, 500).await;
+    c.cmd("NOOP", 200).await;
+    // Unknown and unimplemented commands.
+    c.cmd("FROB x", 500).await;
+    c.cmd("STOU", 502).await;
+    c.cmd("12AB", 500).await;
+    // Bad arguments.
+    c.cmd("TYPE X", 504).await;
+    c.cmd("MODE B", 504).await;
+    c.cmd("STRU R", 504).await;
+    c.cmd("REST abc", 501).await;
+    c.cmd("PORT 1,2,3", 501).await;
+    c.cmd("RETR", 501).await;
+    c.cmd("MULT 0", 501).await;
+    // RNTO without RNFR is a bad sequence.
+    c.cmd("RNTO x", 503).await;
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test]
+async fn missing_files_directories_and_read_only() {
+    let srv = start(|cfg| cfg.anonymous_write = false).await;
+    write(srv.dir.path(), "f", b"data");
+    std::fs::create_dir(srv.dir.path().join("d")).unwrap();
+    let mut c = Ctl::login(srv.addr).await;
+    // RETR of a missing file and of a directory.
+    c.cmd("RETR missing", 550).await;
+    c.cmd("RETR d", 550).await;
+    c.cmd("CWD f", 550).await;
+    // Writes by a read-only user.
+    c.cmd("STOR new", 550).await;
+    c.cmd("APPE f", 550).await;
+    c.cmd("DELE f", 550).await;
+    c.cmd("MKD x", 550).await;
+    c.cmd("RMD d", 550).await;
+    c.cmd("RNFR f", 550).await;
+    assert_eq!(std::fs::read(srv.dir.path().join("f")).unwrap(), b"data");
+    assert!(!srv.dir.path().join("new").exists());
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test]
+async fn store_into_missing_directory_is_553() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("STOR no/such/dir/file", 553).await;
+    c.cmd("MKD sub", 257).await;
+    c.cmd("STOR sub", 553).await;
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test]
+async fn idle_control_connection_times_out() {
+    let srv = start(|cfg| cfg.idle_timeout = Duration::from_millis(300)).await;
+    let mut c = Ctl::login(srv.addr).await;
+    let r = c.read_reply().await.expect("a 421 before close");
+    assert_eq!(r.code, 421);
+    assert!(
+        c.read_reply().await.is_none(),
+        "connection closed after 421"
+    );
+}
+
+#[tokio::test]
+async fn data_connection_that_never_arrives_gets_425() {
+    let srv = start(|cfg| cfg.data_timeout = Duration::from_millis(300)).await;
+    write(srv.dir.path(), "f", b"data");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("EPSV", 229).await;
+    c.cmd("RETR f", 150).await;
+    c.expect(425).await;
+    // Without any PORT/PASV, a transfer also fails with 425.
+    c.cmd("RETR f", 150).await;
+    c.expect(425).await;
+    c.cmd("NOOP", 200).await;
+    // And the session still transfers afterwards.
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR f", 150).await;
+    let got = read_all(d.into_iter().next().unwrap()).await;
+    c.expect(226).await;
+    assert_eq!(got, b"data");
+}
+
+#[tokio::test]
+async fn reset_upload_leaves_no_file() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR up.bin", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(&pattern(100_000, 1)).await.unwrap();
+    // Reset instead of a clean close: SO_LINGER 0 then drop.
+    let std = d.into_std().unwrap();
+    socket2::SockRef::from(&std)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(std);
+    c.expect(426).await;
+    assert!(!srv.dir.path().join("up.bin").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(srv.dir.path()).unwrap().collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test]
+async fn aborted_upload_leaves_no_file_and_append_rolls_back() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "log", b"old");
+    let mut c = Ctl::login(srv.addr).await;
+    // ABOR during STOR.
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR up.bin", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(&pattern(10_000, 2)).await.unwrap();
+    c.send_raw(b"\xff\xf4\xff\xf2ABOR\r\n").await;
+    c.expect(426).await;
+    c.expect(226).await;
+    assert!(!srv.dir.path().join("up.bin").exists());
+    // ABOR during APPE: the file returns to its old length.
+    let d = c.epsv_connect(1).await;
+    c.cmd("APPE log", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(b"new data").await.unwrap();
+    d.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.send_raw(b"ABOR\r\n").await;
+    c.expect(426).await;
+    c.expect(226).await;
+    assert_eq!(std::fs::read(srv.dir.path().join("log")).unwrap(), b"old");
+}
+
+#[tokio::test]
+async fn failed_logins_with_users_file() {
+    let mut db = xftp_server::UserDb::default();
+    db.set("alice", "right", xftp_server::Access::ReadOnly)
+        .unwrap();
+    let srv = start(move |cfg| {
+        cfg.anonymous = false;
+        cfg.users = db;
+    })
+    .await;
+    let mut c = Ctl::connect(srv.addr).await;
+    c.cmd("USER anonymous", 530).await;
+    c.cmd("USER alice", 331).await;
+    c.cmd("PASS right", 230).await;
+    c.cmd("STOR x", 550).await;
+    let mut c = Ctl::connect(srv.addr).await;
+    for _ in 0..2 {
+        c.cmd("USER alice", 331).await;
+        c.cmd("PASS wrong", 530).await;
+    }
+    c.cmd("USER mallory", 331).await;
+    c.cmd("PASS x", 421).await;
+    assert!(c.read_reply().await.is_none());
+}

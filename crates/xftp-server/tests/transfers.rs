@@ -1,0 +1,316 @@
+//! Transfers: stream mode, TYPE A, REST, listings, file management,
+//! concurrency, and multi-stream (MULT with EPSV, EPRT and MPRT).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use xftp_stripe::{recv_file, send_file, MemFile, SendConfig};
+
+#[tokio::test]
+async fn stream_mode_roundtrip_passive_and_active() {
+    let srv = start(|_| {}).await;
+    let data = pattern(1_048_576 + 7, 3);
+    let mut c = Ctl::login(srv.addr).await;
+    // Upload (passive).
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR f.bin", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(&data).await.unwrap();
+    d.shutdown().await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(std::fs::read(srv.dir.path().join("f.bin")).unwrap(), data);
+    let size = c.cmd("SIZE f.bin", 213).await;
+    assert_eq!(size.text(), data.len().to_string());
+    // Download (active).
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    c.cmd(&format!("EPRT |1|127.0.0.1|{port}|"), 200).await;
+    c.cmd("RETR f.bin", 150).await;
+    let (s, _) = l.accept().await.unwrap();
+    let got = read_all(s).await;
+    c.expect(226).await;
+    assert_eq!(got, data);
+    // PORT form.
+    let p = xftp_proto::hostport::format_port_arg(format!("127.0.0.1:{port}").parse().unwrap());
+    c.cmd(&format!("PORT {p}"), 200).await;
+    c.cmd("RETR f.bin", 150).await;
+    let (s, _) = l.accept().await.unwrap();
+    assert_eq!(read_all(s).await, data);
+    c.expect(226).await;
+}
+
+#[tokio::test]
+async fn type_a_converts_both_ways() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "t.txt", b"one\ntwo\r\nthree\n");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE A", 200).await;
+    // SIZE in TYPE A counts the wire bytes (RFC 3659 section 4).
+    assert_eq!(c.cmd("SIZE t.txt", 213).await.text(), "17");
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR t.txt", 150).await;
+    assert_eq!(
+        read_all(d.into_iter().next().unwrap()).await,
+        b"one\r\ntwo\r\nthree\r\n"
+    );
+    c.expect(226).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR u.txt", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(b"a\r\nb\rc\r\n").await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("u.txt")).unwrap(),
+        b"a\nb\rc\n"
+    );
+}
+
+#[tokio::test]
+async fn rest_resumes_download_and_upload() {
+    let srv = start(|_| {}).await;
+    let data = pattern(100_000, 4);
+    write(srv.dir.path(), "f", &data);
+    write(srv.dir.path(), "part", &data[..30_000]);
+    let mut c = Ctl::login(srv.addr).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("REST 60000", 350).await;
+    c.cmd("RETR f", 150).await;
+    assert_eq!(
+        read_all(d.into_iter().next().unwrap()).await,
+        &data[60_000..]
+    );
+    c.expect(226).await;
+    c.cmd("REST 200000", 350).await;
+    c.cmd("RETR f", 554).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("REST 30000", 350).await;
+    c.cmd("STOR part", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(&data[30_000..]).await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(std::fs::read(srv.dir.path().join("part")).unwrap(), data);
+}
+
+#[tokio::test]
+async fn listings_and_file_management() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "a b.txt", b"12345");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MKD \"q\" dir", 257).await;
+    c.cmd("MKD sub", 257).await;
+    c.cmd("MKD sub", 550).await;
+    c.cmd("CWD sub", 250).await;
+    assert!(c.cmd("PWD", 257).await.text().starts_with("\"/sub\""));
+    c.cmd("CDUP", 200).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("NLST", 150).await;
+    let names = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
+    c.expect(226).await;
+    assert_eq!(names, "\"q\" dir\r\na b.txt\r\nsub\r\n");
+    let d = c.epsv_connect(1).await;
+    c.cmd("LIST -la", 150).await;
+    let list = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
+    c.expect(226).await;
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("-rw") && l.ends_with(" a b.txt")),
+        "{list}"
+    );
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with('d') && l.ends_with(" sub")),
+        "{list}"
+    );
+    let d = c.epsv_connect(1).await;
+    c.cmd("MLSD", 150).await;
+    let ml = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
+    c.expect(226).await;
+    assert!(ml.contains("type=file;size=5;"), "{ml}");
+    assert!(ml.contains("type=dir;"), "{ml}");
+    let r = c.cmd("MLST a b.txt", 250).await;
+    assert!(
+        r.lines[1].contains("size=5;") && r.lines[1].ends_with("/a b.txt"),
+        "{r}"
+    );
+    let m = c.cmd("MDTM a b.txt", 213).await;
+    assert_eq!(m.text().len(), 14);
+    c.cmd("RNFR a b.txt", 350).await;
+    c.cmd("RNTO sub/c.txt", 250).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("sub/c.txt")).unwrap(),
+        b"12345"
+    );
+    c.cmd("RMD sub", 550).await;
+    c.cmd("DELE sub", 550).await;
+    c.cmd("DELE sub/c.txt", 250).await;
+    c.cmd("RMD sub", 250).await;
+    let stat = c.cmd("STAT", 211).await;
+    assert!(stat.text().contains("MULT: 1"), "{stat}");
+    let feat = c.cmd("FEAT", 211).await;
+    assert!(feat.lines.iter().any(|l| l.trim() == "MULT"), "{feat}");
+    c.cmd("QUIT", 221).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_sessions() {
+    let srv = start(|_| {}).await;
+    let data = Arc::new(pattern(200_000, 5));
+    write(srv.dir.path(), "f", &data);
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let addr = srv.addr;
+        let data = data.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Ctl::login(addr).await;
+            for _ in 0..3 {
+                let d = c.epsv_connect(1).await;
+                c.cmd("RETR f", 150).await;
+                assert_eq!(read_all(d.into_iter().next().unwrap()).await, *data);
+                c.expect(226).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn mult_negotiation() {
+    let srv = start(|cfg| {
+        cfg.max_streams = 16;
+        cfg.default_streams = 4;
+    })
+    .await;
+    let mut c = Ctl::login(srv.addr).await;
+    assert!(c.cmd("MULT 8", 200).await.text().starts_with("MULT 8 "));
+    assert!(c.cmd("MULT 1000", 200).await.text().starts_with("MULT 16 "));
+    assert!(c.cmd("MULT", 200).await.text().starts_with("MULT 4 "));
+    assert!(c.cmd("MULT 1", 200).await.text().starts_with("MULT 1 "));
+}
+
+async fn multi_retr(c: &mut Ctl, conns: Vec<TcpStream>, name: &str, len: usize) -> Vec<u8> {
+    c.cmd(&format!("RETR {name}"), 150).await;
+    let dst = Arc::new(MemFile::default());
+    let rep = recv_file(dst.clone(), conns, Some(len as u64))
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert_eq!(rep.bytes, len as u64);
+    dst.to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_stream_passive_active_and_mprt() {
+    let srv = start(|cfg| cfg.record_size = 64 * 1024).await;
+    let rs = 64 * 1024;
+    let mut c = Ctl::login(srv.addr).await;
+    for (i, len) in [0usize, 1, rs - 1, rs, rs + 1, 3 * 1024 * 1024 + 13]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(len, 10 + i as u64);
+        let name = format!("f{i}");
+        write(srv.dir.path(), &name, &data);
+        for n in [2usize, 3, 8] {
+            c.cmd(&format!("MULT {n}"), 200).await;
+            // Passive: n connections to one port.
+            let conns = c.epsv_connect(n).await;
+            assert_eq!(multi_retr(&mut c, conns, &name, len).await, data);
+            // Active: the server opens n connections to our one port; count them.
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = l.local_addr().unwrap().port();
+            c.cmd(&format!("EPRT |1|127.0.0.1|{port}|"), 200).await;
+            c.cmd(&format!("RETR {name}"), 150).await;
+            let mut conns = Vec::new();
+            for _ in 0..n {
+                conns.push(l.accept().await.unwrap().0);
+            }
+            let dst = Arc::new(MemFile::default());
+            recv_file(dst.clone(), conns, Some(len as u64))
+                .await
+                .unwrap();
+            c.expect(226).await;
+            assert_eq!(dst.to_vec(), data);
+            let extra =
+                tokio::time::timeout(std::time::Duration::from_millis(50), l.accept()).await;
+            assert!(extra.is_err(), "server opened more than {n} connections");
+            // MPRT: one listener per connection.
+            let mut ls = Vec::new();
+            for _ in 0..n {
+                ls.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+            }
+            let addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+            c.cmd(
+                &format!("MPRT {}", xftp_proto::hostport::format_mprt_arg(&addrs)),
+                200,
+            )
+            .await;
+            // Upload over MPRT: the client sends blocks.
+            let up = format!("up{i}_{n}");
+            c.cmd(&format!("STOR {up}"), 150).await;
+            let mut conns = Vec::new();
+            for l in &ls {
+                conns.push(l.accept().await.unwrap().0);
+            }
+            let src = Arc::new(MemFile::from(data.clone()));
+            let cfg = SendConfig {
+                record_size: 8192,
+                ..SendConfig::default()
+            };
+            send_file(src, len as u64, conns, &cfg).await.unwrap();
+            c.expect(226).await;
+            assert_eq!(std::fs::read(srv.dir.path().join(&up)).unwrap(), data);
+        }
+    }
+}
+
+#[tokio::test]
+async fn multi_stream_passive_refuses_extra_connections() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "f", &pattern(10_000, 1));
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 2", 200).await;
+    let r = c.cmd("EPSV", 229).await;
+    let port = xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap();
+    let a = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let b = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    c.cmd("RETR f", 150).await;
+    let dst = Arc::new(MemFile::default());
+    recv_file(dst.clone(), vec![a, b], Some(10_000))
+        .await
+        .unwrap();
+    c.expect(226).await;
+    // The listener is gone once the transfer has its connections.
+    assert!(TcpStream::connect(("127.0.0.1", port)).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_stream_upload_killed_connection_leaves_no_file() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 3", 200).await;
+    let conns = c.epsv_connect(3).await;
+    c.cmd("STOR big", 150).await;
+    // Send a few valid blocks on one connection, then reset them all.
+    let mut conns = conns;
+    let hdr = xftp_stripe::block::BlockHeader::data(0, 1000);
+    conns[0].write_all(&hdr.encode()).await.unwrap();
+    conns[0].write_all(&[7u8; 1000]).await.unwrap();
+    for s in conns {
+        let std = s.into_std().unwrap();
+        socket2::SockRef::from(&std)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .unwrap();
+        drop(std);
+    }
+    c.expect(426).await;
+    assert!(std::fs::read_dir(srv.dir.path()).unwrap().next().is_none());
+}
