@@ -1,0 +1,472 @@
+//! Interop: `xftp get/put/ls` against pyftpdlib, an FTP server nobody here
+//! wrote. Skips with a message when /usr/bin/python3 lacks pyftpdlib, but
+//! fails instead when XFTP_REQUIRE_PEERS=1.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+const PYTHON: &str = "/usr/bin/python3";
+const MIB: u64 = 1024 * 1024;
+
+/// A pyftpdlib server on 127.0.0.1, ended by PID when dropped.
+struct Pyftpd {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Pyftpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// True when pyftpdlib is there; otherwise skip (or fail under
+/// XFTP_REQUIRE_PEERS=1).
+fn have_pyftpdlib(test: &str) -> bool {
+    let ok = Command::new(PYTHON)
+        .args(["-c", "import pyftpdlib"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("{test}: {PYTHON} cannot import pyftpdlib and XFTP_REQUIRE_PEERS=1 (apt-get install python3-pyftpdlib)");
+        }
+        eprintln!(
+            "SKIP {test}: {PYTHON} cannot import pyftpdlib (apt-get install python3-pyftpdlib)"
+        );
+    }
+    ok
+}
+
+/// Start a process that logs `starting FTP server on 127.0.0.1:PORT` on
+/// stderr; keep draining its stderr so it never blocks on a full pipe.
+fn spawn_logging_server(mut cmd: Command) -> Pyftpd {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pyftpdlib");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("starting FTP server on 127.0.0.1:").nth(1) {
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if let (Some(tx), Ok(p)) = (tx.take(), port.parse::<u16>()) {
+                    let _ = tx.send(p);
+                }
+            }
+        }
+    });
+    let mut server = Pyftpd { child, port: 0 };
+    server.port = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("pyftpdlib did not report its port within 20 s");
+    server
+}
+
+/// Anonymous, writable pyftpdlib serving `dir`.
+fn pyftpd(dir: &Path) -> Pyftpd {
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "pyftpdlib", "-i", "127.0.0.1", "-p", "0", "-d"])
+        .arg(dir)
+        .arg("-w");
+    spawn_logging_server(cmd)
+}
+
+/// pyftpdlib with one named user (`alice` / `s3cret`) and no anonymous login.
+fn pyftpd_with_user(dir: &Path) -> Pyftpd {
+    let script = r#"
+import logging, sys
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler
+from pyftpdlib.servers import FTPServer
+logging.basicConfig(level=logging.INFO)
+auth = DummyAuthorizer()
+auth.add_user("alice", "s3cret", sys.argv[1], perm="elradfmwMT")
+FTPHandler.authorizer = auth
+FTPHandler.auth_failed_timeout = 0.1
+FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
+"#;
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg("-c").arg(script).arg(dir);
+    spawn_logging_server(cmd)
+}
+
+/// Deterministic, incompressible-looking content (xorshift64*).
+fn write_prng_file(path: &Path, len: u64, seed: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut x = seed | 1;
+    let mut left = len;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        for chunk in buf[..n].chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+}
+
+fn sha256_file(path: &Path) -> [u8; 32] {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    h.finalize().into()
+}
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("XFTP_PASSWORD")
+        .output()
+        .expect("run xftp")
+}
+
+fn json_of(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "exactly one JSON line expected, got {text:?}"
+    );
+    serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("bad JSON {text:?}: {e}"))
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    srv: PathBuf,
+    local: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = tmp.path().join("srv");
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    Dirs {
+        _tmp: tmp,
+        srv,
+        local,
+    }
+}
+
+/// Upload then download each size; compare by sha256 at every step.
+fn roundtrip(sizes: &[u64], mode: &[&str], test: &str) {
+    if !have_pyftpdlib(test) {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    let base = format!("ftp://127.0.0.1:{}", server.port);
+    for (i, &len) in sizes.iter().enumerate() {
+        let name = format!("f{len}.bin");
+        let src = d.local.join(format!("src-{name}"));
+        write_prng_file(&src, len, 0x9E37_79B9 + i as u64);
+        let want = sha256_file(&src);
+
+        let mut args = vec!["put", src.to_str().unwrap()];
+        let url = format!("{base}/{name}");
+        args.push(&url);
+        args.extend_from_slice(mode);
+        args.push("--json");
+        let out = xftp(&args, &d.local);
+        assert_ok(&out, &format!("put {len} B {mode:?}"));
+        let j = json_of(&out);
+        assert_eq!(j["status"], "ok");
+        assert_eq!(j["bytes"], len);
+        assert_eq!(j["streams"], 1);
+        assert_eq!(j["per_stream_bytes"], serde_json::json!([len]));
+        assert_eq!(
+            sha256_file(&d.srv.join(&name)),
+            want,
+            "server copy of {len} B differs"
+        );
+
+        let mut args = vec!["get", &url, "--json"];
+        args.extend_from_slice(mode);
+        let out = xftp(&args, &d.local);
+        assert_ok(&out, &format!("get {len} B {mode:?}"));
+        let j = json_of(&out);
+        assert_eq!(j["status"], "ok");
+        assert_eq!(j["bytes"], len);
+        assert_eq!(
+            sha256_file(&d.local.join(&name)),
+            want,
+            "downloaded {len} B differs"
+        );
+    }
+    // Nothing but the sources and the downloads: no temporary files left.
+    for e in entries(&d.local) {
+        assert!(!e.contains("xftp-part"), "temporary file left behind: {e}");
+    }
+}
+
+#[test]
+fn small_files_passive() {
+    roundtrip(&[0, 1, MIB + 7], &[], "small_files_passive");
+}
+
+#[test]
+fn small_files_active() {
+    roundtrip(&[0, 1, MIB + 7], &["--active"], "small_files_active");
+}
+
+#[test]
+fn large_file_passive() {
+    roundtrip(&[256 * MIB], &[], "large_file_passive");
+}
+
+#[test]
+fn listing_passive_and_active() {
+    if !have_pyftpdlib("listing_passive_and_active") {
+        return;
+    }
+    let d = dirs();
+    std::fs::write(d.srv.join("alpha.txt"), b"a").unwrap();
+    std::fs::create_dir(d.srv.join("sub dir")).unwrap();
+    std::fs::write(d.srv.join("sub dir").join("inner.bin"), b"xyz").unwrap();
+    let server = pyftpd(&d.srv);
+    for mode in [&[][..], &["--active"][..]] {
+        let url = format!("ftp://127.0.0.1:{}/", server.port);
+        let mut args = vec!["ls", url.as_str()];
+        args.extend_from_slice(mode);
+        let out = xftp(&args, &d.local);
+        assert_ok(&out, "ls");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("alpha.txt") && text.contains("sub dir"),
+            "{text}"
+        );
+        // A percent-encoded directory path.
+        let url = format!("ftp://127.0.0.1:{}/sub%20dir/", server.port);
+        let mut args = vec!["ls", url.as_str()];
+        args.extend_from_slice(mode);
+        let out = xftp(&args, &d.local);
+        assert_ok(&out, "ls sub dir");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("inner.bin") && !text.contains("alpha.txt"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn get_into_directory_and_put_to_directory_url() {
+    if !have_pyftpdlib("get_into_directory_and_put_to_directory_url") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    std::fs::create_dir(d.srv.join("in")).unwrap();
+    let src = d.local.join("payload.bin");
+    write_prng_file(&src, 4096 + 3, 7);
+    let url = format!("ftp://127.0.0.1:{}/in/", server.port);
+    assert_ok(
+        &xftp(&["put", "payload.bin", &url], &d.local),
+        "put to dir URL",
+    );
+    assert_eq!(
+        sha256_file(&d.srv.join("in/payload.bin")),
+        sha256_file(&src)
+    );
+
+    let dest = d.local.join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/in/payload.bin", server.port);
+    assert_ok(&xftp(&["get", &url, "dest"], &d.local), "get into dir");
+    assert_eq!(sha256_file(&dest.join("payload.bin")), sha256_file(&src));
+}
+
+#[test]
+fn missing_remote_file_fails_and_leaves_nothing() {
+    if !have_pyftpdlib("missing_remote_file_fails_and_leaves_nothing") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    for mode in [&[][..], &["--active"][..]] {
+        let url = format!("ftp://127.0.0.1:{}/no-such-file.bin", server.port);
+        let mut args = vec!["get", url.as_str(), "--json"];
+        args.extend_from_slice(mode);
+        let out = xftp(&args, &d.local);
+        assert!(!out.status.success(), "missing file must fail");
+        let j = json_of(&out);
+        assert_eq!(j["status"], "error");
+        let err = j["error"].as_str().unwrap_or_default();
+        assert!(err.contains("550") && err.contains("xftp ls"), "{err}");
+        assert_eq!(
+            entries(&d.local),
+            Vec::<String>::new(),
+            "nothing may be left"
+        );
+    }
+}
+
+#[test]
+fn upload_into_missing_directory_fails() {
+    if !have_pyftpdlib("upload_into_missing_directory_fails") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    let src = d.local.join("x.bin");
+    write_prng_file(&src, 100, 3);
+    let url = format!("ftp://127.0.0.1:{}/nodir/x.bin", server.port);
+    let out = xftp(&["put", "x.bin", &url], &d.local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("550"), "{err}");
+    assert!(!d.srv.join("nodir").exists());
+}
+
+#[test]
+fn named_user_right_and_wrong_password() {
+    if !have_pyftpdlib("named_user_right_and_wrong_password") {
+        return;
+    }
+    let d = dirs();
+    std::fs::write(d.srv.join("secret.txt"), b"for alice only\n").unwrap();
+    let server = pyftpd_with_user(&d.srv);
+    let port = server.port;
+
+    // Wrong password (in the URL): 530, non-zero exit, no file.
+    let url = format!("ftp://alice:wrong@127.0.0.1:{port}/secret.txt");
+    let out = xftp(&["get", &url], &d.local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("530") && err.contains("password"), "{err}");
+    assert!(!d.local.join("secret.txt").exists());
+
+    // Anonymous is refused by this server, and the message says what to do.
+    let url = format!("ftp://127.0.0.1:{port}/secret.txt");
+    let out = xftp(&["get", &url], &d.local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("530") && err.contains("anonymous"), "{err}");
+
+    // Right password from XFTP_PASSWORD.
+    let url = format!("ftp://alice@127.0.0.1:{port}/secret.txt");
+    let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", &url])
+        .current_dir(&d.local)
+        .env("XFTP_PASSWORD", "s3cret")
+        .output()
+        .unwrap();
+    assert_ok(&out, "get with XFTP_PASSWORD");
+    assert_eq!(
+        std::fs::read(d.local.join("secret.txt")).unwrap(),
+        b"for alice only\n"
+    );
+
+    // Right password from --password-file.
+    let pw = d.local.join("pw");
+    std::fs::write(&pw, "s3cret\n").unwrap();
+    let out = xftp(
+        &[
+            "get",
+            &url,
+            "copy.txt",
+            "--password-file",
+            pw.to_str().unwrap(),
+        ],
+        &d.local,
+    );
+    assert_ok(&out, "get with --password-file");
+    assert_eq!(
+        std::fs::read(d.local.join("copy.txt")).unwrap(),
+        b"for alice only\n"
+    );
+
+    // A named user without any password source is refused before connecting.
+    let out = xftp(&["get", &url, "none.txt"], &d.local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("XFTP_PASSWORD") && err.contains("--password-file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn multi_stream_request_falls_back_to_one_connection() {
+    if !have_pyftpdlib("multi_stream_request_falls_back_to_one_connection") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    write_prng_file(&d.srv.join("m.bin"), 300_001, 11);
+    let url = format!("ftp://127.0.0.1:{}/m.bin", server.port);
+    let out = xftp(&["get", &url, "-p", "4", "--json"], &d.local);
+    assert_ok(&out, "get -p 4 against a stock server");
+    let j = json_of(&out);
+    assert_eq!(j["streams"], 1);
+    assert_eq!(j["bytes"], 300_001);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not support MULT; using 1 connection"),
+        "{err}"
+    );
+    assert_eq!(
+        sha256_file(&d.local.join("m.bin")),
+        sha256_file(&d.srv.join("m.bin"))
+    );
+}
+
+#[test]
+fn connection_refused_is_reported() {
+    // No peer needed: a port that was free a moment ago.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let d = dirs();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url, "--json"], &d.local);
+    assert!(!out.status.success());
+    let j = json_of(&out);
+    assert_eq!(j["status"], "error");
+    let err = j["error"].as_str().unwrap_or_default();
+    assert!(err.contains("refused") && err.contains("port"), "{err}");
+    assert_eq!(entries(&d.local), Vec::<String>::new());
+}
