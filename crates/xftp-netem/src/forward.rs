@@ -88,6 +88,8 @@ pub(crate) struct Direction {
     pub model: LinkModel,
     pub max_window: Option<u32>,
     pub buf_size: usize,
+    /// Run at real-time priority (see [`crate::LinkSpec::realtime`]).
+    pub realtime: bool,
     pub counters: Arc<LiveCounters>,
     pub epoch: Instant,
 }
@@ -106,6 +108,7 @@ impl Direction {
     /// Runs until the stop eventfd is signalled or a descriptor fails.
     pub(crate) fn run(mut self) -> std::io::Result<()> {
         sys::set_timer_slack(Duration::from_micros(1));
+        sys::raise_thread_priority(self.realtime);
         let early = EARLY.as_nanos() as u64;
         let mut queue: VecDeque<Pending> = VecDeque::with_capacity(1024);
         let mut free: Vec<Box<[u8]>> = Vec::new();

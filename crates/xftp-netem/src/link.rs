@@ -94,6 +94,11 @@ pub struct LinkSpec {
     pub mtu: u32,
     /// Seed for loss and bit errors; `None` picks one at random.
     pub seed: Option<u64>,
+    /// Run the forwarder threads at real-time round-robin priority 1 (root
+    /// only; falls back to nice -10), so that delivery times hold while
+    /// other processes load the CPUs. They never spin, so they cannot
+    /// starve the machine beyond the packets they carry.
+    pub realtime: bool,
 }
 
 impl LinkSpec {
@@ -106,6 +111,7 @@ impl LinkSpec {
             max_window: None,
             mtu: 1500,
             seed: None,
+            realtime: true,
         }
     }
 
@@ -253,6 +259,7 @@ impl Link {
                 model: LinkModel::new(dir, seed),
                 max_window: spec.max_window,
                 buf_size,
+                realtime: spec.realtime,
                 counters: link.counters[i].clone(),
                 epoch,
             };

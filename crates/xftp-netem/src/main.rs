@@ -78,6 +78,10 @@ struct RunArgs {
     /// MTU of both ends.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// Keep the forwarder threads at normal priority (nice -10) instead of
+    /// real-time round-robin priority 1.
+    #[arg(long)]
+    no_realtime: bool,
     /// Print the final counters as JSON.
     #[arg(long)]
     json: bool,
@@ -115,6 +119,7 @@ impl RunArgs {
             max_window: self.max_window,
             mtu: self.mtu,
             seed: self.seed,
+            realtime: !self.no_realtime,
         }
     }
 }

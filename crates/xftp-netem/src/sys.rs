@@ -189,6 +189,24 @@ pub fn set_timer_slack(slack: Duration) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) };
 }
 
+/// Raises the calling thread's scheduling priority so that its timed
+/// wake-ups are not queued behind CPU-bound work (compilers, other tests):
+/// real-time round-robin at a low priority when `realtime`, else nice -10.
+/// Best effort: without the privilege nothing changes.
+pub fn raise_thread_priority(realtime: bool) {
+    // SAFETY: plain syscalls on the calling thread; param outlives the call.
+    unsafe {
+        if realtime {
+            let param = libc::sched_param { sched_priority: 1 };
+            if libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_RR, &param) == 0 {
+                return;
+            }
+        }
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, -10);
+    }
+}
+
 /// Whether the process runs as root (needed for TUN and namespaces).
 pub fn is_root() -> bool {
     // SAFETY: plain syscall.

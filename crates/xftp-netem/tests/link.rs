@@ -1,0 +1,267 @@
+//! Validation of the running emulator against real tools: ping for the
+//! delay, iperf3 for the rate and for the window cap.
+//!
+//! Needs root, /dev/net/tun, `ip`, `ping` and `iperf3`. Without them each
+//! test prints why and passes, unless XFTP_REQUIRE_PEERS=1 (CI), where it
+//! fails. The tests take turns (one lock), so their measurements do not
+//! disturb each other.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use xftp_netem::{unique_name, DirectionSpec, Link, LinkSpec, NetemError, QueueLimit};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// Whether the environment can run these tests; prints the reason if not
+/// and panics instead when XFTP_REQUIRE_PEERS=1.
+fn environment_ready(tools: &[&str]) -> bool {
+    let mut missing = Vec::new();
+    if let Err(e) = Link::preflight() {
+        missing.push(e.to_string());
+    }
+    for t in tools {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            missing.push(format!("`{t}` is not installed"));
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!("skipping link emulator test: {}", missing.join("; "));
+    if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("{msg} (XFTP_REQUIRE_PEERS=1)");
+    }
+    eprintln!("{msg}");
+    false
+}
+
+fn dir(rate_mbit: Option<u64>, delay_ms: u64) -> DirectionSpec {
+    DirectionSpec {
+        rate_bps: rate_mbit.map(|m| m * 1_000_000),
+        delay: Duration::from_millis(delay_ms),
+        queue: QueueLimit::Packets(1000),
+        ..DirectionSpec::default()
+    }
+}
+
+/// Kills a child process (ours, by PID) when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a one-shot iperf3 server in side B and waits until it listens.
+fn iperf3_server(link: &Link) -> KillOnDrop {
+    // A fixed port is safe: the namespace is ours alone.
+    let mut child = link
+        .command_b("iperf3")
+        .args(["-s", "-1", "-p", "5201", "--forceflush"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn iperf3 server");
+    let out = child.stdout.take().expect("piped stdout");
+    let guard = KillOnDrop(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.contains("listening") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("iperf3 server did not start listening");
+    guard
+}
+
+/// Runs iperf3 from side A to side B and returns the received rate in
+/// bit/s.
+fn iperf3(link: &Link, args: &[&str]) -> f64 {
+    let _server = iperf3_server(link);
+    let out = link
+        .command_a("iperf3")
+        .args(["-c", "198.18.0.2", "-p", "5201", "-J"])
+        .args(args)
+        .output()
+        .expect("run iperf3 client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "iperf3 failed: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .expect("received rate in iperf3 JSON")
+}
+
+/// Per-reply round-trip times in ms from ping's output.
+fn ping_times(text: &str) -> Vec<f64> {
+    text.split_whitespace()
+        .filter_map(|w| w.strip_prefix("time="))
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+#[test]
+fn ping_rtt_is_twice_the_delay() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["ping"]) {
+        return;
+    }
+    // RTTs under 100 ms, where ping prints a decimal.
+    for delay_ms in [5u64, 40] {
+        let link = Link::start(LinkSpec::symmetric(
+            unique_name("ping"),
+            dir(Some(100), delay_ms),
+        ))
+        .expect("start link");
+        let out = link
+            .command_a("ping")
+            .args(["-n", "-c", "20", "-i", "0.02", "198.18.0.2"])
+            .output()
+            .expect("run ping");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "ping failed: {text}");
+        let mut times = ping_times(&text);
+        assert_eq!(times.len(), 20, "{text}");
+        times.sort_by(f64::total_cmp);
+        // The median: one reply delayed by another process hogging the
+        // CPU must not decide the test, a shifted delay must.
+        let median = (times[9] + times[10]) / 2.0;
+        let want = 2.0 * delay_ms as f64;
+        eprintln!("delay {delay_ms} ms: RTT median {median} ms, all {times:?}");
+        assert!(
+            (median - want).abs() <= 1.0,
+            "RTT {median} ms, want {want} ± 1 ms"
+        );
+        assert!(
+            times[0] >= want - 1.0,
+            "an RTT of {} ms is too short",
+            times[0]
+        );
+        let c = link.stop().expect("stop");
+        assert_eq!(c.a_to_b.packets, 20);
+        assert_eq!(c.b_to_a.packets, 20);
+    }
+}
+
+#[test]
+fn big_window_fills_the_bottleneck() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["iperf3"]) {
+        return;
+    }
+    let rate = 200e6;
+    let link = Link::start(LinkSpec::symmetric(unique_name("bigw"), dir(Some(200), 10)))
+        .expect("start link");
+    let got = iperf3(&link, &["-t", "4", "-O", "2"]);
+    let c = link.stop().expect("stop");
+    eprintln!("big window: {:.1} Mbit/s of 200, counters {c:?}", got / 1e6);
+    assert!(got >= 0.9 * rate, "{:.1} Mbit/s < 90 % of 200", got / 1e6);
+    assert!(
+        got <= 1.01 * rate,
+        "{:.1} Mbit/s exceeds the emulated rate",
+        got / 1e6
+    );
+}
+
+#[test]
+fn max_window_limits_each_stream_to_window_over_rtt() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["iperf3"]) {
+        return;
+    }
+    let window = 65536u32;
+    let mut spec = LinkSpec::symmetric(unique_name("maxw"), dir(Some(100), 50));
+    spec.max_window = Some(window);
+    let link = Link::start(spec).expect("start link");
+    // Unscaled, the largest window a header can carry is 65535 bytes.
+    let model = 65535.0 * 8.0 / 0.100;
+    let one = iperf3(&link, &["-t", "4", "-O", "1"]);
+    let eight = iperf3(&link, &["-t", "4", "-O", "1", "-P", "8"]);
+    let c = link.stop().expect("stop");
+    eprintln!(
+        "window {window}: 1 stream {:.2} Mbit/s, 8 streams {:.2} Mbit/s, model {:.2} per stream; {c:?}",
+        one / 1e6,
+        eight / 1e6,
+        model / 1e6
+    );
+    assert!(
+        (0.6 * model..=1.3 * model).contains(&one),
+        "1 stream: {:.2} Mbit/s, model {:.2}",
+        one / 1e6,
+        model / 1e6
+    );
+    assert!(eight >= 5.0 * one, "8 streams {eight} vs 1 stream {one}");
+    assert!(c.a_to_b.window_rewrites > 0, "no SYN was rewritten");
+}
+
+#[test]
+fn loss_drops_about_the_asked_fraction() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["ping"]) {
+        return;
+    }
+    let mut spec = LinkSpec::symmetric(unique_name("loss"), dir(None, 0));
+    spec.a_to_b.loss = 0.2;
+    spec.seed = Some(7);
+    let link = Link::start(spec).expect("start link");
+    let out = link
+        .command_a("ping")
+        .args([
+            "-n",
+            "-q",
+            "-c",
+            "300",
+            "-i",
+            "0.002",
+            "-W",
+            "1",
+            "198.18.0.2",
+        ])
+        .output()
+        .expect("run ping");
+    let c = link.stop().expect("stop");
+    // ping exits non-zero when replies are missing; that is the point.
+    assert!(!out.stdout.is_empty());
+    let sent = c.a_to_b.packets + c.a_to_b.loss_drops;
+    assert_eq!(sent, 300);
+    // Binomial(300, 0.2): mean 60, sd ~6.9; 4 sd either side.
+    assert!((32..=88).contains(&c.a_to_b.loss_drops), "{c:?}");
+    assert_eq!(c.b_to_a.loss_drops, 0);
+    assert_eq!(c.b_to_a.packets, c.a_to_b.packets);
+}
+
+#[test]
+fn names_are_exclusive_and_torn_down() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&[]) {
+        return;
+    }
+    let name = unique_name("excl");
+    let link = Link::start(LinkSpec::symmetric(name.clone(), dir(None, 0))).expect("start");
+    let ns_a = link.ns_a().to_owned();
+    assert!(std::path::Path::new("/run/netns").join(&ns_a).exists());
+    match Link::start(LinkSpec::symmetric(name.clone(), dir(None, 0))) {
+        Err(NetemError::NamespaceExists { ns, .. }) => assert_eq!(ns, ns_a),
+        other => panic!("second link with the same name: {other:?}"),
+    }
+    drop(link);
+    assert!(!std::path::Path::new("/run/netns").join(&ns_a).exists());
+    assert_eq!(
+        xftp_netem::remove_leftovers(&name).expect("down"),
+        Vec::<String>::new()
+    );
+}
