@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,6 +13,7 @@ use xftp_proto::Reply;
 use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};
 use crate::negotiate;
+use crate::watchdog::Watchdog;
 
 /// Password sent for anonymous logins (RFC 1635 asks for an e-mail-like string).
 pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
@@ -268,7 +270,7 @@ impl Client {
             file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
             vec![got]
         } else {
-            self.recv_striped(conns, &tmp).await?
+            self.recv_striped(conns, &tmp, expected).await?
         };
         let bytes: u64 = per_stream.iter().sum();
         self.expect_complete(&c_retr).await?;
@@ -613,25 +615,52 @@ impl Client {
         Ok(sent)
     }
 
+    /// Multi-stream download: MODE E blocks on every connection, written
+    /// at their offsets; the engine checks the completion rule and, when
+    /// SIZE answered, the total.
     async fn recv_striped(
         &mut self,
-        _conns: Vec<TcpStream>,
-        _tmp: &tempfile::NamedTempFile,
+        conns: Vec<TcpStream>,
+        tmp: &tempfile::NamedTempFile,
+        expected: Option<u64>,
     ) -> Result<Vec<u64>> {
-        Err(ClientError::Stripe(
-            "multi-stream transfers are not available in this build".into(),
-        ))
+        let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+        let dog = Watchdog::new(self.cfg.data_timeout);
+        let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
+        let report = xftp_stripe::recv_file(Arc::new(file), conns, expected)
+            .await
+            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 
+    /// Multi-stream upload; the engine half-closes every connection at the end.
     async fn send_striped(
         &mut self,
-        _conns: Vec<TcpStream>,
-        _file: std::fs::File,
-        _len: u64,
+        conns: Vec<TcpStream>,
+        file: std::fs::File,
+        len: u64,
     ) -> Result<Vec<u64>> {
-        Err(ClientError::Stripe(
-            "multi-stream transfers are not available in this build".into(),
-        ))
+        let dog = Watchdog::new(self.cfg.data_timeout);
+        let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
+        let cfg = xftp_stripe::SendConfig::default();
+        let report = xftp_stripe::send_file(Arc::new(file), len, conns, &cfg)
+            .await
+            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        Ok(report.streams.iter().map(|s| s.bytes).collect())
+    }
+}
+
+/// A stalled connection surfaces as a timeout; the rest keeps the engine's words.
+fn stripe_err(e: xftp_stripe::StripeError, limit: Duration) -> ClientError {
+    match e {
+        xftp_stripe::StripeError::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            ..
+        } => ClientError::Timeout {
+            what: "the data connections to move (stalled)".into(),
+            after: limit,
+        },
+        other => ClientError::Stripe(other.to_string()),
     }
 }
 

@@ -33,6 +33,7 @@ mod control;
 mod error;
 pub mod negotiate;
 pub mod url;
+mod watchdog;
 
 pub use client::{Client, ClientConfig, DataMode, TransferReport, ANONYMOUS_PASSWORD};
 pub use error::{ClientError, Result};
