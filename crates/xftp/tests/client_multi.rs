@@ -1,0 +1,242 @@
+//! Multi-stream end to end: `xftp get/put -p N` against `xftp serve`, in
+//! the three data-connection forms (passive, active, MPRT), compared by
+//! sha256; plus the grant being smaller than the request.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use sha2::{Digest, Sha256};
+
+/// The engine's default record size (xftp_stripe::DEFAULT_RECORD_SIZE).
+const RECORD: u64 = 256 * 1024;
+
+/// `xftp serve` on 127.0.0.1:0, ended by PID when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(root: &Path, max_streams: u32) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["serve", "--root"])
+        .arg(root)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--anonymous-write",
+            "--max-streams",
+        ])
+        .arg(max_streams.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp serve");
+    let stdout = child.stdout.take().expect("stdout piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let mut server = Server { child, port: 0 };
+    server.port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no `listening on HOST:PORT` line: {line:?}"));
+    server
+}
+
+fn write_prng_file(path: &Path, len: u64, seed: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut x = seed | 1;
+    let mut left = len;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        for chunk in buf[..n].chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+}
+
+fn sha256_file(path: &Path) -> [u8; 32] {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    h.finalize().into()
+}
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run xftp")
+}
+
+fn json_ok(out: &Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON line expected: {text:?}");
+    serde_json::from_str(lines[0]).unwrap()
+}
+
+/// The JSON summary is consistent: `streams` connections, per-stream bytes
+/// summing to the total.
+fn check_summary(j: &serde_json::Value, len: u64, streams: u64, what: &str) {
+    assert_eq!(j["status"], "ok", "{what}");
+    assert_eq!(j["bytes"], len, "{what}");
+    assert_eq!(j["streams"], streams, "{what}");
+    let per: Vec<u64> = j["per_stream_bytes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no per_stream_bytes"))
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(per.len() as u64, streams, "{what}: {per:?}");
+    assert_eq!(per.iter().sum::<u64>(), len, "{what}: {per:?}");
+}
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    srv: PathBuf,
+    local: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let srv = tmp.path().join("srv");
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    Dirs {
+        _tmp: tmp,
+        srv,
+        local,
+    }
+}
+
+/// Put then get every size with `-p n` in `mode`; compare by sha256.
+fn roundtrip(n: u32, mode: &[&str], sizes: &[u64]) {
+    let d = dirs();
+    let server = serve(&d.srv, 64);
+    let p = n.to_string();
+    for (i, &len) in sizes.iter().enumerate() {
+        let what = format!("-p {n} {mode:?} {len} B");
+        let name = format!("f{len}.bin");
+        let src = d.local.join(format!("src-{name}"));
+        write_prng_file(&src, len, 0xC0FFEE + i as u64);
+        let want = sha256_file(&src);
+        let url = format!("ftp://127.0.0.1:{}/{name}", server.port);
+
+        let mut args = vec![
+            "put",
+            src.to_str().unwrap(),
+            url.as_str(),
+            "-p",
+            &p,
+            "--json",
+        ];
+        args.extend_from_slice(mode);
+        let j = json_ok(&xftp(&args, &d.local), &format!("put {what}"));
+        check_summary(&j, len, u64::from(n), &format!("put {what}"));
+        assert_eq!(sha256_file(&d.srv.join(&name)), want, "server copy, {what}");
+
+        let mut args = vec!["get", url.as_str(), "-p", &p, "--json"];
+        args.extend_from_slice(mode);
+        let j = json_ok(&xftp(&args, &d.local), &format!("get {what}"));
+        check_summary(&j, len, u64::from(n), &format!("get {what}"));
+        assert_eq!(sha256_file(&d.local.join(&name)), want, "download, {what}");
+    }
+    let left: Vec<String> = std::fs::read_dir(&d.local)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("xftp-part"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+const EDGE_SIZES: [u64; 6] = [0, 1, RECORD - 1, RECORD, RECORD + 1, 3 * RECORD + 17];
+
+#[test]
+fn passive_2_and_3_streams_edge_sizes() {
+    roundtrip(2, &[], &EDGE_SIZES);
+    roundtrip(3, &[], &EDGE_SIZES);
+}
+
+#[test]
+fn active_3_streams_edge_sizes() {
+    roundtrip(3, &["--active"], &EDGE_SIZES);
+}
+
+#[test]
+fn mprt_3_streams_edge_sizes() {
+    roundtrip(3, &["--mprt"], &EDGE_SIZES);
+}
+
+#[test]
+fn eight_streams_all_forms_10_mib() {
+    for mode in [&[][..], &["--active"][..], &["--mprt"][..]] {
+        roundtrip(8, mode, &[10 * 1024 * 1024 + 13]);
+    }
+}
+
+#[test]
+fn sixty_four_streams_passive() {
+    roundtrip(64, &[], &[0, 64 * RECORD + 5]);
+}
+
+#[test]
+fn hundred_mib_passive_8_streams() {
+    roundtrip(8, &[], &[100 * 1024 * 1024 + 13]);
+}
+
+#[test]
+fn grant_smaller_than_request_is_used_and_reported() {
+    let d = dirs();
+    let server = serve(&d.srv, 2);
+    write_prng_file(&d.srv.join("g.bin"), 5 * RECORD + 3, 99);
+    let url = format!("ftp://127.0.0.1:{}/g.bin", server.port);
+    let out = xftp(&["get", &url, "-p", "8", "--json"], &d.local);
+    let j = json_ok(&out, "get -p 8 with --max-streams 2");
+    check_summary(&j, 5 * RECORD + 3, 2, "granted 2");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("granted 2 of 8"), "{err}");
+    assert_eq!(
+        sha256_file(&d.local.join("g.bin")),
+        sha256_file(&d.srv.join("g.bin"))
+    );
+}
+
+#[test]
+fn parallel_flag_rejects_out_of_range_and_auto() {
+    let d = dirs();
+    for bad in ["0", "65", "auto", "x"] {
+        let out = xftp(&["get", "ftp://127.0.0.1:1/f", "-p", bad], &d.local);
+        assert!(!out.status.success(), "-p {bad} must be refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("1 to 64"), "-p {bad}: {err}");
+    }
+}
