@@ -102,6 +102,8 @@ pub enum Command {
     Mprt(Vec<SocketAddr>),
     /// SITE subcommand (text after SITE)
     Site(String),
+    /// GridFTP: SBUF size — TCP buffer size for data connections.
+    Sbuf(BufSize),
     /// A verb we do not implement (upper-cased).
     Unknown(String),
 }
@@ -209,9 +211,45 @@ impl Command {
             }),
             "MPRT" => Command::Mprt(hostport::parse_mprt_arg(&text("MPRT")?)?),
             "SITE" => Command::Site(text("SITE")?),
+            "SBUF" => Command::Sbuf(parse_bufsize("SBUF", &text("SBUF")?)?),
             _ => Command::Unknown(verb),
         })
     }
+}
+
+/// A TCP buffer size request: bytes, or back to kernel autotuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufSize {
+    /// Let the kernel autotune (the default).
+    Auto,
+    /// SO_SNDBUF/SO_RCVBUF of this many bytes on every data socket.
+    Bytes(u64),
+}
+
+/// Parse a buffer size as people type it: `65536`, `64k`, `64K`, `4M`,
+/// `1g`, or `auto`/`off`/`default`/`0` for kernel autotuning.
+pub fn parse_bufsize(verb: &'static str, arg: &str) -> Result<BufSize, ProtoError> {
+    let t = arg.trim();
+    let lower = t.to_ascii_lowercase();
+    if matches!(lower.as_str(), "auto" | "off" | "default" | "0") {
+        return Ok(BufSize::Auto);
+    }
+    let (digits, mult) = match lower.as_bytes().last() {
+        Some(b'k') => (&lower[..lower.len() - 1], 1u64 << 10),
+        Some(b'm') => (&lower[..lower.len() - 1], 1u64 << 20),
+        Some(b'g') => (&lower[..lower.len() - 1], 1u64 << 30),
+        _ => (lower.as_str(), 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| ProtoError::BadArgument {
+        verb,
+        reason: format!("{t:?} is not a buffer size (bytes, or with k/M/G, or auto)"),
+    })?;
+    n.checked_mul(mult)
+        .map(BufSize::Bytes)
+        .ok_or_else(|| ProtoError::BadArgument {
+            verb,
+            reason: format!("{t:?} is too large"),
+        })
 }
 
 fn parse_type(arg: &str) -> Result<TransferType, ProtoError> {
@@ -384,6 +422,21 @@ mod tests {
         assert_eq!(
             Command::parse(b"FOO bar").unwrap(),
             Command::Unknown("FOO".into())
+        );
+    }
+
+    #[test]
+    fn buffer_sizes() {
+        assert_eq!(parse_bufsize("X", "65536"), Ok(BufSize::Bytes(65536)));
+        assert_eq!(parse_bufsize("X", "64k"), Ok(BufSize::Bytes(65536)));
+        assert_eq!(parse_bufsize("X", "4M"), Ok(BufSize::Bytes(4 << 20)));
+        assert_eq!(parse_bufsize("X", "auto"), Ok(BufSize::Auto));
+        assert_eq!(parse_bufsize("X", "OFF"), Ok(BufSize::Auto));
+        assert!(parse_bufsize("X", "lots").is_err());
+        assert!(parse_bufsize("X", "99999999999999999999g").is_err());
+        assert_eq!(
+            Command::parse(b"SBUF 1M").unwrap(),
+            Command::Sbuf(BufSize::Bytes(1 << 20))
         );
     }
 

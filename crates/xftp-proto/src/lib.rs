@@ -19,6 +19,6 @@ pub mod reply;
 
 mod error;
 
-pub use command::{Command, LineReader, MAX_LINE};
+pub use command::{parse_bufsize, BufSize, Command, LineReader, MAX_LINE};
 pub use error::ProtoError;
 pub use reply::{Reply, ReplyParser};

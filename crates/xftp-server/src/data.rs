@@ -66,8 +66,18 @@ pub fn check_active_addr(addr: SocketAddr, peer: IpAddr) -> Result<(), String> {
 }
 
 /// Bind a passive listener on the control connection's local address.
-pub async fn passive_listener(local: IpAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(SocketAddr::new(local, 0)).await
+/// Accepted sockets inherit the listener's buffer sizes (and so the
+/// window scale their SYN-ACK announces).
+pub fn passive_listener(local: IpAddr, bufsize: Option<u64>) -> std::io::Result<TcpListener> {
+    let sock = match local {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if let Some(b) = bufsize {
+        crate::sockbuf::apply(&sock, b)?;
+    }
+    sock.bind(SocketAddr::new(local, 0))?;
+    sock.listen(256)
 }
 
 /// Open `n` data connections according to `plan` within `timeout`.
@@ -80,6 +90,7 @@ pub async fn open(
     peer: IpAddr,
     local: IpAddr,
     timeout: Duration,
+    bufsize: Option<u64>,
 ) -> Result<Vec<TcpStream>, DataError> {
     let fut = async {
         match plan {
@@ -100,7 +111,7 @@ pub async fn open(
             DataPlan::Active(addr) => {
                 let mut conns = Vec::with_capacity(n);
                 for _ in 0..n {
-                    conns.push(connect_from(local, addr).await?);
+                    conns.push(connect_from(local, addr, bufsize).await?);
                 }
                 Ok(conns)
             }
@@ -113,7 +124,7 @@ pub async fn open(
                 }
                 let mut conns = Vec::with_capacity(n);
                 for a in addrs {
-                    conns.push(connect_from(local, a).await?);
+                    conns.push(connect_from(local, a, bufsize).await?);
                 }
                 Ok(conns)
             }
@@ -130,11 +141,18 @@ pub async fn open(
 
 /// Connect to `to` from the control connection's local address, so the
 /// data connection leaves through the same interface as the control one.
-async fn connect_from(local: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+async fn connect_from(
+    local: IpAddr,
+    to: SocketAddr,
+    bufsize: Option<u64>,
+) -> std::io::Result<TcpStream> {
     let sock = match to {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
+    if let Some(b) = bufsize {
+        crate::sockbuf::apply(&sock, b)?;
+    }
     if local.is_ipv4() == to.is_ipv4() {
         sock.bind(SocketAddr::new(local, 0))?;
     }

@@ -22,6 +22,7 @@ pub mod fs;
 
 mod data;
 mod session;
+pub mod sockbuf;
 mod transfer;
 
 use std::path::Path;
@@ -59,6 +60,10 @@ pub struct Config {
     pub max_sessions: usize,
     /// Record size of multi-stream transfers sent by the server.
     pub record_size: u32,
+    /// Smallest data-socket buffer a client may ask for (SITE BUFSIZE).
+    pub min_bufsize: u64,
+    /// Largest data-socket buffer a client may ask for.
+    pub max_bufsize: u64,
 }
 
 impl Config {
@@ -75,6 +80,8 @@ impl Config {
             data_timeout: Duration::from_secs(30),
             max_sessions: 512,
             record_size: 256 * 1024,
+            min_bufsize: 2048,
+            max_bufsize: 256 << 20,
         })
     }
 }

@@ -16,7 +16,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xftp_proto::command::TransferType;
 use xftp_proto::path::VPath;
-use xftp_proto::{hostport, Command, LineReader, ProtoError, Reply};
+use xftp_proto::{hostport, BufSize, Command, LineReader, ProtoError, Reply};
+use xftp_stripe::Schedule;
 
 use crate::auth::Access;
 use crate::data::{self, DataError, DataPlan};
@@ -59,6 +60,8 @@ pub async fn run(
         data: DataPlan::None,
         streams: 1,
         epsv_all: false,
+        bufsize: None,
+        schedule: Schedule::Dynamic,
         shutdown,
     };
     s.reply(220, "xftp ready").await?;
@@ -104,6 +107,10 @@ struct Session {
     /// Data connections per transfer, granted by MULT.
     streams: u32,
     epsv_all: bool,
+    /// SO_SNDBUF/SO_RCVBUF for data sockets; `None` = kernel autotuning.
+    bufsize: Option<u64>,
+    /// How multi-stream sends assign records to connections (OPTS MULT).
+    schedule: Schedule,
     shutdown: CancellationToken,
 }
 
@@ -329,6 +336,7 @@ impl Session {
             }
             Command::Mprt(addrs) => self.mprt(addrs).await?,
             Command::Site(s) => self.site(&s).await?,
+            Command::Sbuf(b) => self.set_bufsize(b).await?,
             Command::Unknown(v) => match v.as_str() {
                 "ALLO" => self.reply(202, "ALLO not needed.").await?,
                 "ACCT" | "SMNT" | "REIN" | "STOU" => {
@@ -468,6 +476,23 @@ impl Session {
         } else if up == "UTF8 OFF" {
             self.reply(200, "UTF8 mode off (names are passed through as bytes).")
                 .await
+        } else if let Some(rest) = up.strip_prefix("MULT") {
+            match rest.trim() {
+                "STATIC" => {
+                    self.schedule = Schedule::Static;
+                    self.reply(200, "MULT schedule static: n equal contiguous parts.")
+                        .await
+                }
+                "DYNAMIC" => {
+                    self.schedule = Schedule::Dynamic;
+                    self.reply(
+                        200,
+                        "MULT schedule dynamic: next record to the first free connection.",
+                    )
+                    .await
+                }
+                _ => self.reply(501, "OPTS MULT takes STATIC or DYNAMIC.").await,
+            }
         } else if up.starts_with("MLST") {
             self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;")
                 .await
@@ -495,6 +520,7 @@ impl Session {
                 self.streams,
                 self.cfg.max_streams
             ),
+            self.bufsize_text(),
             "End of status".to_string(),
         ];
         self.send(&Reply::multi(211, lines)).await
@@ -520,16 +546,67 @@ impl Session {
     }
 
     async fn site(&mut self, s: &str) -> std::io::Result<()> {
-        let word = s
-            .split_ascii_whitespace()
-            .next()
-            .unwrap_or("")
-            .to_ascii_uppercase();
-        match word.as_str() {
-            "HELP" => self.reply(214, "SITE commands: HELP").await,
+        let mut words = s.split_ascii_whitespace();
+        let word = words.next().unwrap_or("").to_ascii_uppercase();
+        let arg = words.next();
+        match (word.as_str(), arg) {
+            ("HELP", _) => {
+                self.reply(
+                    214,
+                    "SITE commands: HELP, BUFSIZE n|auto, WIN n|auto, RBUFSZ n|auto, SBUFSZ n|auto (also SBUF n)",
+                )
+                .await
+            }
+            ("BUFSIZE" | "WIN" | "RBUFSZ" | "SBUFSZ" | "RBUFSIZ" | "SBUFSIZ", Some(a)) => {
+                match xftp_proto::parse_bufsize("SITE", a) {
+                    Ok(b) => self.set_bufsize(b).await,
+                    Err(e) => self.reply(501, e.to_string()).await,
+                }
+            }
+            ("BUFSIZE" | "WIN" | "RBUFSZ" | "SBUFSZ" | "RBUFSIZ" | "SBUFSIZ", None) => {
+                let now = self.bufsize_text();
+                self.reply(200, now).await
+            }
             _ => {
-                self.reply(500, format!("Unknown SITE command {word}."))
+                self.reply(500, format!("Unknown SITE command {word} (try SITE HELP)."))
                     .await
+            }
+        }
+    }
+
+    fn bufsize_text(&self) -> String {
+        match (self.bufsize, crate::sockbuf::probe(self.bufsize)) {
+            (None, Ok(f)) => format!(
+                "Data socket buffers: kernel autotuning (initial rcv {}, snd {}).",
+                f.rcv, f.snd
+            ),
+            (Some(b), Ok(f)) => format!(
+                "Data socket buffers: {b} requested, in force rcv {}, snd {}.",
+                f.rcv, f.snd
+            ),
+            (_, Err(e)) => format!("Data socket buffers: unknown ({e})."),
+        }
+    }
+
+    async fn set_bufsize(&mut self, b: BufSize) -> std::io::Result<()> {
+        match b {
+            BufSize::Auto => {
+                self.bufsize = None;
+                let t = self.bufsize_text();
+                self.reply(200, t).await
+            }
+            BufSize::Bytes(n) if n < self.cfg.min_bufsize || n > self.cfg.max_bufsize => {
+                let (lo, hi) = (self.cfg.min_bufsize, self.cfg.max_bufsize);
+                self.reply(
+                    501,
+                    format!("Buffer size {n} out of range ({lo} to {hi} bytes, or auto)."),
+                )
+                .await
+            }
+            BufSize::Bytes(n) => {
+                self.bufsize = Some(n);
+                let t = self.bufsize_text();
+                self.reply(200, t).await
             }
         }
     }
@@ -813,7 +890,7 @@ impl Session {
                     .await
             }
         };
-        match data::passive_listener(IpAddr::V4(ip)).await.and_then(|l| {
+        match data::passive_listener(IpAddr::V4(ip), self.bufsize).and_then(|l| {
             let port = l.local_addr()?.port();
             Ok((l, port))
         }) {
@@ -847,8 +924,7 @@ impl Session {
             }
             Some(other) => return self.reply(501, format!("Bad EPSV argument {other}.")).await,
         }
-        match data::passive_listener(self.local.ip())
-            .await
+        match data::passive_listener(self.local.ip(), self.bufsize)
             .and_then(|l| Ok((l.local_addr()?.port(), l)))
         {
             Ok((port, l)) => {
@@ -872,6 +948,7 @@ impl Session {
             self.peer_ip(),
             self.local.ip(),
             self.cfg.data_timeout,
+            self.bufsize,
         )
         .await
         {
@@ -1034,7 +1111,7 @@ impl Session {
                 .await
         } else {
             let rs = self.cfg.record_size;
-            let task = tokio::spawn(transfer::send_multi(file, len, conns, rs));
+            let task = tokio::spawn(transfer::send_multi(file, len, conns, rs, self.schedule));
             let out = self.run_transfer(task, progress).await?;
             self.finish(out, |r| {
                 format!(

@@ -124,10 +124,11 @@ pub async fn send_multi(
     len: u64,
     conns: Vec<TcpStream>,
     record_size: u32,
+    schedule: xftp_stripe::Schedule,
 ) -> Result<xftp_stripe::TransferReport, TransferError> {
     let cfg = SendConfig {
         record_size,
-        ..SendConfig::default()
+        schedule,
     };
     Ok(send_file(Arc::new(file), len, conns, &cfg).await?)
 }

@@ -314,3 +314,61 @@ async fn multi_stream_upload_killed_connection_leaves_no_file() {
     c.expect(426).await;
     assert!(std::fs::read_dir(srv.dir.path()).unwrap().next().is_none());
 }
+
+#[tokio::test]
+async fn buffer_size_commands() {
+    let srv = start(|cfg| cfg.max_bufsize = 8 << 20).await;
+    let data = pattern(300_000, 8);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    // Linux doubles the request; the reply says what is in force.
+    let r = c.cmd("SITE BUFSIZE 65536", 200).await;
+    assert!(
+        r.text().contains("65536 requested, in force rcv 131072"),
+        "{r}"
+    );
+    let r = c.cmd("STAT", 211).await;
+    assert!(r.text().contains("65536 requested"), "{r}");
+    // The buffer applies to data connections: a transfer still works.
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR f", 150).await;
+    assert_eq!(read_all(d.into_iter().next().unwrap()).await, data);
+    c.expect(226).await;
+    c.cmd("SITE WIN 64k", 200).await;
+    c.cmd("SBUF 1M", 200).await;
+    c.cmd("SITE RBUFSZ 1g", 501).await;
+    c.cmd("SITE BUFSIZE 10", 501).await;
+    c.cmd("SITE BUFSIZE lots", 501).await;
+    c.cmd("SBUF lots", 501).await;
+    let r = c.cmd("SITE BUFSIZE auto", 200).await;
+    assert!(r.text().contains("autotuning"), "{r}");
+    c.cmd("SITE FROB", 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_schedule_on_request() {
+    let srv = start(|cfg| cfg.record_size = 4096).await;
+    let data = pattern(1_000_003, 12);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    c.cmd("OPTS MULT STATIC", 200).await;
+    let conns = c.epsv_connect(4).await;
+    c.cmd("RETR f", 150).await;
+    let dst = Arc::new(MemFile::default());
+    let rep = recv_file(dst.clone(), conns, Some(data.len() as u64))
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert_eq!(dst.to_vec(), data);
+    // Static: four equal contiguous parts, one per connection.
+    let per: Vec<u64> = rep.streams.iter().map(|s| s.bytes).collect();
+    assert_eq!(per.iter().sum::<u64>(), data.len() as u64);
+    assert!(
+        per.iter()
+            .all(|b| b.abs_diff(data.len() as u64 / 4) <= 4096),
+        "{per:?}"
+    );
+    c.cmd("OPTS MULT DYNAMIC", 200).await;
+    c.cmd("OPTS MULT SIDEWAYS", 501).await;
+}
