@@ -1,0 +1,299 @@
+//! The client against a deliberately misbehaving server (a few lines of
+//! scripted FTP in this file): short transfers, stalls, NAT-style PASV
+//! addresses, an upload the server then reports with the wrong SIZE. Each
+//! case checks the exit status and that no complete-looking file is left.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+/// How the fake server misbehaves.
+#[derive(Clone, Copy)]
+enum Script {
+    /// SIZE says 1000, RETR sends 600 bytes then 226.
+    ShortWith226,
+    /// SIZE says 1000, RETR sends 1000 bytes then 226 (the control case).
+    Honest,
+    /// RETR sends 100 bytes and then holds the data connection open.
+    Stall,
+    /// EPSV refused; PASV announces 10.1.2.3 (a NAT's inside address).
+    NatPasv,
+    /// STOR accepted, but SIZE afterwards reports one byte less.
+    UploadSizeLies,
+    /// RETR: 150 and data, then 426 instead of 226.
+    AbortAfterData,
+}
+
+const FILE_LEN: usize = 1000;
+
+/// Serve one session on 127.0.0.1; returns the port and a receiver of the
+/// command lines seen.
+fn fake_server(script: Script) -> (u16, mpsc::Receiver<String>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let Ok((ctl, _)) = l.accept() else { return };
+        let _ = session(ctl, script, &tx);
+    });
+    (port, rx)
+}
+
+fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::io::Result<()> {
+    let mut w = ctl.try_clone()?;
+    let mut r = BufReader::new(ctl);
+    let mut data_listener: Option<TcpListener> = None;
+    let mut uploaded = 0usize;
+    w.write_all(b"220 fake server\r\n")?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let cmd = line.trim_end().to_owned();
+        let _ = seen.send(cmd.clone());
+        let verb = cmd.split(' ').next().unwrap_or("").to_ascii_uppercase();
+        let reply: String = match verb.as_str() {
+            "USER" => "331 password please".into(),
+            "PASS" => "230 in".into(),
+            "TYPE" => "200 ok".into(),
+            "SIZE" => match script {
+                Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
+                _ => format!("213 {FILE_LEN}"),
+            },
+            "EPSV" if matches!(script, Script::NatPasv) => "500 EPSV not understood".into(),
+            "EPSV" => {
+                let dl = TcpListener::bind("127.0.0.1:0")?;
+                let p = dl.local_addr()?.port();
+                data_listener = Some(dl);
+                format!("229 Entering Extended Passive Mode (|||{p}|)")
+            }
+            "PASV" => {
+                let dl = TcpListener::bind("127.0.0.1:0")?;
+                let p = dl.local_addr()?.port();
+                data_listener = Some(dl);
+                format!(
+                    "227 Entering Passive Mode (10,1,2,3,{},{})",
+                    p >> 8,
+                    p & 0xff
+                )
+            }
+            "RETR" => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                let body = vec![b'x'; FILE_LEN];
+                match script {
+                    Script::ShortWith226 => {
+                        d.write_all(&body[..600])?;
+                        drop(d);
+                        "226 done (not really)".into()
+                    }
+                    Script::Stall => {
+                        d.write_all(&body[..100])?;
+                        thread::sleep(Duration::from_secs(30));
+                        drop(d);
+                        "226 late".into()
+                    }
+                    Script::AbortAfterData => {
+                        d.write_all(&body)?;
+                        drop(d);
+                        "426 connection closed; transfer aborted".into()
+                    }
+                    _ => {
+                        d.write_all(&body)?;
+                        drop(d);
+                        "226 done".into()
+                    }
+                }
+            }
+            "STOR" => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 send it\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                let mut got = Vec::new();
+                d.read_to_end(&mut got)?;
+                uploaded = got.len();
+                "226 stored".into()
+            }
+            "QUIT" => {
+                w.write_all(b"221 bye\r\n")?;
+                return Ok(());
+            }
+            _ => "502 not implemented".into(),
+        };
+        w.write_all(format!("{reply}\r\n").as_bytes())?;
+    }
+}
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run xftp")
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn honest_server_control_case_succeeds() {
+    let (port, _) = fake_server(Script::Honest);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("f.bin")).unwrap().len(),
+        FILE_LEN
+    );
+}
+
+#[test]
+fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
+    let (port, _) = fake_server(Script::ShortWith226);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url, "--json"], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("short transfer") && err.contains("600") && err.contains("1000"),
+        "{err}"
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn stalled_data_connection_times_out() {
+    let (port, _) = fake_server(Script::Stall);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let t0 = std::time::Instant::now();
+    let out = xftp(&["get", &url, "--timeout", "1"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the stall was not cut short"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("timed out") && err.contains("--timeout"),
+        "{err}"
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn pasv_fallback_uses_the_control_peer_address() {
+    let (port, seen) = fake_server(Script::NatPasv);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("f.bin")).unwrap().len(),
+        FILE_LEN
+    );
+    let cmds: Vec<String> = seen.try_iter().collect();
+    assert!(cmds.iter().any(|c| c == "EPSV"), "{cmds:?}");
+    assert!(cmds.iter().any(|c| c == "PASV"), "{cmds:?}");
+}
+
+#[test]
+fn upload_with_wrong_server_size_is_an_error() {
+    let (port, _) = fake_server(Script::UploadSizeLies);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("u.bin"), vec![7u8; 500]).unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/u.bin");
+    let out = xftp(&["put", "u.bin", &url], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SIZE") && err.contains("499") && err.contains("500"),
+        "{err}"
+    );
+}
+
+#[test]
+fn abort_after_all_data_is_an_error() {
+    let (port, _) = fake_server(Script::AbortAfterData);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("426"), "{err}");
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn login_is_pipelined_and_anonymous() {
+    let (port, seen) = fake_server(Script::Honest);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cmds: Vec<String> = seen.try_iter().collect();
+    assert_eq!(cmds[0], "USER anonymous");
+    assert!(
+        cmds[1].starts_with("PASS ") && cmds[1].contains('@'),
+        "{cmds:?}"
+    );
+    assert_eq!(cmds[2], "TYPE I");
+    // SIZE goes out with EPSV, before RETR, so a short transfer is caught.
+    let size = cmds
+        .iter()
+        .position(|c| c == "SIZE f.bin")
+        .expect("SIZE sent");
+    let retr = cmds
+        .iter()
+        .position(|c| c == "RETR f.bin")
+        .expect("RETR sent");
+    assert!(size < retr, "{cmds:?}");
+}
+
+#[test]
+fn crlf_in_url_path_is_refused_before_connecting() {
+    // A listener that would record any connection attempt.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/a%0D%0ADELE%20b");
+    let out = xftp(&["get", &url, "x"], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("CR"), "{err}");
+    assert!(l.accept().is_err(), "no connection may be made");
+}
