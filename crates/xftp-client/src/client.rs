@@ -84,8 +84,8 @@ impl TransferReport {
 /// Data connections being set up: what remains to do after the server's
 /// 150 reply.
 enum Setup {
-    /// Passive: already connected.
-    Connected(Vec<TcpStream>),
+    /// Passive: connections being opened.
+    Connecting(tokio::task::JoinSet<Result<TcpStream>>),
     /// Active: accept `n` connections from the server on one port.
     Listen { listener: TcpListener, n: usize },
     /// MPRT: accept one connection on each port.
@@ -101,6 +101,16 @@ pub struct Client {
     notices: Vec<String>,
     epsv_refused: bool,
     eprt_refused: bool,
+    pending_login: Option<PendingLogin>,
+}
+
+/// A login sent but whose replies are not read yet.
+#[derive(Debug)]
+struct PendingLogin {
+    user: Cmd,
+    pass: Option<Cmd>,
+    ty: Cmd,
+    mult: Option<Cmd>,
 }
 
 impl Client {
@@ -140,6 +150,7 @@ impl Client {
             notices: Vec::new(),
             epsv_refused: false,
             eprt_refused: false,
+            pending_login: None,
         })
     }
 
@@ -163,42 +174,73 @@ impl Client {
     /// (and `MULT n` when more than one stream is configured) are sent
     /// together. No user means anonymous with an e-mail-like password.
     pub async fn login(&mut self, user: Option<&str>, password: Option<&str>) -> Result<()> {
+        self.login_pipelined(user, password).await?;
+        self.settle().await
+    }
+
+    /// Like [`login`](Self::login), but the replies are read by the next
+    /// operation, whose first commands go out in the same round trip (a
+    /// download then needs one round trip less). Login errors surface from
+    /// that operation.
+    pub async fn login_pipelined(
+        &mut self,
+        user: Option<&str>,
+        password: Option<&str>,
+    ) -> Result<()> {
         let (user, password) = match user {
             None => ("anonymous", Some(password.unwrap_or(ANONYMOUS_PASSWORD))),
             Some(u) => (u, password),
         };
-        let c_user = Cmd::with("USER", user);
-        let c_pass = password.map(|p| Cmd::with("PASS", p));
-        let c_type = Cmd::with("TYPE", "I");
         let want = self.cfg.streams;
-        let c_mult = (want > 1).then(|| Cmd::with("MULT", want.to_string()));
-        let mut batch: Vec<&Cmd> = vec![&c_user];
-        batch.extend(c_pass.as_ref());
-        batch.push(&c_type);
-        batch.extend(c_mult.as_ref());
+        let login = PendingLogin {
+            user: Cmd::with("USER", user),
+            pass: password.map(|p| Cmd::with("PASS", p)),
+            ty: Cmd::with("TYPE", "I"),
+            mult: (want > 1).then(|| Cmd::with("MULT", want.to_string())),
+        };
+        let mut batch: Vec<&Cmd> = vec![&login.user];
+        batch.extend(login.pass.as_ref());
+        batch.push(&login.ty);
+        batch.extend(login.mult.as_ref());
         self.ctl.send(&batch).await?;
+        self.pending_login = Some(login);
+        Ok(())
+    }
 
+    /// Send `cmds`, then read the replies still owed to an earlier
+    /// pipelined login, so the next reply read belongs to `cmds[0]`.
+    async fn send(&mut self, cmds: &[&Cmd]) -> Result<()> {
+        self.ctl.send(cmds).await?;
+        self.settle().await
+    }
+
+    /// Read the replies of a pipelined login, if any are outstanding.
+    async fn settle(&mut self) -> Result<()> {
+        let Some(login) = self.pending_login.take() else {
+            return Ok(());
+        };
         let r = self.ctl.read_reply().await?;
         match r.code {
             230 => {
                 // Logged in without a password; a pipelined PASS gets some
                 // reply (202, 230 or 503), none of which matters.
-                if c_pass.is_some() {
+                if login.pass.is_some() {
                     self.ctl.read_reply().await?;
                 }
             }
             331 | 332 => {
-                let Some(c_pass) = &c_pass else {
-                    return Err(ClientError::Usage(format!(
-                        "the server wants a password for user {user:?}"
-                    )));
+                let Some(c_pass) = &login.pass else {
+                    return Err(ClientError::Usage(
+                        "the server wants a password for this user".into(),
+                    ));
                 };
                 self.ctl.expect(c_pass, &[230, 202]).await?;
             }
-            _ => return Err(unexpected(&c_user, &r)),
+            _ => return Err(unexpected(&login.user, &r)),
         }
-        self.ctl.expect(&c_type, &[200]).await?;
-        if let Some(c_mult) = &c_mult {
+        self.ctl.expect(&login.ty, &[200]).await?;
+        if let Some(c_mult) = &login.mult {
+            let want = self.cfg.streams;
             let r = self.ctl.read_reply().await?;
             if r.is_success() {
                 self.granted =
@@ -236,14 +278,15 @@ impl Client {
             Some(a) => Cmd::with(verb, a),
             None => Cmd::bare(verb),
         };
-        self.ctl.command(&c, codes).await
+        self.send(&[&c]).await?;
+        self.ctl.expect(&c, codes).await
     }
 
     /// The size of a remote file, `None` when the server cannot tell
     /// (no SIZE support, or a refusal such as 550).
     pub async fn size(&mut self, path: &str) -> Result<Option<u64>> {
         let c = Cmd::with("SIZE", path);
-        self.ctl.send(&[&c]).await?;
+        self.send(&[&c]).await?;
         let r = self.ctl.read_reply().await?;
         Ok(negotiate::size_value(&r))
     }
@@ -255,14 +298,12 @@ impl Client {
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         let tmp = temp_next_to(local)?;
         let start = Instant::now();
-        let n = self.granted as usize;
         let c_size = Cmd::with("SIZE", remote);
-        let (size_reply, setup) = self.prepare_data(n, Some(&c_size)).await?;
+        let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
-        self.expect_preliminary(&c_retr).await?;
-        let conns = self.finish_data(setup).await?;
+        let conns = self.start_transfer(&c_retr, setup).await?;
         let per_stream = if conns.len() == 1 {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let mut file = tokio::fs::File::from_std(file);
@@ -304,12 +345,10 @@ impl Client {
         }
         let len = meta.len();
         let start = Instant::now();
-        let n = self.granted as usize;
-        let (_, setup) = self.prepare_data(n, None).await?;
+        let (_, setup) = self.prepare_data(false, None).await?;
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
-        self.expect_preliminary(&c_stor).await?;
-        let conns = self.finish_data(setup).await?;
+        let conns = self.start_transfer(&c_stor, setup).await?;
         let per_stream = if conns.len() == 1 {
             let mut file = tokio::fs::File::from_std(file);
             vec![self.send_plain(conns, &mut file, local).await?]
@@ -343,14 +382,13 @@ impl Client {
 
     /// `LIST [path]` over one plain data connection; the raw listing.
     pub async fn list(&mut self, path: Option<&str>) -> Result<Vec<u8>> {
-        let (_, setup) = self.prepare_data(1, None).await?;
+        let (_, setup) = self.prepare_data(true, None).await?;
         let c_list = match path {
             Some(p) if !p.is_empty() => Cmd::with("LIST", p),
             _ => Cmd::bare("LIST"),
         };
         self.ctl.send(&[&c_list]).await?;
-        self.expect_preliminary(&c_list).await?;
-        let conns = self.finish_data(setup).await?;
+        let conns = self.start_transfer(&c_list, setup).await?;
         let mut out = Vec::new();
         self.recv_plain(conns, &mut out, Path::new("(listing)"))
             .await?;
@@ -361,7 +399,7 @@ impl Client {
     /// Say goodbye. Errors are ignored: the session is over either way.
     pub async fn quit(mut self) {
         let c = Cmd::bare("QUIT");
-        if self.ctl.send(&[&c]).await.is_ok() {
+        if self.send(&[&c]).await.is_ok() {
             let _ = self
                 .ctl
                 .read_reply_within(Duration::from_secs(2).min(self.cfg.reply_timeout))
@@ -372,26 +410,39 @@ impl Client {
 
     // ---- data connections ----
 
-    /// Ask for `n` data connections; `before` is sent in the same write and
-    /// its reply (any code) returned.
+    /// Set up the data connections of the next transfer (one when `plain`,
+    /// else as many as MULT granted); `before` is sent in the same write
+    /// and its reply (any code) returned.
     async fn prepare_data(
         &mut self,
-        n: usize,
+        plain: bool,
         before: Option<&Cmd>,
     ) -> Result<(Option<Reply>, Setup)> {
+        if self.cfg.data_mode == DataMode::Mprt {
+            // MPRT names one port per connection: the grant must be known.
+            self.settle().await?;
+        }
+        let n = |c: &Client| if plain { 1 } else { c.granted as usize };
         let mode = match self.cfg.data_mode {
-            DataMode::Mprt if n == 1 => DataMode::Active,
+            DataMode::Mprt if n(self) == 1 => DataMode::Active,
             m => m,
         };
         match mode {
-            DataMode::Passive => self.prepare_passive(n, before).await,
+            DataMode::Passive => self.prepare_passive(plain, before).await,
             DataMode::Active => {
                 let listener = self.listen().await?;
                 let addr = listener.local_addr().map_err(ClientError::DataIo)?;
                 let before_reply = self.announce_port(addr, before).await?;
-                Ok((before_reply, Setup::Listen { listener, n }))
+                Ok((
+                    before_reply,
+                    Setup::Listen {
+                        listener,
+                        n: n(self),
+                    },
+                ))
             }
             DataMode::Mprt => {
+                let n = n(self);
                 let mut listeners = Vec::with_capacity(n);
                 let mut addrs = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -411,11 +462,11 @@ impl Client {
     async fn send_with(&mut self, before: Option<&Cmd>, c: &Cmd) -> Result<Option<Reply>> {
         match before {
             Some(b) => {
-                self.ctl.send(&[b, c]).await?;
+                self.send(&[b, c]).await?;
                 Ok(Some(self.ctl.read_reply().await?))
             }
             None => {
-                self.ctl.send(&[c]).await?;
+                self.send(&[c]).await?;
                 Ok(None)
             }
         }
@@ -423,7 +474,7 @@ impl Client {
 
     async fn prepare_passive(
         &mut self,
-        n: usize,
+        plain: bool,
         before: Option<&Cmd>,
     ) -> Result<(Option<Reply>, Setup)> {
         let peer = self.ctl.peer().ip();
@@ -462,19 +513,16 @@ impl Client {
                 negotiate::pasv_target(announced, peer)
             }
         };
-        // Open every connection at once: each costs one round trip, and
-        // they should overlap, not queue.
+        // Open every connection at once, without waiting: they complete
+        // while the RETR/STOR travels (one round trip saved), and each
+        // other (they overlap, not queue).
+        let n = if plain { 1 } else { self.granted as usize };
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..n {
             let t = self.cfg.connect_timeout;
             set.spawn(async move { connect_tcp(target, t).await });
         }
-        let mut conns = Vec::with_capacity(n);
-        while let Some(r) = set.join_next().await {
-            let s = r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??;
-            conns.push(s);
-        }
-        Ok((before_reply, Setup::Connected(conns)))
+        Ok((before_reply, Setup::Connecting(set)))
     }
 
     /// A listening socket on the control connection's local address.
@@ -517,13 +565,28 @@ impl Client {
         Ok(before_reply.or(br))
     }
 
-    /// After the 150: accept what the server opens (active modes).
-    async fn finish_data(&mut self, setup: Setup) -> Result<Vec<TcpStream>> {
+    /// After RETR/STOR/LIST went out: the server's 1xx, and the data
+    /// connections (passive: the connects finishing alongside; active:
+    /// accepted from the server after the 1xx).
+    async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<Vec<TcpStream>> {
         let peer = self.ctl.peer().ip();
         let t = self.cfg.data_timeout;
         match setup {
-            Setup::Connected(c) => Ok(c),
+            Setup::Connecting(mut set) => {
+                let connects = async move {
+                    let mut conns = Vec::with_capacity(set.len());
+                    while let Some(r) = set.join_next().await {
+                        conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
+                    }
+                    Ok(conns)
+                };
+                // A failed connect must not wait for a reply the server
+                // will only send after its own data timeout.
+                let (_, conns) = tokio::try_join!(self.expect_preliminary(c), connects)?;
+                Ok(conns)
+            }
             Setup::Listen { listener, n } => {
+                self.expect_preliminary(c).await?;
                 let mut conns = Vec::with_capacity(n);
                 while conns.len() < n {
                     conns.push(accept_from(&listener, peer, t).await?);
@@ -531,6 +594,7 @@ impl Client {
                 Ok(conns)
             }
             Setup::ListenEach(ls) => {
+                self.expect_preliminary(c).await?;
                 let mut conns = Vec::with_capacity(ls.len());
                 for l in &ls {
                     conns.push(accept_from(l, peer, t).await?);

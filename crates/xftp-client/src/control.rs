@@ -178,12 +178,6 @@ impl Control {
         }
     }
 
-    /// Send `cmd` and expect one of `codes`.
-    pub async fn command(&mut self, cmd: &Cmd, codes: &[u16]) -> Result<Reply> {
-        self.send(&[cmd]).await?;
-        self.expect(cmd, codes).await
-    }
-
     /// Close our write side politely.
     pub async fn shutdown(&mut self) {
         let _ = self.wr.shutdown().await;

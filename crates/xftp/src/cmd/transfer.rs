@@ -172,10 +172,9 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             Some(p) => p.clone(),
         };
         let mut client = session(&url, &a.common, a.parallel).await?;
-        let r = client
-            .download(&url.path, &target)
-            .await
-            .map_err(|e| explain(e, Op::Get, &url))?;
+        let r = client.download(&url.path, &target).await;
+        print_notices(&mut client);
+        let r = r.map_err(|e| explain(e, Op::Get, &url))?;
         client.quit().await;
         Ok::<_, anyhow::Error>(r)
     }
@@ -209,10 +208,9 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
             );
         }
         let mut client = session(&url, &a.common, a.parallel).await?;
-        let r = client
-            .upload(&a.local, &remote)
-            .await
-            .map_err(|e| explain(e, Op::Put, &url))?;
+        let r = client.upload(&a.local, &remote).await;
+        print_notices(&mut client);
+        let r = r.map_err(|e| explain(e, Op::Put, &url))?;
         client.quit().await;
         Ok::<_, anyhow::Error>(r)
     }
@@ -285,14 +283,20 @@ async fn session(url: &FtpUrl, c: &CommonArgs, parallel: u32) -> anyhow::Result<
     let mut client = Client::connect(&url.host, url.port, cfg)
         .await
         .map_err(|e| explain(e, Op::Ls, url))?;
+    // The login replies are read by the first operation, whose commands
+    // travel in the same round trip.
     client
-        .login(url.user.as_deref(), password.as_deref())
+        .login_pipelined(url.user.as_deref(), password.as_deref())
         .await
-        .map_err(|e| explain_login(e, url))?;
+        .map_err(|e| explain(e, Op::Ls, url))?;
+    Ok(client)
+}
+
+/// Show what the client had to tell the user (e.g. a MULT refusal).
+fn print_notices(client: &mut Client) {
     for n in client.take_notices() {
         eprintln!("xftp: {n}");
     }
-    Ok(client)
 }
 
 /// The password: from the URL, else `--password-file`, else XFTP_PASSWORD.
@@ -318,20 +322,21 @@ fn password_for(url: &FtpUrl, c: &CommonArgs) -> anyhow::Result<Option<String>> 
     )
 }
 
-fn explain_login(e: ClientError, url: &FtpUrl) -> anyhow::Error {
-    let fix = match (e.reply_code(), &url.user) {
+/// The fix for a refused login (530 to USER or PASS, or to anything while
+/// not logged in).
+fn login_hint(e: &ClientError, url: &FtpUrl) -> Option<&'static str> {
+    match (e.reply_code(), &url.user) {
         (Some(530), None) => Some("the server refuses anonymous logins; give a user: ftp://user@host/ with XFTP_PASSWORD or --password-file"),
         (Some(530), Some(_)) => Some("check the user name and password (URL, XFTP_PASSWORD or --password-file)"),
         _ => None,
-    };
-    match fix {
-        Some(f) => anyhow::anyhow!("{e} — {f}"),
-        None => explain(e, Op::Ls, url),
     }
 }
 
 /// Attach the likely fix to an error.
 fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
+    if let Some(f) = login_hint(&e, url) {
+        return anyhow::anyhow!("{e} — {f}");
+    }
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
             (550, Op::Get) => Some(format!(
@@ -343,7 +348,6 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 "check that the remote directory exists and that you may write there (`xftp ls`)"
                     .into(),
             ),
-            (530, _) => Some("log in with a user that has access (ftp://user@host/)".into()),
             (452 | 552, _) => Some("the server is out of space or over quota".into()),
             (421, _) => Some("the server is busy or shutting down; try again later".into()),
             (425 | 426, _) => Some(
