@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Loopback throughput and CPU per GiB: xftp get -p N against xftp serve,
+and globus-url-copy -p N against globus-gridftp-server, on the same file in
+the same run (issue: multi-stream transfers, point 8).
+
+    bench/loopback.py [--size-mib 1024] [--streams 1,4,16] [--repeat 3]
+
+Writes bench/out/loopback/{results.csv,report.md}. CPU is user+system
+seconds of client and server together (the GridFTP server forks a child per
+session; its time reaches the parent's cutime/cstime when reaped), divided
+by the GiB moved. Every transfer is checked with cmp against the source.
+"""
+import argparse, csv, hashlib, json, os, platform, re, shutil, signal, statistics
+import subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "bench", "out", "loopback")
+XFTP = os.environ.get("XFTP", os.path.join(ROOT, "target", "release", "xftp"))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    """user+system (+ reaped children) seconds of a running process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[11..14] = utime stime cutime cstime (stat fields 14-17)
+    return sum(int(x) for x in fields[11:15]) / TICK
+
+
+def run_timed(argv, **kw):
+    """Run argv; return (wall seconds, cpu seconds of it and its children, stdout)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    out = p.stdout.read().decode(errors="replace")
+    err = p.stderr.read().decode(errors="replace")
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {err.strip()[-2000:]}")
+    return wall, ru.ru_utime + ru.ru_stime, out
+
+
+def same(a, b):
+    return subprocess.run(["cmp", "-s", a, b]).returncode == 0
+
+
+def start_server(argv, ready_re, logf):
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf, text=True)
+    line = p.stdout.readline() if ready_re else ""
+    if ready_re and not re.search(ready_re, line):
+        p.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return p, line
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--streams", default="1,4,16")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-build", action="store_true")
+    a = ap.parse_args()
+    streams = [int(x) for x in a.streams.split(",")]
+    if not a.no_build:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "xftp"], cwd=ROOT, check=True)
+    os.makedirs(OUT, exist_ok=True)
+    have_gridftp = shutil.which("globus-gridftp-server") and shutil.which("globus-url-copy")
+    if not have_gridftp:
+        print("bench: globus-gridftp-server/globus-url-copy missing: GridFTP rows skipped "
+              "(apt-get install globus-gridftp-server-progs globus-gass-copy-progs)", file=sys.stderr)
+    work = tempfile.mkdtemp(prefix="xftp-loopback-")
+    os.chmod(work, 0o755)
+    src = os.path.join(work, "src.bin")
+    with open(src, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for i in range(a.size_mib):
+            f.write(hashlib.sha256(chunk + i.to_bytes(8, "little")).digest() * (1 << 15))
+    os.chmod(src, 0o644)
+    size = os.path.getsize(src)
+    rows, commands = [], []
+    logf = open(os.path.join(OUT, "servers.log"), "w")
+    try:
+        # xftp
+        srv_cmd = [XFTP, "serve", "--root", work, "--listen", "127.0.0.1:0", "--anonymous-write"]
+        srv, line = start_server(srv_cmd, r"listening on", logf)
+        port = int(line.strip().rsplit(":", 1)[1])
+        commands.append(" ".join(srv_cmd))
+        try:
+            for n in streams:
+                for r in range(a.repeat):
+                    dst = os.path.join(work, "dst.bin")
+                    argv = [XFTP, "get", f"ftp://127.0.0.1:{port}/src.bin", dst, "-p", str(n), "--json"]
+                    c0 = proc_cpu(srv.pid)
+                    wall, ccpu, out = run_timed(argv)
+                    scpu = proc_cpu(srv.pid) - c0
+                    js = json.loads(out.strip().splitlines()[-1])
+                    ok = js.get("status") == "ok" and same(src, dst)
+                    rows.append(dict(tool="xftp", streams=n, run=r, bytes=size, seconds=wall,
+                                     mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
+                                     cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
+                                     streams_used=js.get("streams")))
+                    if r == 0:
+                        commands.append(" ".join(argv))
+                    os.unlink(dst)
+        finally:
+            srv.terminate()
+            srv.wait()
+        if have_gridftp:
+            gport = 50000 + os.getpid() % 10000
+            gcmd = ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-hostname", "127.0.0.1",
+                    "-p", str(gport), "-d", "error", "-l", os.path.join(OUT, "gridftp.log"),
+                    "-disable-usage-stats"]
+            gsrv = subprocess.Popen(gcmd, stdout=logf, stderr=logf)
+            commands.append(" ".join(gcmd))
+            time.sleep(1.0)
+            try:
+                for n in streams:
+                    for r in range(a.repeat):
+                        dst = os.path.join(work, "gdst.bin")
+                        argv = ["globus-url-copy", "-p", str(n), f"ftp://127.0.0.1:{gport}{src}", f"file://{dst}"]
+                        c0 = proc_cpu(gsrv.pid)
+                        wall, ccpu, _ = run_timed(argv)
+                        time.sleep(0.2)  # let the server reap its session child
+                        scpu = proc_cpu(gsrv.pid) - c0
+                        ok = same(src, dst)
+                        rows.append(dict(tool="globus-url-copy", streams=n, run=r, bytes=size, seconds=wall,
+                                         mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
+                                         cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
+                                         streams_used=n))
+                        if r == 0:
+                            commands.append(" ".join(argv))
+                        os.unlink(dst)
+            finally:
+                gsrv.terminate()
+                gsrv.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with open(os.path.join(OUT, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# Loopback: xftp vs GridFTP", "",
+             f"File {size} bytes, {a.repeat} runs each, median shown. Machine: {platform.node()}, "
+             f"{os.cpu_count()} CPUs, kernel {platform.release()}, congestion control "
+             f"{open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()}.", "",
+             "| tool | N | Mbit/s (median) | CPU s/GiB (client+server, median) | verified |",
+             "|---|---|---|---|---|"]
+    bad = False
+    for tool in ["xftp", "globus-url-copy"]:
+        for n in streams:
+            rs = [r for r in rows if r["tool"] == tool and r["streams"] == n]
+            if not rs:
+                continue
+            v = all(r["verified"] for r in rs)
+            bad |= not v
+            lines.append(f"| {tool} | {n} | {statistics.median(r['mbit_s'] for r in rs):.0f} | "
+                         f"{statistics.median(r['cpu_s_per_gib'] for r in rs):.3f} | {'yes' if v else 'NO'} |")
+    lines += ["", "Commands (first run of each):", "", "```"] + commands + ["```", "",
+              "Rerun: `bench/loopback.py` (options: --size-mib, --streams, --repeat)."]
+    with open(os.path.join(OUT, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if bad:
+        print("bench: FAIL: a transfer did not verify", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
