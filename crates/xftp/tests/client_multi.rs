@@ -240,3 +240,210 @@ fn parallel_flag_rejects_out_of_range_and_auto() {
         assert!(err.contains("1 to 64"), "-p {bad}: {err}");
     }
 }
+
+/// A control-connection proxy that rewrites 229 replies so the data
+/// connections go through a data proxy, which cuts the connection with
+/// accept index `victim` after `cut_after` payload bytes in `direction`.
+mod cutter {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::thread;
+
+    #[derive(Clone, Copy)]
+    pub enum Dir {
+        ToClient,
+        ToServer,
+    }
+
+    /// Start the proxy in front of `server_port`; returns its port.
+    pub fn start(server_port: u16, victim: usize, cut_after: u64, dir: Dir) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                thread::spawn(move || control(c, server_port, victim, cut_after, dir));
+            }
+        });
+        port
+    }
+
+    fn control(client: TcpStream, server_port: u16, victim: usize, cut_after: u64, dir: Dir) {
+        let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)) else {
+            return;
+        };
+        let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else {
+            return;
+        };
+        thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut s2);
+            let _ = s2.shutdown(Shutdown::Write);
+        });
+        let mut client = client;
+        let mut lines = BufReader::new(server);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match lines.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(p) = epsv_port(&line) {
+                let proxy = data_proxy(p, victim, cut_after, dir);
+                line = format!("229 Entering Extended Passive Mode (|||{proxy}|)\r\n");
+            }
+            if client.write_all(line.as_bytes()).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(Shutdown::Write);
+    }
+
+    fn epsv_port(line: &str) -> Option<u16> {
+        if !line.starts_with("229 ") {
+            return None;
+        }
+        let start = line.find("(|||")? + 4;
+        let end = start + line[start..].find('|')?;
+        line[start..end].parse().ok()
+    }
+
+    fn data_proxy(server_port: u16, victim: usize, cut_after: u64, dir: Dir) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        thread::spawn(move || {
+            for (i, c) in l.incoming().enumerate() {
+                let Ok(c) = c else { return };
+                let Ok(s) = TcpStream::connect(("127.0.0.1", server_port)) else {
+                    return;
+                };
+                let limit = |d: Dir| match (i == victim, d, dir) {
+                    (true, Dir::ToClient, Dir::ToClient) | (true, Dir::ToServer, Dir::ToServer) => {
+                        Some(cut_after)
+                    }
+                    _ => None,
+                };
+                pump(
+                    s.try_clone().unwrap(),
+                    c.try_clone().unwrap(),
+                    limit(Dir::ToClient),
+                );
+                pump(c, s, limit(Dir::ToServer));
+            }
+        });
+        port
+    }
+
+    /// Copy `from` to `to`; after `limit` bytes, shut both sockets down.
+    fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>) {
+        thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut moved = 0u64;
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let n = match limit {
+                    Some(l) if moved + n as u64 >= l => {
+                        let _ = to.write_all(&buf[..(l - moved) as usize]);
+                        let _ = from.shutdown(Shutdown::Both);
+                        let _ = to.shutdown(Shutdown::Both);
+                        return;
+                    }
+                    _ => n,
+                };
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                moved += n as u64;
+            }
+            let _ = to.shutdown(Shutdown::Write);
+        });
+    }
+}
+
+#[test]
+fn killing_one_data_connection_fails_get_and_leaves_nothing() {
+    let d = dirs();
+    let server = serve(&d.srv, 8);
+    let len = 16 * 1024 * 1024;
+    write_prng_file(&d.srv.join("k.bin"), len, 5);
+    let proxy = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
+    let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
+    let out = xftp(
+        &["get", &url, "-p", "4", "--json", "--timeout", "20"],
+        &d.local,
+    );
+    assert!(
+        !out.status.success(),
+        "a cut data connection must fail the download"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The engine notices the cut itself: no waiting for a timeout.
+    assert!(!err.contains("timed out"), "{err}");
+    eprintln!("{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(j["status"], "error");
+    let left: Vec<_> = std::fs::read_dir(&d.local).unwrap().collect();
+    assert!(left.is_empty(), "nothing may be left locally: {left:?}");
+}
+
+#[test]
+fn killing_one_data_connection_fails_put_at_both_ends() {
+    let d = dirs();
+    let server = serve(&d.srv, 8);
+    let len = 16 * 1024 * 1024;
+    let src = d.local.join("k.bin");
+    write_prng_file(&src, len, 6);
+    let proxy = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
+    let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
+    let out = xftp(
+        &["put", "k.bin", &url, "-p", "4", "--json", "--timeout", "20"],
+        &d.local,
+    );
+    assert!(
+        !out.status.success(),
+        "a cut data connection must fail the upload"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The engine notices the cut itself: no waiting for a timeout.
+    assert!(!err.contains("timed out"), "{err}");
+    eprintln!("{err}");
+    let names: Vec<String> = std::fs::read_dir(&d.srv)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n == "k.bin"),
+        "the server must not keep the upload under its name: {names:?}"
+    );
+}
+
+#[test]
+fn proxy_without_cut_passes_everything() {
+    // The control case for the two tests above: the same proxy with a cut
+    // point past the end of the file lets both directions succeed.
+    let d = dirs();
+    let server = serve(&d.srv, 8);
+    let len = 4 * 1024 * 1024 + 3;
+    write_prng_file(&d.srv.join("c.bin"), len, 8);
+    let proxy = cutter::start(server.port, 1, u64::MAX, cutter::Dir::ToClient);
+    let url = format!("ftp://127.0.0.1:{proxy}/c.bin");
+    let j = json_ok(
+        &xftp(&["get", &url, "-p", "4", "--json"], &d.local),
+        "get via proxy",
+    );
+    check_summary(&j, len, 4, "get via proxy");
+    let url = format!("ftp://127.0.0.1:{proxy}/c2.bin");
+    let j = json_ok(
+        &xftp(&["put", "c.bin", &url, "-p", "4", "--json"], &d.local),
+        "put via proxy",
+    );
+    check_summary(&j, len, 4, "put via proxy");
+    assert_eq!(
+        sha256_file(&d.srv.join("c2.bin")),
+        sha256_file(&d.srv.join("c.bin"))
+    );
+}

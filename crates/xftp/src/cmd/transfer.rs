@@ -369,6 +369,10 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
             Some("the transfer was cut short (nothing was kept); run it again".into())
         }
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
+        ClientError::Stripe(_) => Some(
+            "a data connection broke mid-transfer (nothing was kept); run it again, perhaps with fewer connections (-p)"
+                .into(),
+        ),
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
         _ => None,
     };
