@@ -247,6 +247,8 @@ fn parallel_flag_rejects_out_of_range_and_auto() {
 mod cutter {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::thread;
 
     #[derive(Clone, Copy)]
@@ -255,20 +257,36 @@ mod cutter {
         ToServer,
     }
 
-    /// Start the proxy in front of `server_port`; returns its port.
-    pub fn start(server_port: u16, victim: usize, cut_after: u64, dir: Dir) -> u16 {
+    /// Start the proxy in front of `server_port`; returns its port and a
+    /// counter of the data connections it has carried.
+    pub fn start(
+        server_port: u16,
+        victim: usize,
+        cut_after: u64,
+        dir: Dir,
+    ) -> (u16, Arc<AtomicUsize>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
+        let count = Arc::new(AtomicUsize::new(0));
+        let counter = count.clone();
         thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(c) = c else { return };
-                thread::spawn(move || control(c, server_port, victim, cut_after, dir));
+                let counter = counter.clone();
+                thread::spawn(move || control(c, server_port, victim, cut_after, dir, counter));
             }
         });
-        port
+        (port, count)
     }
 
-    fn control(client: TcpStream, server_port: u16, victim: usize, cut_after: u64, dir: Dir) {
+    fn control(
+        client: TcpStream,
+        server_port: u16,
+        victim: usize,
+        cut_after: u64,
+        dir: Dir,
+        count: Arc<AtomicUsize>,
+    ) {
         let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)) else {
             return;
         };
@@ -289,7 +307,7 @@ mod cutter {
                 Ok(_) => {}
             }
             if let Some(p) = epsv_port(&line) {
-                let proxy = data_proxy(p, victim, cut_after, dir);
+                let proxy = data_proxy(p, victim, cut_after, dir, count.clone());
                 line = format!("229 Entering Extended Passive Mode (|||{proxy}|)\r\n");
             }
             if client.write_all(line.as_bytes()).is_err() {
@@ -308,12 +326,19 @@ mod cutter {
         line[start..end].parse().ok()
     }
 
-    fn data_proxy(server_port: u16, victim: usize, cut_after: u64, dir: Dir) -> u16 {
+    fn data_proxy(
+        server_port: u16,
+        victim: usize,
+        cut_after: u64,
+        dir: Dir,
+        count: Arc<AtomicUsize>,
+    ) -> u16 {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         thread::spawn(move || {
             for (i, c) in l.incoming().enumerate() {
                 let Ok(c) = c else { return };
+                count.fetch_add(1, Ordering::SeqCst);
                 let Ok(s) = TcpStream::connect(("127.0.0.1", server_port)) else {
                     return;
                 };
@@ -369,7 +394,7 @@ fn killing_one_data_connection_fails_get_and_leaves_nothing() {
     let server = serve(&d.srv, 8);
     let len = 16 * 1024 * 1024;
     write_prng_file(&d.srv.join("k.bin"), len, 5);
-    let proxy = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
+    let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
     let out = xftp(
         &["get", &url, "-p", "4", "--json", "--timeout", "20"],
@@ -397,7 +422,7 @@ fn killing_one_data_connection_fails_put_at_both_ends() {
     let len = 16 * 1024 * 1024;
     let src = d.local.join("k.bin");
     write_prng_file(&src, len, 6);
-    let proxy = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
+    let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
     let out = xftp(
         &["put", "k.bin", &url, "-p", "4", "--json", "--timeout", "20"],
@@ -422,28 +447,78 @@ fn killing_one_data_connection_fails_put_at_both_ends() {
 }
 
 #[test]
-fn proxy_without_cut_passes_everything() {
+fn proxy_without_cut_passes_everything_and_counts_connections() {
     // The control case for the two tests above: the same proxy with a cut
-    // point past the end of the file lets both directions succeed.
+    // point past the end of the file lets both directions succeed. It also
+    // counts the TCP data connections really opened: 4 per transfer.
     let d = dirs();
     let server = serve(&d.srv, 8);
     let len = 4 * 1024 * 1024 + 3;
     write_prng_file(&d.srv.join("c.bin"), len, 8);
-    let proxy = cutter::start(server.port, 1, u64::MAX, cutter::Dir::ToClient);
+    let (proxy, conns) = cutter::start(server.port, 1, u64::MAX, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/c.bin");
     let j = json_ok(
         &xftp(&["get", &url, "-p", "4", "--json"], &d.local),
         "get via proxy",
     );
     check_summary(&j, len, 4, "get via proxy");
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 4);
     let url = format!("ftp://127.0.0.1:{proxy}/c2.bin");
     let j = json_ok(
         &xftp(&["put", "c.bin", &url, "-p", "4", "--json"], &d.local),
         "put via proxy",
     );
     check_summary(&j, len, 4, "put via proxy");
+    // 4 for the upload; the SIZE check after it needs no data connection.
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 8);
     assert_eq!(
         sha256_file(&d.srv.join("c2.bin")),
         sha256_file(&d.srv.join("c.bin"))
     );
+}
+
+#[test]
+fn ipv6_loopback_all_forms() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("SKIP ipv6_loopback_all_forms: cannot bind [::1] on this machine");
+        return;
+    }
+    let d = dirs();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["serve", "--root"])
+        .arg(&d.srv)
+        .args(["--listen", "[::1]:0", "--anonymous-write"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let server = Server { child, port: 0 };
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    let len = 3 * RECORD + 5;
+    write_prng_file(&d.srv.join("six.bin"), len, 6);
+    let want = sha256_file(&d.srv.join("six.bin"));
+    let url = format!("ftp://[::1]:{port}/six.bin");
+    for (i, args) in [
+        &["-p", "1"][..],
+        &["-p", "1", "--active"][..],
+        &["-p", "3"][..],
+        &["-p", "3", "--active"][..],
+        &["-p", "3", "--mprt"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let local = format!("six-{i}.bin");
+        let mut a = vec!["get", url.as_str(), local.as_str(), "--json"];
+        a.extend_from_slice(args);
+        let j = json_ok(&xftp(&a, &d.local), &format!("IPv6 get {args:?}"));
+        check_summary(&j, len, args[1].parse().unwrap(), &format!("IPv6 {args:?}"));
+        assert_eq!(sha256_file(&d.local.join(&local)), want, "IPv6 {args:?}");
+    }
+    drop(server);
 }

@@ -470,3 +470,37 @@ fn connection_refused_is_reported() {
     assert!(err.contains("refused") && err.contains("port"), "{err}");
     assert_eq!(entries(&d.local), Vec::<String>::new());
 }
+
+#[test]
+fn hostile_file_names_and_missing_directory_listing() {
+    if !have_pyftpdlib("hostile_file_names_and_missing_directory_listing") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    // Spaces, non-ASCII, '?', '#', a quote and a leading dash.
+    let name = "-hüllo w?rld #1 'q'.bin";
+    let encoded = "-h%C3%BCllo%20w%3Frld%20%231%20'q'.bin";
+    let src = d.local.join("src.bin");
+    write_prng_file(&src, 70_001, 21);
+    let url = format!("ftp://127.0.0.1:{}/{encoded}", server.port);
+    assert_ok(
+        &xftp(&["put", "src.bin", &url], &d.local),
+        "put hostile name",
+    );
+    assert_eq!(sha256_file(&d.srv.join(name)), sha256_file(&src));
+    assert_ok(
+        &xftp(&["get", &url, "back.bin"], &d.local),
+        "get hostile name",
+    );
+    assert_eq!(sha256_file(&d.local.join("back.bin")), sha256_file(&src));
+
+    let url = format!("ftp://127.0.0.1:{}/no-such-dir/", server.port);
+    let out = xftp(&["ls", &url], &d.local);
+    assert!(
+        !out.status.success(),
+        "listing a missing directory must fail"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("550"), "{err}");
+}
