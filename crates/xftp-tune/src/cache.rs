@@ -1,0 +1,275 @@
+//! Parameter collection per destination (MFTP section 3.2): what earlier
+//! transfers to the same host and port measured, kept in
+//! `$XDG_CACHE_HOME/xftp/paths.json` (or `~/.cache/xftp/paths.json`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Records kept per destination (newest last).
+const KEEP: usize = 32;
+
+/// One earlier transfer (or probe) to a destination.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PathRecord {
+    /// Seconds since the Unix epoch.
+    pub when: u64,
+    /// RTT floor seen, microseconds.
+    pub rtt_us: u64,
+    /// Connections used at the end (or the fixed N).
+    pub streams: u32,
+    /// Payload throughput, bits per second (0 for a probe).
+    pub throughput_bps: f64,
+    /// Bytes moved (0 for a probe).
+    pub bytes: u64,
+}
+
+/// Errors saving the cache (loading never fails: a bad cache is ignored).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Writing the file failed.
+    #[error("cache {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// The per-destination cache.
+#[derive(Debug, Clone, Default)]
+pub struct Cache {
+    path: Option<PathBuf>,
+    entries: BTreeMap<String, Vec<PathRecord>>,
+}
+
+/// Now, in seconds since the epoch.
+pub fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Cache {
+    /// `$XDG_CACHE_HOME/xftp/paths.json`, else `$HOME/.cache/xftp/paths.json`.
+    pub fn default_path() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("xftp").join("paths.json"))
+    }
+
+    /// Load from `path`; a missing or unreadable file gives an empty cache.
+    pub fn load(path: &Path) -> Cache {
+        let entries = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Cache {
+            path: Some(path.to_owned()),
+            entries,
+        }
+    }
+
+    /// A cache that is never saved.
+    pub fn in_memory() -> Cache {
+        Cache::default()
+    }
+
+    /// Records for `dest` no older than `max_age`.
+    pub fn fresh(&self, dest: &str, max_age: Duration) -> Vec<&PathRecord> {
+        let now = now_secs();
+        self.entries
+            .get(dest)
+            .map(|v| {
+                v.iter()
+                    .filter(|r| now.saturating_sub(r.when) <= max_age.as_secs())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The stream count of the fastest fresh transfer, with its throughput.
+    pub fn best(&self, dest: &str, max_age: Duration) -> Option<(u32, f64)> {
+        self.fresh(dest, max_age)
+            .into_iter()
+            .filter(|r| r.throughput_bps > 0.0 && r.streams > 0)
+            .max_by(|a, b| a.throughput_bps.total_cmp(&b.throughput_bps))
+            .map(|r| (r.streams, r.throughput_bps))
+    }
+
+    /// The smallest fresh RTT.
+    pub fn rtt(&self, dest: &str, max_age: Duration) -> Option<Duration> {
+        self.fresh(dest, max_age)
+            .into_iter()
+            .filter(|r| r.rtt_us > 0)
+            .map(|r| Duration::from_micros(r.rtt_us))
+            .min()
+    }
+
+    /// Add a record (keeps the newest few per destination).
+    pub fn record(&mut self, dest: &str, rec: PathRecord) {
+        let v = self.entries.entry(dest.to_owned()).or_default();
+        v.push(rec);
+        if v.len() > KEEP {
+            let drop = v.len() - KEEP;
+            v.drain(..drop);
+        }
+    }
+
+    /// Write the cache atomically (temporary file, then rename).
+    pub fn save(&self) -> Result<(), CacheError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let err = |source| CacheError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let text =
+            serde_json::to_vec_pretty(&self.entries).map_err(|e| err(std::io::Error::other(e)))?;
+        std::fs::write(&tmp, text).map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+}
+
+/// The starting number of connections, and why.
+///
+/// MFTP picks N from `Tp = k·N·W'/D` (throughput, window, delay). With a
+/// cached best N for this destination, start there. Without one, a path
+/// whose RTT is under 2 ms is filled by one connection; on a longer path
+/// start from 2 (or, when the per-connection window is known, from enough
+/// connections for the cached or hinted rate) and let the controller grow.
+pub fn initial_streams(
+    rtt: Option<Duration>,
+    window: Option<u64>,
+    cached_best: Option<(u32, f64)>,
+    max: u32,
+) -> (u32, String) {
+    let max = max.max(1);
+    if let Some((n, bps)) = cached_best {
+        return (
+            n.clamp(1, max),
+            format!(
+                "cached: {n} connection(s) gave {:.1} Mbit/s to this destination",
+                bps / 1e6
+            ),
+        );
+    }
+    match rtt {
+        Some(r) if r < Duration::from_millis(2) => (
+            1,
+            format!(
+                "RTT {:.2} ms: one connection fills a short path",
+                r.as_secs_f64() * 1e3
+            ),
+        ),
+        Some(r) => {
+            let per_conn = window.map(|w| w as f64 * 8.0 / r.as_secs_f64());
+            let why = match per_conn {
+                Some(pc) => format!(
+                    "RTT {:.1} ms, window {} B: {:.1} Mbit/s per connection; starting at 2 and growing while goodput grows",
+                    r.as_secs_f64() * 1e3,
+                    window.unwrap_or(0),
+                    pc / 1e6
+                ),
+                None => format!("RTT {:.1} ms: starting at 2 and growing while goodput grows", r.as_secs_f64() * 1e3),
+            };
+            (2.min(max), why)
+        }
+        None => (2.min(max), "RTT unknown: starting at 2".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_load_best_and_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/paths.json");
+        let mut c = Cache::load(&p);
+        let now = now_secs();
+        c.record(
+            "h:21",
+            PathRecord {
+                when: now,
+                rtt_us: 100_000,
+                streams: 8,
+                throughput_bps: 80e6,
+                bytes: 1 << 30,
+            },
+        );
+        c.record(
+            "h:21",
+            PathRecord {
+                when: now,
+                rtt_us: 90_000,
+                streams: 4,
+                throughput_bps: 40e6,
+                bytes: 1 << 30,
+            },
+        );
+        c.record(
+            "h:21",
+            PathRecord {
+                when: now - 100_000,
+                rtt_us: 1,
+                streams: 64,
+                throughput_bps: 900e6,
+                bytes: 1,
+            },
+        );
+        c.save().unwrap();
+        let c = Cache::load(&p);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(c.best("h:21", day), Some((8, 80e6)));
+        assert_eq!(c.rtt("h:21", day), Some(Duration::from_micros(90_000)));
+        assert_eq!(c.best("other:21", day), None);
+        // A corrupt file is an empty cache, not an error.
+        std::fs::write(&p, b"{not json").unwrap();
+        assert_eq!(Cache::load(&p).best("h:21", day), None);
+    }
+
+    #[test]
+    fn keeps_a_bounded_history() {
+        let mut c = Cache::in_memory();
+        for i in 0..100 {
+            c.record(
+                "d",
+                PathRecord {
+                    when: now_secs(),
+                    rtt_us: i,
+                    streams: 1,
+                    throughput_bps: 1.0,
+                    bytes: 1,
+                },
+            );
+        }
+        assert_eq!(c.fresh("d", Duration::from_secs(60)).len(), KEEP);
+    }
+
+    #[test]
+    fn initial_choice() {
+        assert_eq!(
+            initial_streams(Some(Duration::from_micros(300)), None, None, 32).0,
+            1
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_millis(100)), None, None, 32).0,
+            2
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_millis(100)), None, Some((12, 1e8)), 8).0,
+            8
+        );
+        assert_eq!(initial_streams(None, None, None, 1).0, 1);
+    }
+}

@@ -1,0 +1,554 @@
+//! Dynamic multiplicity control: how many connections, now.
+//!
+//! XFTP kept the RTT between α and β: add a connection below α, turn off
+//! half of them above β. RTT alone misleads on today's paths (a deep
+//! queue inflates RTT long before throughput stops growing; a shallow one
+//! overflows with almost no inflation; random loss lowers throughput with
+//! none), so this controller looks at three signals per *epoch* (a few
+//! RTTs, long enough for new connections to leave slow start):
+//!
+//! * **goodput** over the epoch (payload bytes delivered per second);
+//! * **queueing delay**: smoothed RTT minus the smallest RTT seen;
+//! * **loss**: retransmitted segments per segment sent in the epoch.
+//!
+//! Rules, in order:
+//!
+//! 1. *Overflow* — loss above `loss_threshold` **and** queueing delay above
+//!    `queue_delay_min`: the connections are overflowing a router queue
+//!    (XFTP's β case). Halve N (at least down to the last level that did
+//!    not overflow) and never grow past N−1 again in this transfer. Loss
+//!    without queueing delay is random loss, where more connections help
+//!    (Mathis), so it does not count.
+//! 2. *Grow* — while each step raised goodput by at least `gain`, double N
+//!    (up to the cap). The first step whose gain is smaller stops growth:
+//!    a step that lowered goodput by more than 5 % is undone, a step with a
+//!    small gain is kept.
+//! 3. *Steady* — re-check every epoch; if goodput falls below 60 % of the
+//!    settled level for two epochs without queueing, conditions changed:
+//!    grow again. Every `probe_epochs` quiet epochs, try +25 %.
+//! 4. Never grow when what is left of the transfer would finish within two
+//!    epochs: new connections would spend it in slow start.
+//!
+//! The controller has no clock: `Sample::at` carries time.
+
+use std::time::Duration;
+
+/// Knobs; the defaults are documented in docs/tuning.md.
+#[derive(Debug, Clone)]
+pub struct TuneConfig {
+    /// Fewest connections.
+    pub min_streams: u32,
+    /// Most connections (also bounded by what the server grants).
+    pub max_streams: u32,
+    /// Relative goodput gain a growth step must bring to continue growing.
+    pub gain: f64,
+    /// Retransmitted/sent segments in an epoch above which loss counts.
+    pub loss_threshold: f64,
+    /// Queueing delay (RTT minus floor) that marks a standing queue:
+    /// the larger of this and `queue_delay_fraction` × floor.
+    pub queue_delay_min: Duration,
+    /// See `queue_delay_min`.
+    pub queue_delay_fraction: f64,
+    /// Shortest epoch.
+    pub min_epoch: Duration,
+    /// Epoch length in RTTs (of the RTT floor).
+    pub epoch_rtts: f64,
+    /// Quiet steady epochs between probes upward.
+    pub probe_epochs: u32,
+}
+
+impl Default for TuneConfig {
+    fn default() -> Self {
+        TuneConfig {
+            min_streams: 1,
+            max_streams: 32,
+            gain: 0.15,
+            loss_threshold: 0.002,
+            queue_delay_min: Duration::from_millis(3),
+            queue_delay_fraction: 0.05,
+            min_epoch: Duration::from_millis(300),
+            epoch_rtts: 3.0,
+            probe_epochs: 8,
+        }
+    }
+}
+
+/// One observation of the running transfer. Counters are cumulative.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// Time since the transfer started.
+    pub at: Duration,
+    /// Payload bytes delivered so far.
+    pub bytes: u64,
+    /// Current smoothed RTT of the data path, if known.
+    pub rtt: Option<Duration>,
+    /// Segments retransmitted so far (all data connections).
+    pub retrans: u64,
+    /// Segments sent so far (all data connections); 0 if unknown.
+    pub segs_out: u64,
+    /// Bytes still to move, if known.
+    pub remaining: Option<u64>,
+}
+
+/// Why the controller chose a stream count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The starting value.
+    Start,
+    /// Goodput grew with the last step: grow again.
+    Grow,
+    /// The last step did not raise goodput enough: stop growing.
+    NoGain,
+    /// The last step lowered goodput: undo it.
+    Undo,
+    /// Loss with a standing queue: halve (XFTP's β rule).
+    QueueOverflow,
+    /// Goodput fell with no queue: conditions changed, grow again.
+    Degraded,
+    /// Periodic probe upward.
+    Probe,
+    /// Too little left to be worth new connections.
+    TooLittleLeft,
+}
+
+/// A change of the stream count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The new number of connections.
+    pub streams: u32,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// One evaluated epoch, for the JSON summary and `-v` output.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Step {
+    /// Seconds since the start.
+    pub at_s: f64,
+    /// Connections in use during the epoch.
+    pub streams: u32,
+    /// Goodput of the epoch, bits per second.
+    pub goodput_bps: f64,
+    /// RTT at the end of the epoch, milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// Queueing delay estimate, milliseconds.
+    pub queue_ms: Option<f64>,
+    /// Retransmitted / sent segments in the epoch.
+    pub loss: f64,
+    /// Connections chosen for the next epoch.
+    pub next: u32,
+    /// Why.
+    pub reason: Reason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Grow,
+    Steady,
+}
+
+/// The controller. Feed it [`Sample`]s (every 50–200 ms is plenty); apply
+/// the [`Decision`]s it returns.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    cfg: TuneConfig,
+    n: u32,
+    cap: u32,
+    phase: Phase,
+    floor: Option<Duration>,
+    epoch_start: Option<Sample>,
+    /// (streams, goodput) before the last growth step.
+    before: Option<(u32, f64)>,
+    settled: Option<f64>,
+    low_epochs: u32,
+    quiet_epochs: u32,
+    history: Vec<Step>,
+}
+
+impl Controller {
+    /// Start with `initial` connections.
+    pub fn new(cfg: TuneConfig, initial: u32) -> Self {
+        let max = cfg.max_streams.max(cfg.min_streams).max(1);
+        let n = initial.clamp(cfg.min_streams.max(1), max);
+        Controller {
+            cfg,
+            n,
+            cap: max,
+            phase: Phase::Grow,
+            floor: None,
+            epoch_start: None,
+            before: None,
+            settled: None,
+            low_epochs: 0,
+            quiet_epochs: 0,
+            history: Vec::new(),
+        }
+    }
+
+    /// Connections currently wanted.
+    pub fn streams(&self) -> u32 {
+        self.n
+    }
+
+    /// Lower the ceiling (e.g. the server granted fewer).
+    pub fn limit(&mut self, max: u32) {
+        self.cap = self.cap.min(max.max(1));
+        self.n = self.n.min(self.cap);
+    }
+
+    /// Every evaluated epoch so far.
+    pub fn history(&self) -> &[Step] {
+        &self.history
+    }
+
+    /// The smallest RTT seen.
+    pub fn rtt_floor(&self) -> Option<Duration> {
+        self.floor
+    }
+
+    fn epoch_len(&self) -> Duration {
+        let by_rtt = self
+            .floor
+            .map_or(Duration::ZERO, |f| f.mul_f64(self.cfg.epoch_rtts));
+        by_rtt.max(self.cfg.min_epoch)
+    }
+
+    /// Take a sample; returns a decision when the stream count changes.
+    pub fn on_sample(&mut self, s: Sample) -> Option<Decision> {
+        if let Some(r) = s.rtt.filter(|r| !r.is_zero()) {
+            self.floor = Some(self.floor.map_or(r, |f| f.min(r)));
+        }
+        let Some(start) = self.epoch_start else {
+            self.epoch_start = Some(s);
+            return None;
+        };
+        let dt = s.at.saturating_sub(start.at);
+        if dt < self.epoch_len() {
+            return None;
+        }
+        self.epoch_start = Some(s);
+        let goodput = s.bytes.saturating_sub(start.bytes) as f64 * 8.0 / dt.as_secs_f64();
+        let dsegs = s.segs_out.saturating_sub(start.segs_out);
+        let dretr = s.retrans.saturating_sub(start.retrans);
+        let loss = if dsegs > 0 {
+            dretr as f64 / dsegs as f64
+        } else if dretr > 0 {
+            1.0
+        } else {
+            0.0
+        };
+        let queue = match (s.rtt, self.floor) {
+            (Some(r), Some(f)) => Some(r.saturating_sub(f)),
+            _ => None,
+        };
+        let queueing = match (queue, self.floor) {
+            (Some(q), Some(f)) => {
+                q > self
+                    .cfg
+                    .queue_delay_min
+                    .max(f.mul_f64(self.cfg.queue_delay_fraction))
+            }
+            _ => false,
+        };
+        let overflow = loss > self.cfg.loss_threshold && queueing;
+        let little_left = s
+            .remaining
+            .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
+
+        let (next, reason) = self.decide(goodput, overflow, queueing, little_left);
+        self.history.push(Step {
+            at_s: s.at.as_secs_f64(),
+            streams: self.n,
+            goodput_bps: goodput,
+            rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
+            queue_ms: queue.map(|q| q.as_secs_f64() * 1e3),
+            loss,
+            next,
+            reason,
+        });
+        if next != self.n {
+            self.n = next;
+            Some(Decision {
+                streams: next,
+                reason,
+            })
+        } else {
+            None
+        }
+    }
+
+    fn grow_target(&self) -> u32 {
+        self.n.saturating_mul(2).min(self.cap).max(self.n)
+    }
+
+    fn decide(
+        &mut self,
+        g: f64,
+        overflow: bool,
+        queueing: bool,
+        little_left: bool,
+    ) -> (u32, Reason) {
+        let min = self.cfg.min_streams.max(1);
+        if overflow && self.n > min {
+            // β rule: turn off half, and stay below the level that overflowed.
+            self.cap = self.cap.min(self.n - 1).max(min);
+            let half = (self.n / 2).max(min);
+            let back = self.before.map_or(half, |(n, _)| n.min(self.n - 1));
+            self.phase = Phase::Steady;
+            self.settled = None;
+            self.before = None;
+            self.quiet_epochs = 0;
+            return (half.min(back).max(min), Reason::QueueOverflow);
+        }
+        match self.phase {
+            Phase::Grow => {
+                if let Some((n0, g0)) = self.before {
+                    if g0 > 0.0 && g < g0 * 0.95 {
+                        self.phase = Phase::Steady;
+                        self.settled = Some(g0);
+                        self.before = None;
+                        return (n0, Reason::Undo);
+                    }
+                    if g0 > 0.0 && g < g0 * (1.0 + self.cfg.gain) {
+                        self.phase = Phase::Steady;
+                        self.settled = Some(g);
+                        self.before = None;
+                        return (self.n, Reason::NoGain);
+                    }
+                }
+                let target = self.grow_target();
+                if little_left || target == self.n || queueing {
+                    self.phase = Phase::Steady;
+                    self.settled = Some(g);
+                    self.before = None;
+                    let why = if little_left {
+                        Reason::TooLittleLeft
+                    } else {
+                        Reason::NoGain
+                    };
+                    return (self.n, why);
+                }
+                self.before = Some((self.n, g));
+                (target, Reason::Grow)
+            }
+            Phase::Steady => {
+                let settled = self.settled.get_or_insert(g);
+                let low = g < *settled * 0.6;
+                *settled = 0.75 * *settled + 0.25 * g;
+                if low && !queueing {
+                    self.low_epochs += 1;
+                } else {
+                    self.low_epochs = 0;
+                }
+                self.quiet_epochs = if queueing { 0 } else { self.quiet_epochs + 1 };
+                if little_left {
+                    return (self.n, Reason::TooLittleLeft);
+                }
+                if self.n >= self.cap {
+                    return (self.n, Reason::NoGain);
+                }
+                if self.low_epochs >= 2 {
+                    self.low_epochs = 0;
+                    self.phase = Phase::Grow;
+                    self.before = Some((self.n, g));
+                    return (self.grow_target(), Reason::Degraded);
+                }
+                if self.quiet_epochs >= self.cfg.probe_epochs {
+                    self.quiet_epochs = 0;
+                    self.phase = Phase::Grow;
+                    self.before = Some((self.n, g));
+                    let step = (self.n / 4).max(1);
+                    return ((self.n + step).min(self.cap), Reason::Probe);
+                }
+                (self.n, Reason::NoGain)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fluid model of N window-limited connections sharing a bottleneck:
+    /// rate min(C, N·W/RTT); beyond the BDP a queue builds (RTT grows);
+    /// beyond BDP + Q the queue overflows and goodput collapses.
+    struct Path {
+        cap_bps: f64,
+        rtt: Duration,
+        window: f64,
+        queue: f64,
+        random_loss: f64,
+        overflow_penalty: f64,
+    }
+
+    impl Path {
+        fn step(&self, n: u32) -> (f64, Duration, f64) {
+            let bdp = self.cap_bps / 8.0 * self.rtt.as_secs_f64();
+            let inflight = n as f64 * self.window;
+            let mathis = if self.random_loss > 0.0 {
+                // per-connection cap MSS/(RTT sqrt(p)) in bits/s
+                1460.0 * 8.0 / (self.rtt.as_secs_f64() * self.random_loss.sqrt()) * 1.22
+            } else {
+                f64::INFINITY
+            };
+            let per_conn = (self.window * 8.0 / self.rtt.as_secs_f64()).min(mathis);
+            let offered = n as f64 * per_conn;
+            // Bytes the connections keep in flight: window-limited, or
+            // loss-limited at the Mathis rate.
+            let inflight = inflight.min(offered / 8.0 * self.rtt.as_secs_f64());
+            let excess = (inflight - bdp).max(0.0);
+            let qdelay = Duration::from_secs_f64(excess.min(self.queue) / (self.cap_bps / 8.0));
+            if inflight > bdp + self.queue {
+                // One connection rides a full queue at line rate; several
+                // synchronise their losses and collapse (XFTP figure 10).
+                let g = if n > 1 {
+                    self.cap_bps * self.overflow_penalty
+                } else {
+                    self.cap_bps
+                };
+                (g, self.rtt + qdelay, 0.03 + self.random_loss)
+            } else {
+                (
+                    offered.min(self.cap_bps),
+                    self.rtt + qdelay,
+                    self.random_loss,
+                )
+            }
+        }
+    }
+
+    /// Run the controller for `secs` seconds of simulated time; return the
+    /// final N, the most N ever used, and mean goodput.
+    fn simulate(path: &Path, cfg: TuneConfig, start: u32, secs: f64) -> (u32, u32, f64) {
+        let mut c = Controller::new(cfg, start);
+        let (mut bytes, mut retr, mut segs) = (0f64, 0f64, 0f64);
+        let dt = 0.05;
+        let mut t = 0.0;
+        let mut most = start;
+        while t < secs {
+            let n = c.streams();
+            most = most.max(n);
+            let (g, rtt, loss) = path.step(n);
+            bytes += g / 8.0 * dt;
+            let s = g / 8.0 * dt / 1460.0;
+            segs += s;
+            retr += s * loss;
+            t += dt;
+            c.on_sample(Sample {
+                at: Duration::from_secs_f64(t),
+                bytes: bytes as u64,
+                rtt: Some(rtt),
+                retrans: retr as u64,
+                segs_out: segs as u64,
+                remaining: None,
+            });
+        }
+        (c.streams(), most, bytes * 8.0 / secs)
+    }
+
+    #[test]
+    fn window_limited_long_path_grows_to_fill_it() {
+        // 100 Mbit/s, 100 ms, 64 KiB windows: one connection gets ~5 Mbit/s.
+        let p = Path {
+            cap_bps: 100e6,
+            rtt: Duration::from_millis(100),
+            window: 65536.0,
+            queue: 1e6,
+            random_loss: 0.0,
+            overflow_penalty: 0.5,
+        };
+        let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
+        assert!(n >= 16, "ended at {n}");
+        assert!(mean > 0.85 * 100e6, "mean {mean}");
+    }
+
+    #[test]
+    fn short_clean_path_stays_small() {
+        // One connection fills the link: growing brings nothing.
+        let p = Path {
+            cap_bps: 1e9,
+            rtt: Duration::from_micros(500),
+            window: 4e6,
+            queue: 1e6,
+            random_loss: 0.0,
+            overflow_penalty: 0.5,
+        };
+        let (n, most, _) = simulate(&p, TuneConfig::default(), 1, 20.0);
+        assert!(n <= 2 && most <= 2, "ended at {n}, most {most}");
+    }
+
+    #[test]
+    fn small_queue_does_not_collapse() {
+        // T1-class, 560 ms, 24 KiB windows, 10-packet queue: the optimum is
+        // about 4-5 connections; 8 overflow the queue.
+        let p = Path {
+            cap_bps: 1.536e6,
+            rtt: Duration::from_millis(560),
+            window: 24576.0,
+            queue: 15000.0,
+            random_loss: 0.0,
+            overflow_penalty: 0.55,
+        };
+        let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 120.0);
+        let bdp: f64 = 1.536e6 / 8.0 * 0.56;
+        let best_n = ((bdp + 15000.0) / 24576.0).floor() as u32;
+        assert!(
+            n <= best_n && n >= best_n / 2,
+            "ended at {n}, best {best_n}"
+        );
+        assert!(mean > 0.8 * 1.536e6, "mean {mean}");
+    }
+
+    #[test]
+    fn random_loss_is_not_mistaken_for_overflow() {
+        // 0.1 % random loss, big windows: Mathis caps each connection, more help.
+        let p = Path {
+            cap_bps: 200e6,
+            rtt: Duration::from_millis(100),
+            window: 32e6,
+            queue: 2e6,
+            random_loss: 0.001,
+            overflow_penalty: 0.5,
+        };
+        let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
+        assert!(n >= 8, "ended at {n}");
+        assert!(mean > 0.5 * 200e6, "mean {mean}");
+    }
+
+    #[test]
+    fn little_left_means_no_growth() {
+        let mut c = Controller::new(TuneConfig::default(), 1);
+        let mut d = None;
+        for i in 0..20u64 {
+            d = d.or(c.on_sample(Sample {
+                at: Duration::from_millis(100 * i),
+                bytes: i * 100_000,
+                rtt: Some(Duration::from_millis(10)),
+                remaining: Some(10_000),
+                ..Sample::default()
+            }));
+        }
+        assert_eq!(d, None);
+        assert_eq!(c.streams(), 1);
+        assert_eq!(
+            c.history().last().map(|s| s.reason),
+            Some(Reason::TooLittleLeft)
+        );
+    }
+
+    #[test]
+    fn bounds_hold() {
+        let cfg = TuneConfig {
+            max_streams: 4,
+            ..TuneConfig::default()
+        };
+        let c = Controller::new(cfg, 100);
+        assert_eq!(c.streams(), 4);
+        let mut c = Controller::new(TuneConfig::default(), 0);
+        assert_eq!(c.streams(), 1);
+        c.limit(0);
+        assert_eq!(c.streams(), 1);
+    }
+}

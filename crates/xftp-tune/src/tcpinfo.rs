@@ -1,0 +1,141 @@
+//! `TCP_INFO` (Linux): RTT, congestion window, retransmissions of a socket.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+/// The fields xftp uses from `struct tcp_info`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// Smoothed RTT as the kernel estimates it (sender side).
+    pub rtt: Duration,
+    /// RTT variance.
+    pub rttvar: Duration,
+    /// Minimum RTT seen on this connection (0 if unknown).
+    pub min_rtt: Duration,
+    /// Receiver-side RTT estimate (useful on a connection that only receives).
+    pub rcv_rtt: Duration,
+    /// Congestion window, in segments.
+    pub snd_cwnd: u32,
+    /// Sender MSS.
+    pub snd_mss: u32,
+    /// Segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// Segments sent (0 on kernels without the field).
+    pub segs_out: u32,
+    /// Segments received (0 on kernels without the field).
+    pub segs_in: u32,
+    /// Bytes acknowledged by the peer (0 on old kernels).
+    pub bytes_acked: u64,
+    /// Bytes received (0 on old kernels).
+    pub bytes_received: u64,
+}
+
+// Offsets into struct tcp_info (include/uapi/linux/tcp.h); stable ABI,
+// fields are only ever appended.
+const OFF_SND_MSS: usize = 16;
+const OFF_RTT: usize = 68;
+const OFF_RTTVAR: usize = 72;
+const OFF_SND_CWND: usize = 80;
+const OFF_RCV_RTT: usize = 92;
+const OFF_TOTAL_RETRANS: usize = 100;
+const OFF_BYTES_ACKED: usize = 120;
+const OFF_BYTES_RECEIVED: usize = 128;
+const OFF_SEGS_OUT: usize = 136;
+const OFF_SEGS_IN: usize = 140;
+const OFF_MIN_RTT: usize = 152;
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    b.get(off..off + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    b.get(off..off + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_ne_bytes)
+}
+
+/// Decode the kernel's `tcp_info` bytes (as many as it returned).
+pub fn decode(b: &[u8]) -> TcpInfo {
+    let us = |off| Duration::from_micros(u64::from(u32_at(b, off)));
+    TcpInfo {
+        rtt: us(OFF_RTT),
+        rttvar: us(OFF_RTTVAR),
+        min_rtt: us(OFF_MIN_RTT),
+        rcv_rtt: us(OFF_RCV_RTT),
+        snd_cwnd: u32_at(b, OFF_SND_CWND),
+        snd_mss: u32_at(b, OFF_SND_MSS),
+        total_retrans: u32_at(b, OFF_TOTAL_RETRANS),
+        segs_out: u32_at(b, OFF_SEGS_OUT),
+        segs_in: u32_at(b, OFF_SEGS_IN),
+        bytes_acked: u64_at(b, OFF_BYTES_ACKED),
+        bytes_received: u64_at(b, OFF_BYTES_RECEIVED),
+    }
+}
+
+/// Read `TCP_INFO` of a connected TCP socket.
+#[cfg(target_os = "linux")]
+pub fn read(sock: &impl AsRawFd) -> std::io::Result<TcpInfo> {
+    let mut buf = [0u8; 256];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: the fd is a live socket borrowed for the call; buf and len
+    // describe a writable buffer of `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(decode(&buf[..(len as usize).min(buf.len())]))
+}
+
+/// `TCP_INFO` is Linux-only; elsewhere this reports `Unsupported`.
+#[cfg(not(target_os = "linux"))]
+pub fn read(_sock: &impl AsRawFd) -> std::io::Result<TcpInfo> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "TCP_INFO needs Linux",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_short_buffer_is_zero_not_panic() {
+        assert_eq!(decode(&[]), TcpInfo::default());
+        assert_eq!(decode(&[1, 2, 3]), TcpInfo::default());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn loopback_connection_has_an_rtt() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        for _ in 0..10 {
+            c.write_all(&[0u8; 1000]).unwrap();
+            let mut b = [0u8; 1000];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b[..1]).unwrap();
+            c.read_exact(&mut b[..1]).unwrap();
+        }
+        let i = read(&c).unwrap();
+        assert!(
+            i.rtt > Duration::ZERO && i.rtt < Duration::from_millis(100),
+            "{i:?}"
+        );
+        assert!(i.snd_mss > 0 && i.snd_cwnd > 0, "{i:?}");
+        assert!(i.bytes_acked >= 10_000, "{i:?}");
+        assert!(i.segs_out >= 10, "{i:?}");
+    }
+}
