@@ -21,6 +21,10 @@ pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
 /// Chunk size for single-stream copies.
 const CHUNK: usize = 256 * 1024;
 
+/// Largest listing kept in memory: a server that never stops sending a
+/// listing must not exhaust our memory.
+pub const MAX_LISTING: u64 = 64 * 1024 * 1024;
+
 /// How data connections are set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataMode {
@@ -390,7 +394,11 @@ impl Client {
         self.ctl.send(&[&c_list]).await?;
         let conns = self.start_transfer(&c_list, setup).await?;
         let mut out = Vec::new();
-        self.recv_plain(conns, &mut out, Path::new("(listing)"))
+        let mut capped = Capped {
+            out: &mut out,
+            left: MAX_LISTING,
+        };
+        self.recv_plain(conns, &mut capped, Path::new("(listing)"))
             .await?;
         self.expect_complete(&c_list).await?;
         Ok(out)
@@ -841,4 +849,41 @@ fn finish_temp(tmp: tempfile::NamedTempFile, target: &Path) -> Result<()> {
     tmp.persist(target)
         .map(|_| ())
         .map_err(|e| local_err(target, e.error))
+}
+
+/// A `Vec` sink that refuses to grow past a limit.
+struct Capped<'a> {
+    out: &'a mut Vec<u8>,
+    left: u64,
+}
+
+impl tokio::io::AsyncWrite for Capped<'_> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if buf.len() as u64 > self.left {
+            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                "listing longer than {MAX_LISTING} bytes"
+            ))));
+        }
+        self.left -= buf.len() as u64;
+        self.out.extend_from_slice(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }

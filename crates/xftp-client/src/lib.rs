@@ -35,6 +35,6 @@ pub mod negotiate;
 pub mod url;
 mod watchdog;
 
-pub use client::{Client, ClientConfig, DataMode, TransferReport, ANONYMOUS_PASSWORD};
+pub use client::{Client, ClientConfig, DataMode, TransferReport, ANONYMOUS_PASSWORD, MAX_LISTING};
 pub use error::{ClientError, Result};
 pub use url::FtpUrl;
