@@ -297,3 +297,123 @@ fn crlf_in_url_path_is_refused_before_connecting() {
     assert!(err.contains("CR"), "{err}");
     assert!(l.accept().is_err(), "no connection may be made");
 }
+
+/// Round trips (issue 3 point 9), counted without a clock on the client
+/// side: this server holds its replies until the client has gone quiet
+/// for a moment, then sends them all and starts a new "flight". A command
+/// the client sends without waiting for an answer lands in the same flight
+/// as the commands before it.
+fn flight_recorder() -> (u16, mpsc::Receiver<(u32, String)>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let Ok((ctl, _)) = l.accept() else { return };
+        let _ = flights(ctl, &tx);
+    });
+    (port, rx)
+}
+
+fn flights(ctl: TcpStream, seen: &mpsc::Sender<(u32, String)>) -> std::io::Result<()> {
+    // Quiet time that ends a flight: far longer than the gap between two
+    // writes the client issues back to back.
+    ctl.set_read_timeout(Some(Duration::from_millis(300)))?;
+    let mut w = ctl.try_clone()?;
+    let mut r = BufReader::new(ctl);
+    w.write_all(b"220 flight recorder\r\n")?;
+    let mut flight = 1u32;
+    let mut pending = String::new();
+    let mut data: Option<TcpListener> = None;
+    let mut line = Vec::new();
+    loop {
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => return Ok(()),
+            Ok(_) if line.ends_with(b"\n") => {}
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !pending.is_empty() {
+                    w.write_all(pending.as_bytes())?;
+                    pending.clear();
+                    flight += 1;
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        let cmd = String::from_utf8_lossy(&line).trim_end().to_owned();
+        line.clear();
+        let _ = seen.send((flight, cmd.clone()));
+        let verb = cmd.split(' ').next().unwrap_or("").to_ascii_uppercase();
+        match verb.as_str() {
+            "USER" => pending.push_str("331 password\r\n"),
+            "PASS" => pending.push_str("230 in\r\n"),
+            "TYPE" => pending.push_str("200 ok\r\n"),
+            "SIZE" => pending.push_str(&format!("213 {FILE_LEN}\r\n")),
+            "EPSV" => {
+                let dl = TcpListener::bind("127.0.0.1:0")?;
+                let p = dl.local_addr()?.port();
+                data = Some(dl);
+                pending.push_str(&format!("229 Entering Extended Passive Mode (|||{p}|)\r\n"));
+            }
+            "RETR" => {
+                w.write_all(pending.as_bytes())?;
+                pending.clear();
+                let Some(dl) = data.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                d.write_all(&[b'y'; FILE_LEN])?;
+                drop(d);
+                w.write_all(b"226 done\r\n")?;
+                flight += 1;
+            }
+            "QUIT" => {
+                w.write_all(pending.as_bytes())?;
+                w.write_all(b"221 bye\r\n")?;
+                return Ok(());
+            }
+            _ => pending.push_str("502 no\r\n"),
+        }
+    }
+}
+
+#[test]
+fn download_needs_two_control_flights_before_the_data() {
+    let (port, seen) = flight_recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("f.bin")).unwrap().len(),
+        FILE_LEN
+    );
+    let log: Vec<(u32, String)> = seen.try_iter().collect();
+    let flight_of = |prefix: &str| {
+        log.iter()
+            .find(|(_, c)| c.starts_with(prefix))
+            .map(|(f, _)| *f)
+            .unwrap_or_else(|| panic!("{prefix} not sent: {log:?}"))
+    };
+    // USER, PASS, TYPE I, SIZE and EPSV travel together...
+    for c in ["USER", "PASS", "TYPE", "SIZE"] {
+        assert_eq!(
+            flight_of(c),
+            flight_of("EPSV"),
+            "{c} not pipelined: {log:?}"
+        );
+    }
+    // ...and RETR follows right after the EPSV reply.
+    assert_eq!(flight_of("RETR"), flight_of("EPSV") + 1, "{log:?}");
+}
