@@ -91,7 +91,8 @@ pub async fn open(
     local: IpAddr,
     timeout: Duration,
     bufsize: Option<u64>,
-) -> Result<Vec<TcpStream>, DataError> {
+) -> Result<(Vec<TcpStream>, Option<crate::live::Grow>), DataError> {
+    use crate::live::Grow;
     let fut = async {
         match plan {
             DataPlan::None => Err(DataError::NoPlan),
@@ -106,14 +107,14 @@ pub async fn open(
                     }
                     conns.push(s);
                 }
-                Ok(conns)
+                Ok((conns, Some(Grow::Passive(std::sync::Arc::new(listener)))))
             }
             DataPlan::Active(addr) => {
                 let mut conns = Vec::with_capacity(n);
                 for _ in 0..n {
                     conns.push(connect_from(local, addr, bufsize).await?);
                 }
-                Ok(conns)
+                Ok((conns, Some(Grow::Active(addr))))
             }
             DataPlan::Multi(addrs) => {
                 if addrs.len() != n {
@@ -126,22 +127,22 @@ pub async fn open(
                 for a in addrs {
                     conns.push(connect_from(local, a, bufsize).await?);
                 }
-                Ok(conns)
+                Ok((conns, None))
             }
         }
     };
-    let conns = tokio::time::timeout(timeout, fut)
+    let (conns, grow) = tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| DataError::Timeout)??;
     for c in &conns {
         let _ = c.set_nodelay(true);
     }
-    Ok(conns)
+    Ok((conns, grow))
 }
 
 /// Connect to `to` from the control connection's local address, so the
 /// data connection leaves through the same interface as the control one.
-async fn connect_from(
+pub(crate) async fn connect_from(
     local: IpAddr,
     to: SocketAddr,
     bufsize: Option<u64>,

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod fs;
 
 mod data;
+mod live;
 mod session;
 pub mod sockbuf;
 mod transfer;

@@ -17,7 +17,10 @@ use tokio_util::sync::CancellationToken;
 use xftp_proto::command::TransferType;
 use xftp_proto::path::VPath;
 use xftp_proto::{hostport, BufSize, Command, LineReader, ProtoError, Reply};
-use xftp_stripe::Schedule;
+use xftp_stripe::{Receiver, Schedule, SendConfig, Sender};
+use xftp_tune::meter::MeterSet;
+
+use crate::live::{self, Grow, Live};
 
 use crate::auth::Access;
 use crate::data::{self, DataError, DataPlan};
@@ -62,6 +65,7 @@ pub async fn run(
         epsv_all: false,
         bufsize: None,
         schedule: Schedule::Dynamic,
+        mode_e: false,
         shutdown,
     };
     s.reply(220, "xftp ready").await?;
@@ -111,6 +115,8 @@ struct Session {
     bufsize: Option<u64>,
     /// How multi-stream sends assign records to connections (OPTS MULT).
     schedule: Schedule,
+    /// MODE E: framed transfers even on one connection.
+    mode_e: bool,
     shutdown: CancellationToken,
 }
 
@@ -276,7 +282,18 @@ impl Session {
                 };
                 self.reply(200, format!("Type set to {name}.")).await?
             }
-            Command::Mode('S') => self.reply(200, "Mode set to S.").await?,
+            Command::Mode('S') => {
+                self.mode_e = false;
+                self.reply(200, "Mode set to S.").await?
+            }
+            Command::Mode('E') => {
+                self.mode_e = true;
+                self.reply(
+                    200,
+                    "Mode set to E (block framing on every data connection).",
+                )
+                .await?
+            }
             Command::Mode(m) => {
                 self.reply(
                     504,
@@ -446,6 +463,7 @@ impl Session {
             "MDTM",
             "MLST type*;size*;modify*;perm*;UNIX.mode*;",
             "MULT",
+            "MODE E",
             "MPRT",
             "REST STREAM",
             "SIZE",
@@ -940,7 +958,10 @@ impl Session {
 
     /// Open `n` data connections from the current plan, replying 425 on
     /// failure. The plan is used up either way.
-    async fn open_data(&mut self, n: usize) -> std::io::Result<Option<Vec<TcpStream>>> {
+    async fn open_data(
+        &mut self,
+        n: usize,
+    ) -> std::io::Result<Option<(Vec<TcpStream>, Option<Grow>)>> {
         let plan = std::mem::take(&mut self.data);
         match data::open(
             plan,
@@ -972,6 +993,7 @@ impl Session {
         &mut self,
         mut task: JoinHandle<Result<T, TransferError>>,
         progress: Progress,
+        mut live: Option<Live>,
     ) -> std::io::Result<Outcome<T>> {
         let mut buf = [0u8; 4096];
         loop {
@@ -1004,8 +1026,21 @@ impl Session {
                             self.queued.extend(rest);
                             return Ok(Outcome::Aborted);
                         } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
-                            let done = progress.load(Ordering::Relaxed);
-                            self.reply(213, format!("Transfer in progress: {done} bytes.")).await?;
+                            let text = match &live {
+                                Some(lv) => xftp_tune::meter::format_progress(&lv.meters.totals()),
+                                None => format!("Transfer in progress: {} bytes.", progress.load(Ordering::Relaxed)),
+                            };
+                            self.reply(213, text).await?;
+                        } else if verb == "NOOP" {
+                            // Answered at once: clients time round trips with it.
+                            self.reply(200, "NOOP ok.").await?;
+                        } else if let (Some(lv), Ok(Ok(Command::Mult(n)))) = (live.as_mut(), l.as_ref().map(|l| Command::parse(l))) {
+                            let want = n.unwrap_or(self.cfg.default_streams);
+                            let (code, text) = lv.set_streams(want);
+                            if code == 200 {
+                                self.streams = want.clamp(1, self.cfg.max_streams.max(1));
+                            }
+                            self.reply(code, text).await?;
                         } else {
                             self.queued.push_back(l);
                         }
@@ -1037,8 +1072,23 @@ impl Session {
         }
     }
 
-    fn multi(&self) -> bool {
-        self.streams > 1
+    /// Framed transfers carry MODE E blocks: with MULT > 1, or MODE E.
+    fn framed(&self) -> bool {
+        self.streams > 1 || self.mode_e
+    }
+
+    fn live(&self, meters: MeterSet, ctl: live::Ctl, grow: Option<Grow>, n: usize) -> Live {
+        Live::new(
+            meters,
+            ctl,
+            grow,
+            n as u32,
+            self.cfg.max_streams,
+            self.peer_ip(),
+            self.local.ip(),
+            self.bufsize,
+            self.cfg.data_timeout,
+        )
     }
 
     async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
@@ -1069,16 +1119,13 @@ impl Session {
                 .await;
         }
         let ascii = self.ttype == TransferType::Ascii;
-        let n = if self.multi() {
-            self.streams as usize
-        } else {
-            1
-        };
-        if n > 1 && (ascii || rest > 0) {
+        let framed = self.framed();
+        let n = self.streams as usize;
+        if framed && (ascii || rest > 0) {
             return self
                 .reply(
                     504,
-                    "Multi-stream transfers need TYPE I and no REST (send MULT 1 first).",
+                    "Framed (MULT > 1 or MODE E) transfers need TYPE I and no REST.",
                 )
                 .await;
         }
@@ -1091,11 +1138,11 @@ impl Session {
             ),
         )
         .await?;
-        let Some(conns) = self.open_data(n).await? else {
+        let Some((conns, grow)) = self.open_data(n).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
-        if n == 1 {
+        if !framed {
             let Some(conn) = conns.into_iter().next() else {
                 return self.reply(425, "No data connection.").await;
             };
@@ -1106,13 +1153,21 @@ impl Session {
                 ascii,
                 progress.clone(),
             ));
-            let out = self.run_transfer(task, progress).await?;
+            let out = self.run_transfer(task, progress, None).await?;
             self.finish(out, |b| format!("Transfer complete ({b} bytes)."))
                 .await
         } else {
-            let rs = self.cfg.record_size;
-            let task = tokio::spawn(transfer::send_multi(file, len, conns, rs, self.schedule));
-            let out = self.run_transfer(task, progress).await?;
+            let meters = MeterSet::new();
+            let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
+            let cfg = SendConfig {
+                record_size: self.cfg.record_size,
+                schedule: self.schedule,
+            };
+            let sender = Sender::file(Arc::new(file), len, conns, &cfg);
+            let ctl = live::Ctl::Send(sender.control());
+            let lv = self.live(meters, ctl, grow, n);
+            let task = tokio::spawn(async move { Ok(sender.finish().await?) });
+            let out = self.run_transfer(task, progress, Some(lv)).await?;
             self.finish(out, |r| {
                 format!(
                     "Transfer complete ({} bytes on {} connections).",
@@ -1154,16 +1209,13 @@ impl Session {
             UploadKind::Replace
         };
         let ascii = self.ttype == TransferType::Ascii;
-        let n = if self.multi() {
-            self.streams as usize
-        } else {
-            1
-        };
-        if n > 1 && (ascii || kind != UploadKind::Replace) {
+        let framed = self.framed();
+        let n = self.streams as usize;
+        if framed && (ascii || kind != UploadKind::Replace) {
             return self
                 .reply(
                     504,
-                    "Multi-stream uploads need TYPE I, STOR and no REST (send MULT 1 first).",
+                    "Framed (MULT > 1 or MODE E) uploads need TYPE I, STOR and no REST.",
                 )
                 .await;
         }
@@ -1176,26 +1228,35 @@ impl Session {
             format!("Ready to receive {} on {n} connection(s).", v.display()),
         )
         .await?;
-        let Some(conns) = self.open_data(n).await? else {
+        let Some((conns, grow)) = self.open_data(n).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
-        let task = tokio::spawn(async move {
-            let report = if n == 1 {
+        let (task, lv) = if !framed {
+            let task = tokio::spawn(async move {
                 let conn = conns.into_iter().next().ok_or_else(|| {
                     TransferError::Network(std::io::Error::other("no data connection"))
                 })?;
                 let b = transfer::recv_stream(file, offset, conn, ascii, prog).await?;
-                (b, 1)
-            } else {
-                let r = transfer::recv_multi(file, conns).await?;
-                (r.bytes, r.streams.len())
-            };
-            upload.commit().map_err(TransferError::Storage)?;
-            Ok(report)
-        });
-        let out = self.run_transfer(task, progress).await?;
+                upload.commit().map_err(TransferError::Storage)?;
+                Ok((b, 1))
+            });
+            (task, None)
+        } else {
+            let meters = MeterSet::new();
+            let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
+            let receiver = Receiver::file(Arc::new(file), None, conns);
+            let ctl = live::Ctl::Recv(receiver.control());
+            let lv = self.live(meters, ctl, grow, n);
+            let task = tokio::spawn(async move {
+                let r = receiver.finish().await?;
+                upload.commit().map_err(TransferError::Storage)?;
+                Ok((r.bytes, r.streams.len()))
+            });
+            (task, Some(lv))
+        };
+        let out = self.run_transfer(task, progress, lv).await?;
         self.finish(out, |(b, k)| {
             format!("Transfer complete ({b} bytes on {k} connection(s)).")
         })
@@ -1247,7 +1308,7 @@ impl Session {
             }
         };
         self.reply(150, "Here comes the directory listing.").await?;
-        let Some(conns) = self.open_data(1).await? else {
+        let Some((conns, _)) = self.open_data(1).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -1264,7 +1325,7 @@ impl Session {
             prog.store(body.len() as u64, Ordering::Relaxed);
             Ok(())
         });
-        let out = self.run_transfer(task, progress).await?;
+        let out = self.run_transfer(task, progress, None).await?;
         self.finish(out, |_| "Directory send OK.".to_string()).await
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use xftp_proto::ascii;
-use xftp_stripe::{recv_file, send_file, SendConfig, StripeError};
+use xftp_stripe::StripeError;
 
 const CHUNK: usize = 256 * 1024;
 
@@ -116,29 +116,6 @@ pub async fn recv_stream(
     }
     file.flush().await.map_err(TransferError::Storage)?;
     Ok(total)
-}
-
-/// RETR over several connections: MODE E blocks, dynamic assignment.
-pub async fn send_multi(
-    file: File,
-    len: u64,
-    conns: Vec<TcpStream>,
-    record_size: u32,
-    schedule: xftp_stripe::Schedule,
-) -> Result<xftp_stripe::TransferReport, TransferError> {
-    let cfg = SendConfig {
-        record_size,
-        schedule,
-    };
-    Ok(send_file(Arc::new(file), len, conns, &cfg).await?)
-}
-
-/// STOR over several connections: blocks written at their offsets.
-pub async fn recv_multi(
-    file: File,
-    conns: Vec<TcpStream>,
-) -> Result<xftp_stripe::TransferReport, TransferError> {
-    Ok(recv_file(Arc::new(file), conns, None).await?)
 }
 
 /// An upload in progress. Dropped without [`Upload::commit`], it undoes

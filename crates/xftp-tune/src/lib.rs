@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod controller;
+pub mod meter;
 pub mod tcpinfo;
 
 pub use cache::{initial_streams, Cache, PathRecord};

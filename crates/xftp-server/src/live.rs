@@ -1,0 +1,166 @@
+//! A framed (MODE E) transfer while it runs: its connections can be
+//! metered (STAT), added (MULT n raised: the client opens more passive
+//! connections, or the server connects more in active mode) and retired
+//! (MULT n lowered while the server sends).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use xftp_stripe::{RecvControl, SendControl};
+use xftp_tune::meter::{MeterSet, Metered};
+
+/// A data connection of a framed transfer.
+pub type Conn = Metered<TcpStream>;
+
+/// Where more connections come from.
+#[derive(Debug)]
+pub enum Grow {
+    /// Passive: the client connects to this listener again.
+    Passive(Arc<TcpListener>),
+    /// Active: the server connects to this address again.
+    Active(SocketAddr),
+}
+
+/// The handle to the running engine.
+pub enum Ctl {
+    /// The server sends (RETR).
+    Send(SendControl<Conn>),
+    /// The server receives (STOR).
+    Recv(RecvControl<Conn>),
+}
+
+/// A running framed transfer.
+pub struct Live {
+    /// Meters of every connection.
+    pub meters: MeterSet,
+    ctl: Ctl,
+    grow: Option<Grow>,
+    /// Connection indices in the engine still in use, oldest first.
+    active: Arc<std::sync::Mutex<Vec<usize>>>,
+    granted: u32,
+    max: u32,
+    peer: IpAddr,
+    local: IpAddr,
+    bufsize: Option<u64>,
+    timeout: Duration,
+    tasks: JoinSet<()>,
+}
+
+impl Live {
+    /// Track a transfer that started with `n` connections (indices 0..n).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        meters: MeterSet,
+        ctl: Ctl,
+        grow: Option<Grow>,
+        n: u32,
+        max: u32,
+        peer: IpAddr,
+        local: IpAddr,
+        bufsize: Option<u64>,
+        timeout: Duration,
+    ) -> Live {
+        Live {
+            meters,
+            ctl,
+            grow,
+            active: Arc::new(std::sync::Mutex::new((0..n as usize).collect())),
+            granted: n,
+            max,
+            peer,
+            local,
+            bufsize,
+            timeout,
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Apply `MULT n` during the transfer; returns the reply (code, text).
+    pub fn set_streams(&mut self, n: u32) -> (u16, String) {
+        let want = n.clamp(1, self.max.max(1));
+        if want > self.granted {
+            let Some(grow) = &self.grow else {
+                return (
+                    504,
+                    "This transfer cannot add connections (MPRT data connections are fixed)."
+                        .into(),
+                );
+            };
+            let more = want - self.granted;
+            for _ in 0..more {
+                let ctl = match &self.ctl {
+                    Ctl::Send(c) => Ctl::Send(c.clone()),
+                    Ctl::Recv(c) => Ctl::Recv(c.clone()),
+                };
+                let meters = self.meters.clone();
+                let active = self.active.clone();
+                let (peer, local, bufsize, timeout) =
+                    (self.peer, self.local, self.bufsize, self.timeout);
+                let source = match grow {
+                    Grow::Passive(l) => Grow::Passive(l.clone()),
+                    Grow::Active(a) => Grow::Active(*a),
+                };
+                self.tasks.spawn(async move {
+                    let conn = tokio::time::timeout(timeout, async {
+                        match source {
+                            Grow::Passive(l) => loop {
+                                let (s, from) = l.accept().await?;
+                                if from.ip().to_canonical() == peer.to_canonical() {
+                                    break Ok::<_, std::io::Error>(s);
+                                }
+                                tracing::warn!(%from, "data connection from a foreign address refused");
+                            },
+                            Grow::Active(a) => crate::data::connect_from(local, a, bufsize).await,
+                        }
+                    })
+                    .await;
+                    let Ok(Ok(conn)) = conn else {
+                        tracing::warn!("an added data connection did not arrive");
+                        return;
+                    };
+                    let _ = conn.set_nodelay(true);
+                    let conn = meters.wrap(conn);
+                    let idx = match ctl {
+                        Ctl::Send(c) => c.add_connection(conn),
+                        Ctl::Recv(c) => c.add_connection(conn),
+                    };
+                    match idx {
+                        Ok(i) => {
+                            if let Ok(mut a) = active.lock() {
+                                a.push(i);
+                            }
+                        }
+                        Err(e) => tracing::info!("connection not added: {e}"),
+                    }
+                });
+            }
+        } else if want < self.granted {
+            if let Ctl::Send(c) = &self.ctl {
+                // The server sends: retire the newest connections; each
+                // sends its EOD after its current record.
+                let fewer = (self.granted - want) as usize;
+                let victims: Vec<usize> = match self.active.lock() {
+                    Ok(mut a) => {
+                        let keep = a.len().saturating_sub(fewer).max(1);
+                        a.split_off(keep)
+                    }
+                    Err(_) => Vec::new(),
+                };
+                for v in victims {
+                    if let Err(e) = c.retire(v) {
+                        tracing::info!("retire {v}: {e}");
+                    }
+                }
+            }
+            // The server receives: the client retires its own connections.
+        }
+        self.granted = want;
+        (
+            200,
+            format!("MULT {want} granted (server maximum {}).", self.max),
+        )
+    }
+}

@@ -1,0 +1,125 @@
+//! Framed transfers that change their connection count while running:
+//! MODE E on one connection, STAT progress and NOOP answered mid-transfer,
+//! MULT raised (more passive connections) and lowered (retired ones).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tokio::net::TcpStream;
+use xftp_stripe::{MemFile, Receiver, SendConfig, Sender};
+
+async fn epsv_port(c: &mut Ctl) -> u16 {
+    let r = c.cmd("EPSV", 229).await;
+    xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_e_on_one_connection() {
+    let srv = start(|_| {}).await;
+    let data = pattern(700_001, 1);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MODE E", 200).await;
+    let conns = c.epsv_connect(1).await;
+    c.cmd("RETR f", 150).await;
+    let dst = Arc::new(MemFile::default());
+    let rep = xftp_stripe::recv_file(dst.clone(), conns, Some(data.len() as u64))
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert_eq!(dst.to_vec(), data);
+    assert_eq!(rep.streams.len(), 1);
+    c.cmd("MODE S", 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retr_grows_and_reports_progress() {
+    let srv = start(|cfg| cfg.record_size = 64 * 1024).await;
+    let data = pattern(48 << 20, 2);
+    write(srv.dir.path(), "big", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MODE E", 200).await;
+    c.cmd("MULT 2", 200).await;
+    let port = epsv_port(&mut c).await;
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    c.cmd("RETR big", 150).await;
+    // Nothing is read yet, so the transfer is stuck in progress.
+    let stat = c.cmd("STAT", 213).await;
+    let t = xftp_tune::meter::parse_progress(&stat.text()).expect("progress line");
+    assert_eq!(t.conns, 2, "{stat}");
+    c.cmd("NOOP", 200).await;
+    let r = c.cmd("MULT 4", 200).await;
+    assert!(r.text().starts_with("MULT 4 "), "{r}");
+    for _ in 0..2 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    let dst = Arc::new(MemFile::default());
+    let rep = Receiver::file(dst.clone(), Some(data.len() as u64), conns)
+        .finish()
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert!(dst.to_vec() == data, "content differs");
+    assert_eq!(rep.streams.len(), 4);
+    assert!(rep.streams.iter().all(|s| s.bytes > 0), "{rep:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retr_sheds_connections() {
+    let srv = start(|cfg| cfg.record_size = 64 * 1024).await;
+    let data = pattern(24 << 20, 3);
+    write(srv.dir.path(), "big", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 3", 200).await;
+    let conns = c.epsv_connect(3).await;
+    c.cmd("RETR big", 150).await;
+    c.cmd("MULT 1", 200).await;
+    let dst = Arc::new(MemFile::default());
+    let rep = Receiver::file(dst.clone(), Some(data.len() as u64), conns)
+        .finish()
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert!(dst.to_vec() == data, "content differs");
+    assert_eq!(rep.bytes, data.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stor_grows() {
+    let srv = start(|_| {}).await;
+    let data = pattern(40 << 20, 4);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MODE E", 200).await;
+    c.cmd("MULT 1", 200).await;
+    let port = epsv_port(&mut c).await;
+    let first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    c.cmd("STOR up", 150).await;
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let sender = Sender::file(
+        Arc::new(MemFile::from(data.clone())),
+        data.len() as u64,
+        vec![first],
+        &cfg,
+    );
+    c.cmd("MULT 3", 200).await;
+    for _ in 0..2 {
+        sender
+            .add_connection(TcpStream::connect(("127.0.0.1", port)).await.unwrap())
+            .unwrap();
+    }
+    let rep = sender.finish().await.unwrap();
+    c.expect(226).await;
+    assert_eq!(rep.streams.len(), 3);
+    assert!(
+        std::fs::read(srv.dir.path().join("up")).unwrap() == data,
+        "content differs"
+    );
+}
