@@ -139,12 +139,17 @@ pub struct Ready {
     pub stop: bool,
 }
 
-/// Sleeps until `data` or `stop` is readable, or `timeout` passes
-/// (`None`: no timeout).
-pub fn wait_readable(data: RawFd, stop: RawFd, timeout: Option<Duration>) -> io::Result<Ready> {
+/// Sleeps until `data` (if given) or `stop` is readable, or `timeout`
+/// passes (`None`: no timeout).
+pub fn wait_readable(
+    data: Option<RawFd>,
+    stop: RawFd,
+    timeout: Option<Duration>,
+) -> io::Result<Ready> {
     let mut fds = [
         libc::pollfd {
-            fd: data,
+            // poll skips negative descriptors.
+            fd: data.unwrap_or(-1),
             events: libc::POLLIN,
             revents: 0,
         },

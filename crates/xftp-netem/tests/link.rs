@@ -265,3 +265,48 @@ fn names_are_exclusive_and_torn_down() {
         Vec::<String>::new()
     );
 }
+
+/// Voluntary context switches of this process's threads whose name
+/// starts with `prefix` (Linux truncates thread names to 15 bytes).
+fn thread_switches(prefix: &str) -> (usize, u64) {
+    let mut threads = 0;
+    let mut switches = 0;
+    let tasks = std::fs::read_dir("/proc/self/task").expect("read /proc/self/task");
+    for task in tasks.map_while(Result::ok) {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !prefix.starts_with(comm.trim()) && !comm.trim().starts_with(prefix) {
+            continue;
+        }
+        threads += 1;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        switches += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    (threads, switches)
+}
+
+#[test]
+fn idle_link_does_not_wake_up() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&[]) {
+        return;
+    }
+    let link = Link::start(LinkSpec::symmetric(unique_name("idle"), dir(Some(100), 50)))
+        .expect("start link");
+    let prefix = format!("netem {}", link.name());
+    std::thread::sleep(Duration::from_millis(200));
+    let (threads, before) = thread_switches(&prefix);
+    assert_eq!(threads, 2, "forwarder threads named {prefix:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, after) = thread_switches(&prefix);
+    link.stop().expect("stop");
+    // A timer or busy loop would show hundreds of wake-ups per second.
+    assert!(
+        after - before <= 2,
+        "{} wake-ups in 1 s of idleness",
+        after - before
+    );
+}
