@@ -255,6 +255,9 @@ mod cutter {
     pub enum Dir {
         ToClient,
         ToServer,
+        /// Like `ToClient`, but the victim stops forwarding and holds both
+        /// sockets open instead of closing them (a stalled path).
+        StallToClient,
     }
 
     /// Start the proxy in front of `server_port`; returns its port and a
@@ -342,25 +345,27 @@ mod cutter {
                 let Ok(s) = TcpStream::connect(("127.0.0.1", server_port)) else {
                     return;
                 };
+                let stall = matches!(dir, Dir::StallToClient);
                 let limit = |d: Dir| match (i == victim, d, dir) {
-                    (true, Dir::ToClient, Dir::ToClient) | (true, Dir::ToServer, Dir::ToServer) => {
-                        Some(cut_after)
-                    }
+                    (true, Dir::ToClient, Dir::ToClient | Dir::StallToClient)
+                    | (true, Dir::ToServer, Dir::ToServer) => Some(cut_after),
                     _ => None,
                 };
                 pump(
                     s.try_clone().unwrap(),
                     c.try_clone().unwrap(),
                     limit(Dir::ToClient),
+                    stall,
                 );
-                pump(c, s, limit(Dir::ToServer));
+                pump(c, s, limit(Dir::ToServer), false);
             }
         });
         port
     }
 
-    /// Copy `from` to `to`; after `limit` bytes, shut both sockets down.
-    fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>) {
+    /// Copy `from` to `to`; after `limit` bytes, shut both sockets down
+    /// (or, with `stall`, stop and keep them open for a minute).
+    fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, stall: bool) {
         thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             let mut moved = 0u64;
@@ -372,6 +377,9 @@ mod cutter {
                 let n = match limit {
                     Some(l) if moved + n as u64 >= l => {
                         let _ = to.write_all(&buf[..(l - moved) as usize]);
+                        if stall {
+                            thread::sleep(std::time::Duration::from_secs(60));
+                        }
                         let _ = from.shutdown(Shutdown::Both);
                         let _ = to.shutdown(Shutdown::Both);
                         return;
@@ -521,4 +529,29 @@ fn ipv6_loopback_all_forms() {
         assert_eq!(sha256_file(&d.local.join(&local)), want, "IPv6 {args:?}");
     }
     drop(server);
+}
+
+#[test]
+fn one_stalled_data_connection_times_out_the_download() {
+    let d = dirs();
+    let server = serve(&d.srv, 8);
+    let len = 8 * 1024 * 1024;
+    write_prng_file(&d.srv.join("s.bin"), len, 9);
+    let (proxy, _) = cutter::start(server.port, 2, 512 * 1024, cutter::Dir::StallToClient);
+    let url = format!("ftp://127.0.0.1:{proxy}/s.bin");
+    let t0 = std::time::Instant::now();
+    let out = xftp(&["get", &url, "-p", "4", "--timeout", "2"], &d.local);
+    assert!(
+        !out.status.success(),
+        "a stalled connection must fail the download"
+    );
+    // Well before the proxy's 60 s hold ends: the watchdog cut it short.
+    assert!(t0.elapsed() < std::time::Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("timed out") && err.contains("--timeout"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&d.local).unwrap().collect();
+    assert!(left.is_empty(), "nothing may be left locally: {left:?}");
 }
