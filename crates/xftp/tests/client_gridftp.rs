@@ -1,0 +1,198 @@
+//! Interop: `xftp get/put/ls` against globus-gridftp-server used as a plain
+//! FTP server (a second stock server nobody here wrote). It refuses MULT,
+//! so `-p 4` must fall back to one connection. Skips with a message when the
+//! server is missing or we are not root (its anonymous user needs setuid),
+//! but fails instead when XFTP_REQUIRE_PEERS=1.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+const SERVER: &str = "globus-gridftp-server";
+
+struct Gridftp {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Gridftp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn usable(test: &str) -> bool {
+    let have = Command::new(SERVER)
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    let why = match (have, root) {
+        (true, true) => return true,
+        (false, _) => {
+            "globus-gridftp-server is not installed (apt-get install globus-gridftp-server-progs)"
+        }
+        (true, false) => "globus-gridftp-server's anonymous user needs root",
+    };
+    if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+        panic!("{test}: {why}, and XFTP_REQUIRE_PEERS=1");
+    }
+    eprintln!("SKIP {test}: {why}");
+    false
+}
+
+fn start(log: &Path) -> Gridftp {
+    // The server takes a fixed port: pick one that is free right now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(SERVER)
+        .args([
+            "-aa",
+            "-anonymous-user",
+            "nobody",
+            "-hostname",
+            "127.0.0.1",
+            "-p",
+        ])
+        .arg(port.to_string())
+        .args(["-d", "error", "-disable-usage-stats", "-l"])
+        .arg(log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn globus-gridftp-server");
+    let server = Gridftp { child, port };
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "gridftp server not listening after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+fn write_prng_file(path: &Path, len: u64, seed: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut x = seed | 1;
+    for _ in 0..len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        f.write_all(&[(x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8])
+            .unwrap();
+    }
+    f.flush().unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn sha256_file(path: &Path) -> [u8; 32] {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    h.finalize().into()
+}
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run xftp")
+}
+
+fn ok_json(out: &Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
+}
+
+#[test]
+fn gridftp_server_as_a_stock_ftp_server() {
+    if !usable("gridftp_server_as_a_stock_ftp_server") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // The anonymous user (nobody) reads and writes here.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let srv = tmp.path().join("srv");
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let server = start(&tmp.path().join("gridftp.log"));
+    // GridFTP paths are absolute: ftp://host:port//abs/path.
+    let base = format!("ftp://127.0.0.1:{}/{}", server.port, srv.display());
+
+    for (i, len) in [0u64, 1, 1024 * 1024 + 7].into_iter().enumerate() {
+        let name = format!("f{len}.bin");
+        write_prng_file(&srv.join(&name), len, 40 + i as u64);
+        let want = sha256_file(&srv.join(&name));
+        for (mode, local_name) in [("", "p"), ("--active", "a")] {
+            let dest = format!("{local_name}-{name}");
+            let url = format!("{base}/{name}");
+            let mut args = vec!["get", url.as_str(), dest.as_str(), "--json"];
+            if !mode.is_empty() {
+                args.push(mode);
+            }
+            let j = ok_json(&xftp(&args, &local), &format!("get {len} B {mode}"));
+            assert_eq!(j["bytes"], len);
+            assert_eq!(sha256_file(&local.join(&dest)), want, "get {len} B {mode}");
+        }
+        // Upload it back under another name, passive then active.
+        for mode in ["", "--active"] {
+            let url = format!("{base}/up{mode}-{name}");
+            let src = format!("p-{name}");
+            let mut args = vec!["put", src.as_str(), url.as_str(), "--json"];
+            if !mode.is_empty() {
+                args.push(mode);
+            }
+            let j = ok_json(&xftp(&args, &local), &format!("put {len} B {mode}"));
+            assert_eq!(j["bytes"], len);
+            assert_eq!(sha256_file(&srv.join(format!("up{mode}-{name}"))), want);
+        }
+    }
+
+    // A multi-stream request against a server without MULT.
+    let url = format!("{base}/f1048583.bin");
+    let out = xftp(&["get", &url, "m.bin", "-p", "4", "--json"], &local);
+    let j = ok_json(&out, "get -p 4");
+    assert_eq!(j["streams"], 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not support MULT"));
+    assert_eq!(
+        sha256_file(&local.join("m.bin")),
+        sha256_file(&srv.join("f1048583.bin"))
+    );
+
+    // Listing, and a missing file.
+    let out = xftp(&["ls", &format!("{base}/")], &local);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("f1048583.bin"));
+    let out = xftp(&["get", &format!("{base}/missing.bin")], &local);
+    assert!(!out.status.success());
+    assert!(!local.join("missing.bin").exists());
+}
