@@ -57,6 +57,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Give up on a data connection that does not arrive (425).
     pub data_timeout: Duration,
+    /// Abort a transfer whose data connections move nothing this long (426).
+    pub stall_timeout: Duration,
     /// Most concurrent sessions (more get 421).
     pub max_sessions: usize,
     /// Record size of multi-stream transfers sent by the server.
@@ -79,6 +81,7 @@ impl Config {
             default_streams: 4,
             idle_timeout: Duration::from_secs(300),
             data_timeout: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(120),
             max_sessions: 512,
             record_size: 256 * 1024,
             min_bufsize: 2048,

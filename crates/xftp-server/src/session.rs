@@ -996,8 +996,30 @@ impl Session {
         mut live: Option<Live>,
     ) -> std::io::Result<Outcome<T>> {
         let mut buf = [0u8; 4096];
+        let moved = |live: &Option<Live>| match live {
+            Some(lv) => lv.meters.totals().bytes,
+            None => progress.load(Ordering::Relaxed),
+        };
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut last = (moved(&live), tokio::time::Instant::now());
         loop {
             tokio::select! {
+                _ = tick.tick() => {
+                    // A data connection that moves nothing for this long is
+                    // dead (peer gone without a reset): give up, 426.
+                    let now = moved(&live);
+                    if now != last.0 {
+                        last = (now, tokio::time::Instant::now());
+                    } else if last.1.elapsed() >= self.cfg.stall_timeout {
+                        task.abort();
+                        let _ = task.await;
+                        let secs = self.cfg.stall_timeout.as_secs();
+                        return Ok(Outcome::Failed(TransferError::Network(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no data moved for {secs} s"),
+                        ))));
+                    }
+                }
                 r = &mut task => {
                     return Ok(match r {
                         Ok(Ok(t)) => Outcome::Done(t),

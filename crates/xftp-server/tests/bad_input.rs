@@ -227,3 +227,18 @@ async fn failed_logins_with_users_file() {
     c.cmd("PASS x", 421).await;
     assert!(c.read_reply().await.is_none());
 }
+
+#[tokio::test]
+async fn stalled_data_connection_is_aborted() {
+    let srv = start(|cfg| cfg.stall_timeout = Duration::from_secs(2)).await;
+    write(srv.dir.path(), "big", &pattern(64 << 20, 3));
+    let mut c = Ctl::login(srv.addr).await;
+    // Connect but never read: the server's writes stall once buffers fill.
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR big", 150).await;
+    let r = c.read_reply().await.expect("a reply");
+    assert_eq!(r.code, 426, "{r}");
+    assert!(r.text().contains("no data moved"), "{r}");
+    drop(d);
+    c.cmd("NOOP", 200).await;
+}
