@@ -1388,6 +1388,11 @@ enum ListKind {
     Mlsd,
 }
 
+/// Uploads in progress (see `Upload`) are not listed.
+fn is_part_file(name: &[u8]) -> bool {
+    name.starts_with(b".") && name.windows(11).any(|w| w == b".xftp-part-")
+}
+
 fn listing(
     root: &fs::Root,
     real: &std::path::Path,
@@ -1424,7 +1429,7 @@ fn listing(
     for e in entries {
         let name = e.file_name();
         let name = name.as_bytes();
-        if name.contains(&b'\n') || name.contains(&b'\r') {
+        if name.contains(&b'\n') || name.contains(&b'\r') || is_part_file(name) {
             // Cannot be represented in a CRLF listing.
             continue;
         }

@@ -23,6 +23,11 @@ async fn paths_cannot_escape_the_root() {
     c.cmd("SIZE /etc/passwd", 550).await;
     c.cmd("SIZE ../../../../etc/passwd", 550).await;
     c.cmd("SIZE %2e%2e/%2e%2e/etc/passwd", 550).await;
+    c.cmd("SIZE ..\\..\\..\\etc\\passwd", 550).await;
+    // Overlong UTF-8 for '/' and '.' is just bytes in a name, never a separator.
+    c.send_raw(b"SIZE \xc0\xae\xc0\xae\xc0\xaf\xc0\xae\xc0\xae\xc0\xafetc\xc0\xafpasswd\r\n")
+        .await;
+    c.expect(550).await;
     // Symbolic links that lead outside are refused.
     c.cmd("CWD etc-link", 550).await;
     c.cmd("SIZE etc-link/passwd", 550).await;
