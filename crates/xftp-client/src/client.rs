@@ -1,5 +1,7 @@
 //! The session: connect, log in, negotiate streams, move files.
 
+mod adaptive;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,9 +12,16 @@ use tokio::net::{TcpListener, TcpStream};
 use xftp_proto::hostport;
 use xftp_proto::Reply;
 
+use xftp_tune::meter::MeterSet;
+use xftp_tune::{Controller, TuneConfig};
+
+pub use adaptive::Timeline;
+use adaptive::{EngineCtl, Grow, Live};
+
 use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};
-use crate::negotiate;
+use crate::negotiate::{self, Features};
+use crate::sockbuf::{self, InForce};
 use crate::watchdog::Watchdog;
 
 /// Password sent for anonymous logins (RFC 1635 asks for an e-mail-like string).
@@ -52,7 +61,41 @@ pub struct ClientConfig {
     /// How to set up data connections.
     pub data_mode: DataMode,
     /// Data connections to ask for with `MULT` (1 sends no MULT at all).
+    /// Ignored when `auto` is set.
     pub streams: u32,
+    /// SO_SNDBUF/SO_RCVBUF of every data socket, set before connect/listen,
+    /// and asked of the server with `SITE BUFSIZE`. `None`: kernel
+    /// autotuning at both ends (nothing is sent).
+    pub bufsize: Option<u64>,
+    /// Choose the number of connections, and change it while a transfer
+    /// runs (`-p auto`).
+    pub auto: Option<AutoConfig>,
+    /// Static partitioning (PSockets): uploads cut the file into equal
+    /// contiguous parts, one per connection; downloads ask the server for
+    /// the same with `OPTS MULT STATIC`.
+    pub static_split: bool,
+}
+
+/// Settings of the automatic mode.
+#[derive(Debug, Clone, Default)]
+pub struct AutoConfig {
+    /// The controller's knobs (its `max_streams` caps the count).
+    pub tune: TuneConfig,
+    /// The fastest recent transfer to this destination: (connections,
+    /// bits per second), from the parameter cache.
+    pub cached_best: Option<(u32, f64)>,
+}
+
+/// Buffer sizes of the data sockets: asked for and in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferReport {
+    /// What `--bufsize` asked for.
+    pub requested: u64,
+    /// What the kernel reported on the first data socket (Linux doubles
+    /// the request and, without privilege, clamps it).
+    pub in_force: Option<InForce>,
+    /// The server's reply to `SITE BUFSIZE` (code and text).
+    pub server_reply: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -63,12 +106,15 @@ impl Default for ClientConfig {
             data_timeout: Duration::from_secs(60),
             data_mode: DataMode::Passive,
             streams: 1,
+            bufsize: None,
+            auto: None,
+            static_split: false,
         }
     }
 }
 
 /// What a finished transfer moved.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct TransferReport {
     /// Payload bytes moved.
     pub bytes: u64,
@@ -76,6 +122,8 @@ pub struct TransferReport {
     pub per_stream_bytes: Vec<u64>,
     /// From the first data-connection command to the final reply.
     pub elapsed: Duration,
+    /// How the number of connections was chosen and how it moved.
+    pub timeline: Option<Timeline>,
 }
 
 impl TransferReport {
@@ -88,8 +136,11 @@ impl TransferReport {
 /// Data connections being set up: what remains to do after the server's
 /// 150 reply.
 enum Setup {
-    /// Passive: connections being opened.
-    Connecting(tokio::task::JoinSet<Result<TcpStream>>),
+    /// Passive: connections being opened to `target`.
+    Connecting {
+        set: tokio::task::JoinSet<Result<TcpStream>>,
+        target: SocketAddr,
+    },
     /// Active: accept `n` connections from the server on one port.
     Listen { listener: TcpListener, n: usize },
     /// MPRT: accept one connection on each port.
@@ -106,6 +157,16 @@ pub struct Client {
     epsv_refused: bool,
     eprt_refused: bool,
     pending_login: Option<PendingLogin>,
+    pending_prelude: Option<Prelude>,
+    features: Option<Features>,
+    /// MODE E accepted: transfers are framed even on one connection.
+    mode_e: bool,
+    /// The automatic choice: (connections, why, adaptive).
+    start: Option<(u32, String, bool)>,
+    buf_reply: Option<String>,
+    buf_in_force: Option<InForce>,
+    /// The controller of the last adaptive transfer.
+    last_controller: Option<Controller>,
 }
 
 /// A login sent but whose replies are not read yet.
@@ -114,7 +175,17 @@ struct PendingLogin {
     user: Cmd,
     pass: Option<Cmd>,
     ty: Cmd,
+    bufsize: Option<Cmd>,
+    opts_static: Option<Cmd>,
+    feat: Option<Cmd>,
     mult: Option<Cmd>,
+}
+
+/// The automatic mode's MODE E and MULT, sent but not read yet.
+#[derive(Debug)]
+struct Prelude {
+    mode_e: Option<Cmd>,
+    mult: Option<(Cmd, u32)>,
 }
 
 impl Client {
@@ -155,6 +226,13 @@ impl Client {
             epsv_refused: false,
             eprt_refused: false,
             pending_login: None,
+            pending_prelude: None,
+            features: None,
+            mode_e: false,
+            start: None,
+            buf_reply: None,
+            buf_in_force: None,
+            last_controller: None,
         })
     }
 
@@ -196,15 +274,30 @@ impl Client {
             Some(u) => (u, password),
         };
         let want = self.cfg.streams;
+        let auto = self.cfg.auto.is_some();
         let login = PendingLogin {
             user: Cmd::with("USER", user),
             pass: password.map(|p| Cmd::with("PASS", p)),
             ty: Cmd::with("TYPE", "I"),
-            mult: (want > 1).then(|| Cmd::with("MULT", want.to_string())),
+            bufsize: self
+                .cfg
+                .bufsize
+                .map(|b| Cmd::with("SITE", format!("BUFSIZE {b}"))),
+            opts_static: self
+                .cfg
+                .static_split
+                .then(|| Cmd::with("OPTS", "MULT STATIC")),
+            // The automatic mode needs to know what the server offers; the
+            // count is chosen once the RTT is known (after these replies).
+            feat: auto.then(|| Cmd::bare("FEAT")),
+            mult: (!auto && want > 1).then(|| Cmd::with("MULT", want.to_string())),
         };
         let mut batch: Vec<&Cmd> = vec![&login.user];
         batch.extend(login.pass.as_ref());
         batch.push(&login.ty);
+        batch.extend(login.bufsize.as_ref());
+        batch.extend(login.opts_static.as_ref());
+        batch.extend(login.feat.as_ref());
         batch.extend(login.mult.as_ref());
         self.ctl.send(&batch).await?;
         self.pending_login = Some(login);
@@ -218,11 +311,35 @@ impl Client {
         self.settle().await
     }
 
-    /// Read the replies of a pipelined login, if any are outstanding.
+    /// Read the replies of a pipelined login and of the automatic mode's
+    /// MODE E / MULT, if any are outstanding.
     async fn settle(&mut self) -> Result<()> {
-        let Some(login) = self.pending_login.take() else {
-            return Ok(());
-        };
+        if let Some(login) = self.pending_login.take() {
+            self.settle_login(login).await?;
+        }
+        if let Some(p) = self.pending_prelude.take() {
+            if let Some(m) = &p.mode_e {
+                let r = self.ctl.read_reply().await?;
+                if r.code == 200 {
+                    self.mode_e = true;
+                } else if r.is_failure() {
+                    self.notices.push(format!(
+                        "server refused MODE E ({} {}); the number of connections stays fixed",
+                        r.code,
+                        reply_text(&r)
+                    ));
+                } else {
+                    return Err(unexpected(m, &r));
+                }
+            }
+            if let Some((c, want)) = &p.mult {
+                self.read_mult(c, *want).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn settle_login(&mut self, login: PendingLogin) -> Result<()> {
         let r = self.ctl.read_reply().await?;
         match r.code {
             230 => {
@@ -243,8 +360,45 @@ impl Client {
             _ => return Err(unexpected(&login.user, &r)),
         }
         self.ctl.expect(&login.ty, &[200]).await?;
+        if let Some(c) = &login.bufsize {
+            let r = self.ctl.read_reply().await?;
+            let text = format!("{} {}", r.code, reply_text(&r));
+            if r.is_success() {
+                tracing::info!("server buffers: {text}");
+            } else if r.is_failure() {
+                self.notices.push(format!(
+                    "server refused SITE BUFSIZE ({text}); only this client's buffers are set"
+                ));
+            } else {
+                return Err(unexpected(c, &r));
+            }
+            self.buf_reply = Some(text);
+        }
+        if let Some(c) = &login.opts_static {
+            let r = self.ctl.read_reply().await?;
+            if r.is_failure() {
+                self.notices.push(format!(
+                    "server refused OPTS MULT STATIC ({} {}); it assigns records its own way",
+                    r.code,
+                    reply_text(&r)
+                ));
+            } else if !r.is_success() {
+                return Err(unexpected(c, &r));
+            }
+        }
+        if login.feat.is_some() {
+            let r = self.ctl.read_reply().await?;
+            self.features = Some(negotiate::features(&r));
+        }
         if let Some(c_mult) = &login.mult {
-            let want = self.cfg.streams;
+            self.read_mult(c_mult, self.cfg.streams).await?;
+        }
+        Ok(())
+    }
+
+    /// The reply to `MULT want`: the grant, or 1 with a notice on refusal.
+    async fn read_mult(&mut self, c_mult: &Cmd, want: u32) -> Result<()> {
+        {
             let r = self.ctl.read_reply().await?;
             if r.is_success() {
                 self.granted =
@@ -302,23 +456,50 @@ impl Client {
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         let tmp = temp_next_to(local)?;
         let start = Instant::now();
+        self.auto_prelude().await?;
         let c_size = Cmd::with("SIZE", remote);
         let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
-        let conns = self.start_transfer(&c_retr, setup).await?;
-        let per_stream = if conns.len() == 1 {
+        let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
+        self.note_buffers(&conns);
+        let n = conns.len() as u32;
+        let adaptive = self.adaptive_now(&grow);
+        let per_stream = if adaptive {
+            let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+            let dog = Watchdog::new(self.cfg.data_timeout);
+            let meters = MeterSet::new();
+            let conns: Vec<_> = conns
+                .into_iter()
+                .map(|c| dog.guard(meters.wrap(c)))
+                .collect();
+            let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, conns);
+            let live = Live {
+                ctl: EngineCtl::Recv(rx.control()),
+                meters,
+                dog,
+                grow,
+                total: expected,
+                live_idx: (0..n as usize).collect(),
+                current: n,
+            };
+            let ctlr = self.new_controller(n);
+            let rep = self.adapt(&c_retr, rx.finish(), live, ctlr).await?;
+            rep.streams.iter().map(|s| s.bytes).collect()
+        } else if !self.mode_e && n == 1 {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let mut file = tokio::fs::File::from_std(file);
             let got = self.recv_plain(conns, &mut file, tmp.path()).await?;
             file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
+            self.expect_complete(&c_retr).await?;
             vec![got]
         } else {
-            self.recv_striped(conns, &tmp, expected).await?
+            let v = self.recv_striped(conns, &tmp, expected).await?;
+            self.expect_complete(&c_retr).await?;
+            v
         };
         let bytes: u64 = per_stream.iter().sum();
-        self.expect_complete(&c_retr).await?;
         if let Some(exp) = expected {
             if exp != bytes {
                 return Err(ClientError::ShortTransfer {
@@ -328,10 +509,12 @@ impl Client {
             }
         }
         finish_temp(tmp, local)?;
+        let timeline = self.timeline(adaptive, n);
         Ok(TransferReport {
             bytes,
             per_stream_bytes: per_stream,
             elapsed: start.elapsed(),
+            timeline: Some(timeline),
         })
     }
 
@@ -349,18 +532,50 @@ impl Client {
         }
         let len = meta.len();
         let start = Instant::now();
+        self.auto_prelude().await?;
         let (_, setup) = self.prepare_data(false, None).await?;
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
-        let conns = self.start_transfer(&c_stor, setup).await?;
-        let per_stream = if conns.len() == 1 {
+        let (conns, grow) = self.start_transfer(&c_stor, setup).await?;
+        self.note_buffers(&conns);
+        let n = conns.len() as u32;
+        let adaptive = self.adaptive_now(&grow);
+        let per_stream = if adaptive {
+            let dog = Watchdog::new(self.cfg.data_timeout);
+            let meters = MeterSet::new();
+            let conns: Vec<_> = conns
+                .into_iter()
+                .map(|c| dog.guard(meters.wrap(c)))
+                .collect();
+            let tx = xftp_stripe::Sender::file(
+                Arc::new(file),
+                len,
+                conns,
+                &xftp_stripe::SendConfig::default(),
+            );
+            let live = Live {
+                ctl: EngineCtl::Send(tx.control()),
+                meters,
+                dog,
+                grow,
+                total: Some(len),
+                live_idx: (0..n as usize).collect(),
+                current: n,
+            };
+            let ctlr = self.new_controller(n);
+            let rep = self.adapt(&c_stor, tx.finish(), live, ctlr).await?;
+            rep.streams.iter().map(|s| s.bytes).collect()
+        } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
-            vec![self.send_plain(conns, &mut file, local).await?]
+            let v = vec![self.send_plain(conns, &mut file, local).await?];
+            self.expect_complete(&c_stor).await?;
+            v
         } else {
-            self.send_striped(conns, file, len).await?
+            let v = self.send_striped(conns, file, len).await?;
+            self.expect_complete(&c_stor).await?;
+            v
         };
         let sent: u64 = per_stream.iter().sum();
-        self.expect_complete(&c_stor).await?;
         if sent != len {
             return Err(ClientError::UploadMismatch {
                 what: "bytes sent",
@@ -377,11 +592,159 @@ impl Client {
                 });
             }
         }
+        let timeline = self.timeline(adaptive, n);
         Ok(TransferReport {
             bytes: sent,
             per_stream_bytes: per_stream,
             elapsed: start.elapsed(),
+            timeline: Some(timeline),
         })
+    }
+
+    // ---- automatic mode ----
+
+    /// Automatic mode, before the first transfer: read the login and FEAT
+    /// replies, take the control connection's RTT, choose the starting
+    /// count, and send `MODE E` / `MULT n` without waiting: their replies
+    /// are read with the transfer's first commands (same round trip).
+    async fn auto_prelude(&mut self) -> Result<()> {
+        let Some(auto) = self.cfg.auto.clone() else {
+            return Ok(());
+        };
+        if self.start.is_some() {
+            return Ok(());
+        }
+        self.settle().await?;
+        let feat = self.features.clone().unwrap_or_default();
+        let max = auto.tune.max_streams.clamp(1, 64);
+        let rtt = self.ctl.rtt();
+        let (n0, why, adaptive) = if !feat.mult {
+            (
+                1,
+                "the server does not list MULT in FEAT: one plain connection".to_string(),
+                false,
+            )
+        } else {
+            let (n, why) = xftp_tune::initial_streams(rtt, self.cfg.bufsize, auto.cached_best, max);
+            let fixed = if !feat.mode_e {
+                Some("the server does not list MODE E")
+            } else if self.cfg.data_mode == DataMode::Mprt {
+                Some("MPRT connections cannot be added")
+            } else if self.cfg.static_split {
+                Some("static partitioning")
+            } else {
+                None
+            };
+            match fixed {
+                Some(f) => (n, format!("{why} (fixed: {f})"), false),
+                None => (n, why, true),
+            }
+        };
+        tracing::info!("tune: starting with {n0} connection(s): {why}");
+        let prelude = Prelude {
+            mode_e: adaptive.then(|| Cmd::with("MODE", "E")),
+            mult: (n0 > 1).then(|| (Cmd::with("MULT", n0.to_string()), n0)),
+        };
+        let mut batch: Vec<&Cmd> = Vec::new();
+        batch.extend(prelude.mode_e.as_ref());
+        batch.extend(prelude.mult.as_ref().map(|m| &m.0));
+        if !batch.is_empty() {
+            self.ctl.send(&batch).await?;
+            self.pending_prelude = Some(prelude);
+        }
+        self.start = Some((n0, why, adaptive));
+        Ok(())
+    }
+
+    /// Whether the transfer that just started adapts its count.
+    fn adaptive_now(&self, grow: &Grow) -> bool {
+        self.mode_e && matches!(self.start, Some((_, _, true))) && !matches!(grow, Grow::Fixed)
+    }
+
+    fn new_controller(&self, n: u32) -> Controller {
+        let mut tune = self
+            .cfg
+            .auto
+            .as_ref()
+            .map(|a| a.tune.clone())
+            .unwrap_or_default();
+        tune.max_streams = tune.max_streams.clamp(1, 64);
+        Controller::new(tune, n)
+    }
+
+    fn timeline(&mut self, adaptive: bool, n: u32) -> Timeline {
+        let ctlr = if adaptive {
+            self.last_controller.take()
+        } else {
+            None
+        };
+        let (start, why) = match &self.start {
+            Some((n0, why, _)) => (*n0, why.clone()),
+            None => (
+                n,
+                format!("fixed: {} connection(s) requested", self.cfg.streams),
+            ),
+        };
+        let final_streams = ctlr.as_ref().map_or(n, Controller::streams);
+        adaptive::timeline(start, why, ctlr.as_ref(), final_streams, self.ctl.rtt())
+    }
+
+    /// Record the buffer sizes in force on the first data socket.
+    fn note_buffers(&mut self, conns: &[TcpStream]) {
+        if self.cfg.bufsize.is_none() || self.buf_in_force.is_some() {
+            return;
+        }
+        if let Some(c) = conns.first() {
+            match sockbuf::read(c) {
+                Ok(f) => {
+                    tracing::info!(
+                        "data socket buffers: {} requested, in force rcv {} snd {}",
+                        self.cfg.bufsize.unwrap_or(0),
+                        f.rcv,
+                        f.snd
+                    );
+                    self.buf_in_force = Some(f);
+                }
+                Err(e) => tracing::warn!("cannot read the data socket buffers: {e}"),
+            }
+        }
+    }
+
+    /// `--bufsize`: requested, in force, and the server's answer.
+    pub fn buffers(&self) -> Option<BufferReport> {
+        self.cfg.bufsize.map(|requested| BufferReport {
+            requested,
+            in_force: self.buf_in_force,
+            server_reply: self.buf_reply.clone(),
+        })
+    }
+
+    /// The server's FEAT, asking for it when not known yet.
+    pub async fn features(&mut self) -> Result<Features> {
+        if let Some(f) = &self.features {
+            return Ok(f.clone());
+        }
+        let c = Cmd::bare("FEAT");
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        let f = negotiate::features(&r);
+        self.features = Some(f.clone());
+        Ok(f)
+    }
+
+    /// The kernel's smoothed RTT of the control connection (`TCP_INFO`).
+    pub fn control_rtt(&self) -> Option<Duration> {
+        self.ctl.rtt()
+    }
+
+    /// Time one `NOOP` round trip.
+    pub async fn noop_rtt(&mut self) -> Result<Duration> {
+        let c = Cmd::bare("NOOP");
+        self.settle().await?;
+        let t0 = Instant::now();
+        self.ctl.send(&[&c]).await?;
+        self.ctl.expect(&c, &[200]).await?;
+        Ok(t0.elapsed())
     }
 
     /// `LIST [path]` over one plain data connection; the raw listing.
@@ -392,7 +755,7 @@ impl Client {
             _ => Cmd::bare("LIST"),
         };
         self.ctl.send(&[&c_list]).await?;
-        let conns = self.start_transfer(&c_list, setup).await?;
+        let (conns, _) = self.start_transfer(&c_list, setup).await?;
         let mut out = Vec::new();
         let mut capped = Capped {
             out: &mut out,
@@ -527,16 +890,15 @@ impl Client {
         let n = if plain { 1 } else { self.granted as usize };
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..n {
-            let t = self.cfg.connect_timeout;
-            set.spawn(async move { connect_tcp(target, t).await });
+            let (t, buf) = (self.cfg.connect_timeout, self.cfg.bufsize);
+            set.spawn(async move { connect_data(target, buf, t).await });
         }
-        Ok((before_reply, Setup::Connecting(set)))
+        Ok((before_reply, Setup::Connecting { set, target }))
     }
 
     /// A listening socket on the control connection's local address.
     async fn listen(&self) -> Result<TcpListener> {
-        TcpListener::bind(SocketAddr::new(self.ctl.local().ip(), 0))
-            .await
+        sockbuf::listen(SocketAddr::new(self.ctl.local().ip(), 0), self.cfg.bufsize)
             .map_err(ClientError::DataIo)
     }
 
@@ -575,12 +937,13 @@ impl Client {
 
     /// After RETR/STOR/LIST went out: the server's 1xx, and the data
     /// connections (passive: the connects finishing alongside; active:
-    /// accepted from the server after the 1xx).
-    async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<Vec<TcpStream>> {
+    /// accepted from the server after the 1xx), and where more would come
+    /// from.
+    async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<(Vec<TcpStream>, Grow)> {
         let peer = self.ctl.peer().ip();
         let t = self.cfg.data_timeout;
         match setup {
-            Setup::Connecting(mut set) => {
+            Setup::Connecting { mut set, target } => {
                 let connects = async move {
                     let mut conns = Vec::with_capacity(set.len());
                     while let Some(r) = set.join_next().await {
@@ -591,7 +954,7 @@ impl Client {
                 // A failed connect must not wait for a reply the server
                 // will only send after its own data timeout.
                 let (_, conns) = tokio::try_join!(self.expect_preliminary(c), connects)?;
-                Ok(conns)
+                Ok((conns, Grow::Passive(target)))
             }
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
@@ -599,7 +962,7 @@ impl Client {
                 while conns.len() < n {
                     conns.push(accept_from(&listener, peer, t).await?);
                 }
-                Ok(conns)
+                Ok((conns, Grow::Active(Arc::new(listener))))
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;
@@ -607,7 +970,7 @@ impl Client {
                 for l in &ls {
                     conns.push(accept_from(l, peer, t).await?);
                 }
-                Ok(conns)
+                Ok((conns, Grow::Fixed))
             }
         }
     }
@@ -714,7 +1077,14 @@ impl Client {
     ) -> Result<Vec<u64>> {
         let dog = Watchdog::new(self.cfg.data_timeout);
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-        let cfg = xftp_stripe::SendConfig::default();
+        let cfg = xftp_stripe::SendConfig {
+            schedule: if self.cfg.static_split {
+                xftp_stripe::Schedule::Static
+            } else {
+                xftp_stripe::Schedule::Dynamic
+            },
+            ..xftp_stripe::SendConfig::default()
+        };
         let report = xftp_stripe::send_file(Arc::new(file), len, conns, &cfg)
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
@@ -793,6 +1163,23 @@ async fn connect_tcp(addr: SocketAddr, limit: Duration) -> Result<TcpStream> {
             after: limit,
         }),
     }
+}
+
+/// Open a data connection with the configured buffers set before connect.
+async fn connect_data(
+    addr: SocketAddr,
+    bufsize: Option<u64>,
+    limit: Duration,
+) -> Result<TcpStream> {
+    sockbuf::connect(addr, bufsize, limit)
+        .await
+        .map_err(|e| match e {
+            Some(source) => ClientError::Connect { addr, source },
+            None => ClientError::Timeout {
+                what: format!("a TCP connection to {addr}"),
+                after: limit,
+            },
+        })
 }
 
 /// Accept one connection coming from `peer` (the control connection's

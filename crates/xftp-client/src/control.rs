@@ -116,6 +116,16 @@ impl Control {
         self.peer
     }
 
+    /// The kernel's smoothed RTT of the control connection (`TCP_INFO`),
+    /// `None` when unknown.
+    pub fn rtt(&self) -> Option<Duration> {
+        let tcp: &TcpStream = self.rd.as_ref();
+        xftp_tune::tcpinfo::read(tcp)
+            .ok()
+            .map(|i| i.rtt)
+            .filter(|r| !r.is_zero())
+    }
+
     /// Our end of the control connection.
     pub fn local(&self) -> SocketAddr {
         self.local

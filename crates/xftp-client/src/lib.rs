@@ -34,9 +34,16 @@ mod client;
 mod control;
 mod error;
 pub mod negotiate;
+pub mod sockbuf;
 pub mod url;
 mod watchdog;
 
-pub use client::{Client, ClientConfig, DataMode, TransferReport, ANONYMOUS_PASSWORD, MAX_LISTING};
+pub use client::{
+    AutoConfig, BufferReport, Client, ClientConfig, DataMode, Timeline, TransferReport,
+    ANONYMOUS_PASSWORD, MAX_LISTING,
+};
 pub use error::{ClientError, Result};
+pub use negotiate::Features;
 pub use url::FtpUrl;
+/// The tuning crate (cache, controller), for callers of the automatic mode.
+pub use xftp_tune;

@@ -16,6 +16,46 @@ pub fn mult_granted(reply: &Reply, requested: u32) -> Option<u32> {
     (1..=requested).contains(&n).then_some(n)
 }
 
+/// What a server's `FEAT` reply lists (RFC 2389), as far as xftp cares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `MULT`: several data connections per transfer (xftp).
+    pub mult: bool,
+    /// `MODE E`: framed transfers, which can change their connection count
+    /// while they run.
+    pub mode_e: bool,
+    /// `MPRT`: one client port per connection (xftp).
+    pub mprt: bool,
+    /// Every feature line, trimmed.
+    pub lines: Vec<String>,
+}
+
+/// Parse a `211` FEAT reply; anything else (a stock server's 500/502)
+/// lists nothing.
+pub fn features(reply: &Reply) -> Features {
+    let mut f = Features::default();
+    if reply.code != 211 {
+        return f;
+    }
+    // The first and last lines are free text ("Extensions supported:", "End").
+    let n = reply.lines.len();
+    for line in reply.lines.iter().take(n.saturating_sub(1)).skip(1) {
+        let t = line.trim();
+        let up = t.to_ascii_uppercase();
+        let mut words = up.split_ascii_whitespace();
+        match (words.next(), words.next()) {
+            (Some("MULT"), _) => f.mult = true,
+            (Some("MPRT"), _) => f.mprt = true,
+            (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,
+            _ => {}
+        }
+        if !t.is_empty() {
+            f.lines.push(t.to_owned());
+        }
+    }
+    f
+}
+
 /// The size in a `213 <size>` reply.
 pub fn size_value(reply: &Reply) -> Option<u64> {
     if reply.code != 213 {
@@ -58,6 +98,40 @@ mod tests {
         assert_eq!(mult_granted(&r(200, "MULT 0"), 8), None);
         assert_eq!(mult_granted(&r(200, "MULT x"), 8), None);
         assert_eq!(mult_granted(&r(200, "4 granted"), 8), None);
+    }
+
+    #[test]
+    fn feat_parsing() {
+        let ours = Reply::multi(
+            211,
+            [
+                "Extensions supported:",
+                " EPSV",
+                " MULT",
+                " MODE E",
+                " SIZE",
+                "End",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
+        let f = features(&ours);
+        assert!(f.mult && f.mode_e && !f.mprt, "{f:?}");
+        assert_eq!(f.lines, ["EPSV", "MULT", "MODE E", "SIZE"]);
+        // A stock server: no MULT, no MODE E; a refusal lists nothing.
+        let stock = Reply::multi(
+            211,
+            ["Features:", " EPSV", " MODE Z", "End"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
+        assert!(!features(&stock).mult && !features(&stock).mode_e);
+        assert_eq!(
+            features(&r(500, "FEAT not understood")),
+            Features::default()
+        );
     }
 
     #[test]

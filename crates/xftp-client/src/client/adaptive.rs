@@ -1,0 +1,408 @@
+//! The framed transfer whose connection count changes while it runs
+//! (`-p auto`): every [`SAMPLE_EVERY`] a [`Sample`] goes to the
+//! [`Controller`]; its decisions become `MULT n` on the control connection,
+//! then new data connections (added to the engine) or retired ones.
+//!
+//! The control connection carries, in command order, the replies to our
+//! `STAT` and `MULT` commands and, last, the transfer's final reply. A
+//! server that finished before reading a command answers it after its
+//! final reply, so replies are told apart by code, not only by position.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use xftp_stripe::{RecvControl, SendControl, StripeError};
+use xftp_tune::controller::Step;
+use xftp_tune::meter::{parse_progress, MeterSet, Metered, Totals};
+use xftp_tune::{Controller, Sample};
+
+use super::{accept_from, stripe_err, Client};
+use crate::control::{reply_text, unexpected, Cmd};
+use crate::error::{ClientError, Result};
+use crate::negotiate;
+use crate::watchdog::{Guarded, Watchdog};
+
+/// How often the control loop samples the transfer.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// A data connection of an adaptive transfer: metered, stall-guarded.
+pub(crate) type Conn = Guarded<Metered<TcpStream>>;
+
+/// How the number of connections moved during one transfer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Timeline {
+    /// Connections the transfer started with.
+    pub start: u32,
+    /// Why that many.
+    pub start_reason: String,
+    /// True when the controller could change the count (framed transfer,
+    /// automatic mode).
+    pub adaptive: bool,
+    /// Every epoch the controller evaluated.
+    pub steps: Vec<Step>,
+    /// Connections wanted at the end.
+    pub final_streams: u32,
+    /// The count that carried the most goodput in an epoch (the final count
+    /// when no epoch was evaluated).
+    pub best_streams: u32,
+    /// Smallest RTT seen (control connection and data path), microseconds.
+    pub rtt_floor_us: Option<u64>,
+}
+
+/// Where more data connections of the running transfer come from.
+#[derive(Debug)]
+pub(crate) enum Grow {
+    /// Passive: connect again to the server's port.
+    Passive(SocketAddr),
+    /// Active: the server connects again to our listening port.
+    Active(Arc<TcpListener>),
+    /// MPRT or a listing: the set cannot grow.
+    Fixed,
+}
+
+/// The engine's live controls, for either direction.
+pub(crate) enum EngineCtl {
+    Recv(RecvControl<Conn>),
+    Send(SendControl<Conn>),
+}
+
+impl EngineCtl {
+    fn add(&self, c: Conn) -> std::result::Result<usize, StripeError> {
+        match self {
+            EngineCtl::Recv(r) => r.add_connection(c),
+            EngineCtl::Send(s) => s.add_connection(c),
+        }
+    }
+
+    fn clone_handle(&self) -> EngineCtl {
+        match self {
+            EngineCtl::Recv(r) => EngineCtl::Recv(r.clone()),
+            EngineCtl::Send(s) => EngineCtl::Send(s.clone()),
+        }
+    }
+}
+
+/// A running adaptive transfer.
+pub(crate) struct Live {
+    pub ctl: EngineCtl,
+    pub meters: MeterSet,
+    pub dog: Arc<Watchdog>,
+    pub grow: Grow,
+    /// Payload to move, when known (`remaining` in samples).
+    pub total: Option<u64>,
+    /// Connection indexes not retired, oldest first (we retire the newest).
+    pub live_idx: Vec<usize>,
+    /// Connections granted now.
+    pub current: u32,
+}
+
+impl Live {
+    pub fn sending(&self) -> bool {
+        matches!(self.ctl, EngineCtl::Send(_))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    Stat,
+    Mult(u32),
+}
+
+/// What a reply during the transfer answers.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    Final,
+    Stat,
+    Mult,
+}
+
+/// Tell a reply apart: 211–213 answer STAT, 200 answers MULT, 226/250 and
+/// every 4xx end the transfer; a 5xx refuses the oldest outstanding command
+/// if there is one, else ends the transfer.
+fn classify(code: u16, oldest: Option<Pending>) -> Kind {
+    match code {
+        211..=213 => Kind::Stat,
+        200 => Kind::Mult,
+        500..=599 => match oldest {
+            Some(Pending::Stat) => Kind::Stat,
+            Some(Pending::Mult(_)) => Kind::Mult,
+            None => Kind::Final,
+        },
+        _ => Kind::Final,
+    }
+}
+
+/// Print one controller decision (shown with `-v`).
+fn log_step(s: &Step) {
+    tracing::info!(
+        "tune: t={:.1}s N {} -> {} goodput {:.1} Mbit/s RTT {} ({:?})",
+        s.at_s,
+        s.streams,
+        s.next,
+        s.goodput_bps / 1e6,
+        s.rtt_ms
+            .map_or_else(|| "?".to_string(), |r| format!("{r:.2} ms")),
+        s.reason
+    );
+}
+
+impl Client {
+    /// Drive the transfer `fin` (the engine's `finish()`), sampling and
+    /// applying decisions, until both the data and the final reply to `c`
+    /// are in. Returns the engine's report and the controller.
+    pub(crate) async fn adapt<F>(
+        &mut self,
+        c: &Cmd,
+        fin: F,
+        mut live: Live,
+        mut ctlr: Controller,
+    ) -> Result<xftp_stripe::TransferReport>
+    where
+        F: std::future::Future<
+            Output = std::result::Result<xftp_stripe::TransferReport, StripeError>,
+        >,
+    {
+        let start = Instant::now();
+        let mut fin = std::pin::pin!(fin);
+        let mut tick = tokio::time::interval(SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut pending: VecDeque<(Pending, Instant)> = VecDeque::new();
+        let mut adds: JoinSet<Result<Option<usize>>> = JoinSet::new();
+        let mut data: Option<xftp_stripe::TransferReport> = None;
+        let mut final_seen = false;
+        let mut server: Option<Totals> = None;
+        // Only our own server (FEAT MULT and MODE E) gets here; it answers
+        // STAT with a progress line until proven otherwise.
+        let mut stat_ok = true;
+        let mut adapt = true;
+        let peer = self.ctl.peer().ip();
+        let sending = live.sending();
+        let reply_timeout = self.cfg.reply_timeout;
+        loop {
+            if data.is_some() && final_seen && pending.is_empty() {
+                break;
+            }
+            // While data moves the final reply may take as long as the
+            // transfer; the limit restarts with every loop turn anyway.
+            let limit = if data.is_none() {
+                Duration::from_secs(86_400)
+            } else {
+                reply_timeout
+            };
+            tokio::select! {
+                r = &mut fin, if data.is_none() => {
+                    match r {
+                        Ok(rep) => data = Some(rep),
+                        Err(e) => return Err(stripe_err(e, self.cfg.data_timeout)),
+                    }
+                    // Connections still being added are moot now.
+                    adds.abort_all();
+                }
+                r = self.ctl.read_reply_within(limit), if !final_seen || !pending.is_empty() => {
+                    let r = r?;
+                    let oldest = pending.front().map(|p| p.0);
+                    match classify(r.code, oldest) {
+                        Kind::Final => {
+                            if final_seen {
+                                return Err(unexpected(c, &r));
+                            }
+                            if !matches!(r.code, 226 | 250) {
+                                return Err(unexpected(c, &r));
+                            }
+                            final_seen = true;
+                        }
+                        Kind::Stat => {
+                            take(&mut pending, |p| p == Pending::Stat);
+                            match parse_progress(r.lines.first().map_or("", |s| s.as_str())) {
+                                Some(t) if r.code == 213 => server = Some(t),
+                                _ => {
+                                    tracing::info!("server answers STAT without progress ({} {}); using our own meters", r.code, reply_text(&r));
+                                    stat_ok = false;
+                                }
+                            }
+                        }
+                        Kind::Mult => {
+                            let want = take(&mut pending, |p| matches!(p, Pending::Mult(_)));
+                            let want = match want { Some(Pending::Mult(n)) => n, _ => return Err(unexpected(c, &r)) };
+                            let granted = if r.code == 200 { negotiate::mult_granted(&r, want) } else { None };
+                            match granted {
+                                Some(g) if data.is_none() => {
+                                    if g < want {
+                                        ctlr.limit(g);
+                                    }
+                                    self.apply_grant(&mut live, g, &mut adds, peer);
+                                }
+                                Some(_) => {}
+                                None => {
+                                    tracing::info!("MULT {want} during the transfer: {} {}; no more changes", r.code, reply_text(&r));
+                                    adapt = false;
+                                }
+                            }
+                        }
+                    }
+                }
+                Some(r) = adds.join_next(), if !adds.is_empty() => {
+                    match r {
+                        Ok(Ok(Some(idx))) => live.live_idx.push(idx),
+                        Ok(Ok(None)) => {}
+                        Ok(Err(e)) => tracing::warn!("an added data connection failed: {e}"),
+                        Err(e) => tracing::debug!("adding a data connection: {e}"),
+                    }
+                }
+                _ = tick.tick(), if data.is_none() && adapt => {
+                    if let Some((p, at)) = pending.front() {
+                        if at.elapsed() > reply_timeout {
+                            return Err(ClientError::Timeout {
+                                what: format!("a reply to {p:?} during the transfer"),
+                                after: reply_timeout,
+                            });
+                        }
+                    }
+                    let own = live.meters.totals();
+                    if !sending && stat_ok && !pending.iter().any(|p| p.0 == Pending::Stat) {
+                        self.ctl.send(&[&Cmd::bare("STAT")]).await?;
+                        pending.push_back((Pending::Stat, Instant::now()));
+                    }
+                    let (rtt, retrans, segs_out) = if sending {
+                        (own.rtt, own.retrans, own.segs_out)
+                    } else {
+                        match server.filter(|_| stat_ok) {
+                            Some(s) => (s.rtt, s.retrans, s.segs_out),
+                            None => (self.ctl.rtt(), 0, 0),
+                        }
+                    };
+                    let sample = Sample {
+                        at: start.elapsed(),
+                        bytes: own.bytes,
+                        rtt,
+                        retrans,
+                        segs_out,
+                        remaining: live.total.map(|t| t.saturating_sub(own.bytes)),
+                    };
+                    let before = ctlr.history().len();
+                    let decision = ctlr.on_sample(sample);
+                    if ctlr.history().len() > before {
+                        if let (Some(s), Some(_)) = (ctlr.history().last(), decision) {
+                            log_step(s);
+                        }
+                    }
+                    if let Some(d) = decision {
+                        let m = Cmd::with("MULT", d.streams.to_string());
+                        self.ctl.send(&[&m]).await?;
+                        pending.push_back((Pending::Mult(d.streams), Instant::now()));
+                    }
+                }
+            }
+        }
+        self.last_controller = Some(ctlr);
+        data.ok_or_else(|| ClientError::Stripe("transfer ended without a report".into()))
+    }
+
+    /// Apply a grant of `g` connections: open more, or retire our newest
+    /// (when we send; a sending server retires its own).
+    fn apply_grant(
+        &mut self,
+        live: &mut Live,
+        g: u32,
+        adds: &mut JoinSet<Result<Option<usize>>>,
+        peer: IpAddr,
+    ) {
+        if g > live.current {
+            for _ in live.current..g {
+                let handle = live.ctl.clone_handle();
+                let (meters, dog) = (live.meters.clone(), live.dog.clone());
+                let (ct, dt, buf) = (
+                    self.cfg.connect_timeout,
+                    self.cfg.data_timeout,
+                    self.cfg.bufsize,
+                );
+                match &live.grow {
+                    Grow::Passive(addr) => {
+                        let addr = *addr;
+                        adds.spawn(async move {
+                            let s = super::connect_data(addr, buf, ct).await?;
+                            Ok(handle.add(dog.guard(meters.wrap(s))).ok())
+                        });
+                    }
+                    Grow::Active(l) => {
+                        let l = l.clone();
+                        adds.spawn(async move {
+                            let s = accept_from(&l, peer, dt).await?;
+                            Ok(handle.add(dog.guard(meters.wrap(s))).ok())
+                        });
+                    }
+                    Grow::Fixed => return,
+                }
+            }
+            live.current = g;
+        } else if g < live.current {
+            if let EngineCtl::Send(s) = &live.ctl {
+                for _ in g..live.current {
+                    if live.live_idx.len() <= 1 {
+                        break;
+                    }
+                    if let Some(idx) = live.live_idx.pop() {
+                        if let Err(e) = s.retire(idx) {
+                            tracing::debug!("retiring data connection {idx}: {e}");
+                        }
+                    }
+                }
+            }
+            live.current = g;
+        }
+    }
+}
+
+/// Remove and return the oldest entry matching `f`.
+fn take(q: &mut VecDeque<(Pending, Instant)>, f: impl Fn(Pending) -> bool) -> Option<Pending> {
+    let i = q.iter().position(|p| f(p.0))?;
+    q.remove(i).map(|p| p.0)
+}
+
+/// Build the timeline of a finished transfer.
+pub(crate) fn timeline(
+    start: u32,
+    start_reason: String,
+    ctlr: Option<&Controller>,
+    final_streams: u32,
+    control_rtt: Option<Duration>,
+) -> Timeline {
+    let steps: Vec<Step> = ctlr.map(|c| c.history().to_vec()).unwrap_or_default();
+    let best_streams = steps
+        .iter()
+        .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
+        .map_or(final_streams, |s| s.streams);
+    let floor = [ctlr.and_then(Controller::rtt_floor), control_rtt]
+        .into_iter()
+        .flatten()
+        .min();
+    Timeline {
+        start,
+        start_reason,
+        adaptive: ctlr.is_some(),
+        steps,
+        final_streams,
+        best_streams,
+        rtt_floor_us: floor.map(|d| d.as_micros() as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_told_apart_by_code() {
+        assert_eq!(classify(213, Some(Pending::Stat)), Kind::Stat);
+        assert_eq!(classify(200, Some(Pending::Mult(4))), Kind::Mult);
+        assert_eq!(classify(226, Some(Pending::Stat)), Kind::Final);
+        assert_eq!(classify(426, Some(Pending::Mult(2))), Kind::Final);
+        assert_eq!(classify(504, Some(Pending::Mult(2))), Kind::Mult);
+        assert_eq!(classify(502, Some(Pending::Stat)), Kind::Stat);
+        assert_eq!(classify(550, None), Kind::Final);
+    }
+}
