@@ -45,7 +45,7 @@ mod sys;
 pub mod tcpwin;
 pub mod units;
 
-pub use forward::{DirectionCounters, EARLY};
+pub use forward::{DirectionCounters, DEFAULT_BATCH};
 pub use link::{
     remove_leftovers, unique_name, Link, LinkCounters, LinkSpec, NetemError, ADDR_A, ADDR_B,
     MAX_NAME_LEN, PREFIX_LEN,

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -94,6 +94,9 @@ pub struct LinkSpec {
     pub mtu: u32,
     /// Seed for loss and bit errors; `None` picks one at random.
     pub seed: Option<u64>,
+    /// Deliveries are batched: a packet may leave up to this much before
+    /// its due time (see [`crate::DEFAULT_BATCH`]).
+    pub batch: Duration,
     /// Run the forwarder threads at real-time round-robin priority 1 (root
     /// only; falls back to nice -10), so that delivery times hold while
     /// other processes load the CPUs. They never spin, so they cannot
@@ -111,6 +114,7 @@ impl LinkSpec {
             max_window: None,
             mtu: 1500,
             seed: None,
+            batch: crate::DEFAULT_BATCH,
             realtime: true,
         }
     }
@@ -123,6 +127,12 @@ impl LinkSpec {
             return Err(NetemError::InvalidSpec(format!(
                 "mtu {} is not in 576..=65535",
                 self.mtu
+            )));
+        }
+        if self.batch > Duration::from_millis(10) {
+            return Err(NetemError::InvalidSpec(format!(
+                "batch window {:?} is over 10 ms",
+                self.batch
             )));
         }
         if self.max_window == Some(0) {
@@ -260,6 +270,7 @@ impl Link {
                 max_window: spec.max_window,
                 buf_size,
                 realtime: spec.realtime,
+                batch: spec.batch,
                 counters: link.counters[i].clone(),
                 epoch,
             };

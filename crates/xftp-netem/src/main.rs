@@ -78,6 +78,10 @@ struct RunArgs {
     /// MTU of both ends.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// Batch window: packets may leave up to this much early, so that one
+    /// wake-up serves several (less CPU at high packet rates).
+    #[arg(long, value_parser = parse_duration, default_value = "250us")]
+    batch: Duration,
     /// Keep the forwarder threads at normal priority (nice -10) instead of
     /// real-time round-robin priority 1.
     #[arg(long)]
@@ -119,6 +123,7 @@ impl RunArgs {
             max_window: self.max_window,
             mtu: self.mtu,
             seed: self.seed,
+            batch: self.batch,
             realtime: !self.no_realtime,
         }
     }
