@@ -94,6 +94,10 @@ pub struct LinkSpec {
     pub mtu: u32,
     /// Seed for loss and bit errors; `None` picks one at random.
     pub seed: Option<u64>,
+    /// TCP congestion control for connections started inside both
+    /// namespaces (their `net.ipv4.tcp_congestion_control`), e.g. `reno`
+    /// or `cubic`; `None` keeps the kernel default (bbr on this machine).
+    pub congestion_control: Option<String>,
     /// Deliveries are batched: a packet may leave up to this much before
     /// its due time (see [`crate::DEFAULT_BATCH`]).
     pub batch: Duration,
@@ -114,6 +118,7 @@ impl LinkSpec {
             max_window: None,
             mtu: 1500,
             seed: None,
+            congestion_control: None,
             batch: crate::DEFAULT_BATCH,
             realtime: true,
         }
@@ -128,6 +133,16 @@ impl LinkSpec {
                 "mtu {} is not in 576..=65535",
                 self.mtu
             )));
+        }
+        if let Some(cc) = &self.congestion_control {
+            if cc.is_empty()
+                || cc.len() > 15
+                || !cc.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err(NetemError::InvalidSpec(format!(
+                    "congestion control {cc:?} is not a kernel module name"
+                )));
+            }
         }
         if self.batch > Duration::from_millis(10) {
             return Err(NetemError::InvalidSpec(format!(
@@ -228,6 +243,10 @@ impl Link {
                 "10000",
                 "up",
             ])?;
+            if let Some(cc) = &spec.congestion_control {
+                let setting = format!("net.ipv4.tcp_congestion_control={cc}");
+                run("ip", &["netns", "exec", n, "sysctl", "-q", "-w", &setting])?;
+            }
             tuns.push(tun);
         }
 
@@ -443,7 +462,11 @@ fn netns_command(ns: &str, program: &str) -> Command {
 }
 
 fn ip(args: &[&str]) -> Result<(), NetemError> {
-    let out = Command::new("ip")
+    run("ip", args)
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), NetemError> {
+    let out = Command::new(program)
         .args(args)
         .output()
         .map_err(NetemError::IpMissing)?;

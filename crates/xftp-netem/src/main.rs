@@ -78,6 +78,10 @@ struct RunArgs {
     /// MTU of both ends.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// TCP congestion control inside both namespaces (e.g. reno, cubic);
+    /// default: the kernel's (bbr here).
+    #[arg(long)]
+    cc: Option<String>,
     /// Batch window: packets may leave up to this much early, so that one
     /// wake-up serves several (less CPU at high packet rates).
     #[arg(long, value_parser = parse_duration, default_value = "250us")]
@@ -123,6 +127,7 @@ impl RunArgs {
             max_window: self.max_window,
             mtu: self.mtu,
             seed: self.seed,
+            congestion_control: self.cc.clone(),
             batch: self.batch,
             realtime: !self.no_realtime,
         }

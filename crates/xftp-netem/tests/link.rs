@@ -310,3 +310,22 @@ fn idle_link_does_not_wake_up() {
         after - before
     );
 }
+
+#[test]
+fn congestion_control_is_set_inside_both_namespaces() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&[]) {
+        return;
+    }
+    let mut spec = LinkSpec::symmetric(unique_name("cc"), dir(None, 0));
+    spec.congestion_control = Some("reno".into());
+    let link = Link::start(spec).expect("start link");
+    for mut cmd in [link.command_a("cat"), link.command_b("cat")] {
+        let out = cmd
+            .arg("/proc/sys/net/ipv4/tcp_congestion_control")
+            .output()
+            .expect("cat");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "reno");
+    }
+    link.stop().expect("stop");
+}
