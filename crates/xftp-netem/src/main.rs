@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Create the link and forward until SIGINT/SIGTERM, then print counters.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Delete the namespaces a link of this name left behind.
     Down {
         /// Link name (namespaces NAMEa and NAMEb).
@@ -149,7 +149,7 @@ fn main() -> ExitCode {
         )
         .init();
     let result = match cli.command {
-        Cmd::Run(args) => run(args),
+        Cmd::Run(args) => run(*args),
         Cmd::Down { name } => down(&name),
     };
     match result {
