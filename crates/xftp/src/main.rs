@@ -30,6 +30,9 @@ enum Command {
     Put(cmd::transfer::PutArgs),
     /// List a remote directory: xftp ls ftp://host/dir/.
     Ls(cmd::transfer::LsArgs),
+    /// Measure a destination (RTT, features, cached history) and show the
+    /// number of connections `-p auto` would start with.
+    Probe(cmd::probe::ProbeArgs),
     /// Send stdin over N parallel TCP connections.
     Send(cmd::pipe::SendArgs),
     /// Receive a parallel stream and write it to stdout.
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
             Command::Get(a) => cmd::transfer::get(a).await,
             Command::Put(a) => cmd::transfer::put(a).await,
             Command::Ls(a) => cmd::transfer::ls(a).await,
+            Command::Probe(a) => cmd::probe::run(a).await,
             Command::Send(a) => cmd::pipe::send(a).await,
             Command::Recv(a) => cmd::pipe::recv(a).await,
         }

@@ -384,12 +384,71 @@ fn flights(ctl: TcpStream, seen: &mpsc::Sender<(u32, String)>) -> std::io::Resul
     }
 }
 
+/// The flights of one download with `extra` arguments.
+fn download_flights(extra: &[&str]) -> Vec<(u32, String)> {
+    let (port, seen) = flight_recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let mut args = vec!["get", url.as_str()];
+    args.extend_from_slice(extra);
+    let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(&args)
+        .current_dir(dir.path())
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .output()
+        .expect("run xftp");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("f.bin")).unwrap().len(),
+        FILE_LEN
+    );
+    seen.try_iter().collect()
+}
+
+fn flight_of(log: &[(u32, String)], prefix: &str) -> u32 {
+    log.iter()
+        .find(|(_, c)| c.starts_with(prefix))
+        .map(|(f, _)| *f)
+        .unwrap_or_else(|| panic!("{prefix} not sent: {log:?}"))
+}
+
+/// `-p auto` (the default) must learn what the server offers (FEAT) and
+/// the RTT before it chooses a count: one flight more than a fixed count,
+/// and no more. This server lists nothing, so no MODE E or MULT is sent.
+#[test]
+fn auto_download_needs_three_control_flights_before_the_data() {
+    let log = download_flights(&[]);
+    for c in ["USER", "PASS", "TYPE"] {
+        assert_eq!(flight_of(&log, c), flight_of(&log, "FEAT"), "{log:?}");
+    }
+    assert_eq!(
+        flight_of(&log, "SIZE"),
+        flight_of(&log, "FEAT") + 1,
+        "{log:?}"
+    );
+    assert_eq!(flight_of(&log, "EPSV"), flight_of(&log, "SIZE"), "{log:?}");
+    assert_eq!(
+        flight_of(&log, "RETR"),
+        flight_of(&log, "EPSV") + 1,
+        "{log:?}"
+    );
+    assert!(
+        !log.iter()
+            .any(|(_, c)| c.starts_with("MULT") || c.starts_with("MODE")),
+        "{log:?}"
+    );
+}
+
 #[test]
 fn download_needs_two_control_flights_before_the_data() {
     let (port, seen) = flight_recorder();
     let dir = tempfile::tempdir().unwrap();
     let url = format!("ftp://127.0.0.1:{port}/f.bin");
-    let out = xftp(&["get", &url], dir.path());
+    let out = xftp(&["get", &url, "-p", "1"], dir.path());
     assert!(
         out.status.success(),
         "{}",

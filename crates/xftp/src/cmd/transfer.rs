@@ -10,10 +10,45 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use xftp_client::{Client, ClientConfig, ClientError, DataMode, FtpUrl, TransferReport};
+use xftp_client::xftp_tune::{self, Cache, PathRecord, TuneConfig};
+use xftp_client::{
+    AutoConfig, Client, ClientConfig, ClientError, DataMode, FtpUrl, Timeline, TransferReport,
+};
 
-/// Largest `-p` accepted for now.
+/// Largest `-p` accepted.
 const MAX_PARALLEL: u32 = 64;
+
+/// How long cached path records are used.
+const CACHE_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// `-p`: chosen automatically, or fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    /// Choose and adapt (the default).
+    Auto,
+    /// Exactly this many (1 = plain FTP).
+    Fixed(u32),
+}
+
+/// Options of get and put.
+#[derive(clap::Args, Debug)]
+pub struct TransferArgs {
+    /// Data connections: `auto` (the default: start from the RTT and the
+    /// cached history of this destination, then add or shed connections
+    /// while the transfer runs) or a fixed number 1..=64 (1 = plain FTP).
+    #[arg(short = 'p', long = "parallel", value_name = "N|auto", default_value = "auto", value_parser = parse_parallel)]
+    parallel: Parallel,
+    /// TCP buffer size of the data sockets at both ends (bytes, or with
+    /// k/M/G; `auto` = kernel autotuning, the default). Sent to the server
+    /// as SITE BUFSIZE.
+    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg)]
+    bufsize: BufArg,
+    /// Static partitioning (PSockets): the file is cut into N equal parts,
+    /// one per connection (put), or the server is asked to do so (get,
+    /// OPTS MULT STATIC). Needs a fixed -p N.
+    #[arg(long = "static")]
+    static_split: bool,
+}
 
 /// Options shared by get, put and ls.
 #[derive(clap::Args, Debug)]
@@ -27,7 +62,7 @@ pub struct CommonArgs {
     mprt: bool,
     /// Print exactly one JSON object on stdout when done.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Read the password from the first line of FILE (instead of the URL or
     /// the XFTP_PASSWORD environment variable).
     #[arg(long, value_name = "FILE")]
@@ -48,9 +83,8 @@ pub struct GetArgs {
     /// Local file or existing directory (default: the remote file name in
     /// the current directory).
     local: Option<PathBuf>,
-    /// Data connections to ask the server for (1..=64; 1 = plain FTP).
-    #[arg(short = 'p', long = "parallel", value_name = "N", default_value = "1", value_parser = parse_parallel)]
-    parallel: u32,
+    #[command(flatten)]
+    t: TransferArgs,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -63,9 +97,8 @@ pub struct PutArgs {
     /// ftp://[user[:password]@]host[:port]/path (a path ending in / gets the
     /// local file name appended).
     url: String,
-    /// Data connections to ask the server for (1..=64; 1 = plain FTP).
-    #[arg(short = 'p', long = "parallel", value_name = "N", default_value = "1", value_parser = parse_parallel)]
-    parallel: u32,
+    #[command(flatten)]
+    t: TransferArgs,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -79,17 +112,27 @@ pub struct LsArgs {
     common: CommonArgs,
 }
 
-fn parse_parallel(s: &str) -> Result<u32, String> {
+fn parse_parallel(s: &str) -> Result<Parallel, String> {
     if s.eq_ignore_ascii_case("auto") {
-        return Err(format!(
-            "`-p auto` is not available yet; give a number from 1 to {MAX_PARALLEL}"
-        ));
+        return Ok(Parallel::Auto);
     }
     match s.parse::<u32>() {
-        Ok(n) if (1..=MAX_PARALLEL).contains(&n) => Ok(n),
+        Ok(n) if (1..=MAX_PARALLEL).contains(&n) => Ok(Parallel::Fixed(n)),
         _ => Err(format!(
-            "{s:?} is not a number of connections from 1 to {MAX_PARALLEL}"
+            "{s:?} is not `auto` or a number of connections from 1 to {MAX_PARALLEL}"
         )),
+    }
+}
+
+/// `--bufsize`: `None` is kernel autotuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufArg(pub Option<u64>);
+
+pub(crate) fn parse_bufsize_arg(s: &str) -> Result<BufArg, String> {
+    match xftp_proto::parse_bufsize("--bufsize", s) {
+        Ok(xftp_proto::BufSize::Auto) => Ok(BufArg(None)),
+        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(BufArg(Some(n))),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -105,6 +148,18 @@ struct Summary {
     streams: usize,
     throughput_bps: f64,
     per_stream_bytes: Vec<u64>,
+    /// How the connection count was chosen and moved (get and put).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    streams_timeline: Option<Timeline>,
+    /// `--bufsize` as requested (absent: kernel autotuning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bufsize_requested: Option<u64>,
+    /// The smaller of SO_RCVBUF and SO_SNDBUF read back from a data socket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bufsize_in_force: Option<u64>,
+    /// The server's reply to SITE BUFSIZE.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_bufsize_reply: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,6 +181,10 @@ impl Summary {
                 0.0
             },
             per_stream_bytes: r.per_stream_bytes.clone(),
+            streams_timeline: r.timeline.clone(),
+            bufsize_requested: None,
+            bufsize_in_force: None,
+            server_bufsize_reply: None,
             error: None,
             listing: None,
         }
@@ -140,6 +199,10 @@ impl Summary {
             streams: 0,
             throughput_bps: 0.0,
             per_stream_bytes: Vec::new(),
+            streams_timeline: None,
+            bufsize_requested: None,
+            bufsize_in_force: None,
+            server_bufsize_reply: None,
             error: Some(msg),
             listing: None,
         }
@@ -171,20 +234,16 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             Some(p) if p.is_dir() => p.join(&name),
             Some(p) => p.clone(),
         };
-        let mut client = session(&url, &a.common, a.parallel).await?;
+        let mut client = session(&url, &a.common, Some(&a.t)).await?;
         let r = client.download(&url.path, &target).await;
         print_notices(&mut client);
         let r = r.map_err(|e| explain(e, Op::Get, &url))?;
+        let summary = conclude(&client, &url, &r, start);
         client.quit().await;
-        Ok::<_, anyhow::Error>(r)
+        Ok::<_, anyhow::Error>(summary)
     }
     .await;
-    finish(
-        result.map(|r| Summary::ok(&r, start.elapsed())),
-        json,
-        start,
-        "get",
-    )
+    finish(result, json, start, "get")
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
@@ -207,20 +266,16 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                 a.local.display()
             );
         }
-        let mut client = session(&url, &a.common, a.parallel).await?;
+        let mut client = session(&url, &a.common, Some(&a.t)).await?;
         let r = client.upload(&a.local, &remote).await;
         print_notices(&mut client);
         let r = r.map_err(|e| explain(e, Op::Put, &url))?;
+        let summary = conclude(&client, &url, &r, start);
         client.quit().await;
-        Ok::<_, anyhow::Error>(r)
+        Ok::<_, anyhow::Error>(summary)
     }
     .await;
-    finish(
-        result.map(|r| Summary::ok(&r, start.elapsed())),
-        json,
-        start,
-        "put",
-    )
+    finish(result, json, start, "put")
 }
 
 pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
@@ -228,7 +283,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
     let json = a.common.json;
     let result = async {
         let url = FtpUrl::parse(&a.url)?;
-        let mut client = session(&url, &a.common, 1).await?;
+        let mut client = session(&url, &a.common, None).await?;
         let t0 = Instant::now();
         let listing = client
             .list(Some(&url.path))
@@ -244,6 +299,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             bytes: listing.len() as u64,
             per_stream_bytes: vec![listing.len() as u64],
             elapsed,
+            timeline: None,
         };
         let mut s = Summary::ok(&r, start.elapsed());
         if json {
@@ -258,9 +314,71 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
     finish(summary, json, start, "ls")
 }
 
+/// The parameter-cache key of a destination.
+pub fn cache_key(url: &FtpUrl) -> String {
+    url.authority()
+}
+
+/// The parameter cache, `None` when no cache directory is known.
+pub fn load_cache() -> Option<Cache> {
+    Cache::default_path().map(|p| Cache::load(&p))
+}
+
+/// Build the summary of a finished transfer and record it in the
+/// parameter cache (a failure to save is a warning).
+fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -> Summary {
+    let mut s = Summary::ok(r, start.elapsed());
+    if let Some(b) = client.buffers() {
+        s.bufsize_requested = Some(b.requested);
+        s.bufsize_in_force = b.in_force.map(|f| f.rcv.min(f.snd));
+        s.server_bufsize_reply = b.server_reply;
+    }
+    if let Some(t) = &r.timeline {
+        let secs = r.elapsed.as_secs_f64();
+        let rec = PathRecord {
+            when: xftp_tune::cache::now_secs(),
+            rtt_us: t.rtt_floor_us.unwrap_or(0),
+            streams: t.best_streams,
+            throughput_bps: if secs > 0.0 {
+                r.bytes as f64 * 8.0 / secs
+            } else {
+                0.0
+            },
+            bytes: r.bytes,
+        };
+        if let Some(mut cache) = load_cache() {
+            cache.record(&cache_key(url), rec);
+            if let Err(e) = cache.save() {
+                eprintln!("xftp: warning: cannot save the path cache: {e}");
+            }
+        }
+    }
+    s
+}
+
 /// Connect, log in and negotiate streams; notices go to stderr.
-async fn session(url: &FtpUrl, c: &CommonArgs, parallel: u32) -> anyhow::Result<Client> {
+pub(crate) async fn session(
+    url: &FtpUrl,
+    c: &CommonArgs,
+    t: Option<&TransferArgs>,
+) -> anyhow::Result<Client> {
     let password = password_for(url, c)?;
+    let (streams, auto) = match t.map(|t| t.parallel) {
+        None => (1, None),
+        Some(Parallel::Fixed(n)) => (n, None),
+        Some(Parallel::Auto) => {
+            let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
+            let tune = TuneConfig {
+                max_streams: 32,
+                ..TuneConfig::default()
+            };
+            (1, Some(AutoConfig { tune, cached_best }))
+        }
+    };
+    let static_split = t.is_some_and(|t| t.static_split);
+    if static_split && auto.is_some() {
+        anyhow::bail!("--static needs a fixed number of connections: add -p N");
+    }
     let secs = |s: f64, what: &str| -> anyhow::Result<Duration> {
         Duration::try_from_secs_f64(s)
             .ok()
@@ -278,7 +396,10 @@ async fn session(url: &FtpUrl, c: &CommonArgs, parallel: u32) -> anyhow::Result<
         } else {
             DataMode::Passive
         },
-        streams: parallel,
+        streams,
+        bufsize: t.and_then(|t| t.bufsize.0),
+        auto,
+        static_split,
     };
     let mut client = Client::connect(&url.host, url.port, cfg)
         .await
@@ -293,7 +414,7 @@ async fn session(url: &FtpUrl, c: &CommonArgs, parallel: u32) -> anyhow::Result<
 }
 
 /// Show what the client had to tell the user (e.g. a MULT refusal).
-fn print_notices(client: &mut Client) {
+pub(crate) fn print_notices(client: &mut Client) {
     for n in client.take_notices() {
         eprintln!("xftp: {n}");
     }
@@ -419,13 +540,23 @@ mod tests {
 
     #[test]
     fn parallel_accepts_1_to_64_only() {
-        assert_eq!(parse_parallel("1"), Ok(1));
-        assert_eq!(parse_parallel("64"), Ok(64));
+        assert_eq!(parse_parallel("1"), Ok(Parallel::Fixed(1)));
+        assert_eq!(parse_parallel("64"), Ok(Parallel::Fixed(64)));
+        assert_eq!(parse_parallel("auto"), Ok(Parallel::Auto));
+        assert_eq!(parse_parallel("AUTO"), Ok(Parallel::Auto));
         assert!(parse_parallel("0").is_err());
         assert!(parse_parallel("65").is_err());
         assert!(parse_parallel("-3").is_err());
-        let auto = parse_parallel("auto").unwrap_err();
-        assert!(auto.contains("not available yet"), "{auto}");
+    }
+
+    #[test]
+    fn bufsize_takes_suffixes_and_auto() {
+        assert_eq!(parse_bufsize_arg("auto"), Ok(BufArg(None)));
+        assert_eq!(parse_bufsize_arg("65536"), Ok(BufArg(Some(65536))));
+        assert_eq!(parse_bufsize_arg("64k"), Ok(BufArg(Some(65536))));
+        assert_eq!(parse_bufsize_arg("4M"), Ok(BufArg(Some(4 << 20))));
+        assert_eq!(parse_bufsize_arg("1G"), Ok(BufArg(Some(1 << 30))));
+        assert!(parse_bufsize_arg("big").is_err());
     }
 
     #[test]
@@ -462,6 +593,7 @@ mod tests {
             bytes: 10,
             per_stream_bytes: vec![6, 4],
             elapsed: Duration::from_secs(2),
+            timeline: None,
         };
         let v: serde_json::Value =
             serde_json::to_value(Summary::ok(&r, Duration::from_secs(3))).unwrap();

@@ -1,0 +1,193 @@
+//! `xftp probe URL`: what xftp measures about a destination before a
+//! transfer, and the number of connections it would start with.
+//!
+//! Logs in, reads the control connection's RTT from the kernel
+//! (`TCP_INFO`), times five `NOOP`s, reads `FEAT`, shows the cached
+//! records of earlier transfers and the choice of `initial_streams`, and
+//! records the RTT in the cache.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use xftp_client::xftp_tune::{self, PathRecord};
+use xftp_client::FtpUrl;
+
+use super::transfer::{
+    cache_key, load_cache, parse_bufsize_arg, print_notices, session, CommonArgs,
+};
+
+/// NOOPs timed for the application-level RTT.
+const NOOPS: usize = 5;
+
+/// How long cached records are used (as for transfers).
+const CACHE_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// `xftp probe URL`
+#[derive(clap::Args, Debug)]
+pub struct ProbeArgs {
+    /// ftp://[user[:password]@]host[:port]/
+    url: String,
+    /// The per-connection window to assume (as `--bufsize` of get/put);
+    /// only explains the choice.
+    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg)]
+    bufsize: super::transfer::BufArg,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// What the probe found.
+#[derive(Debug, Serialize)]
+struct Probe {
+    destination: String,
+    /// Smoothed RTT of the control connection from TCP_INFO, ms.
+    rtt_tcp_info_ms: Option<f64>,
+    /// Median of the timed NOOP round trips, ms.
+    rtt_noop_median_ms: f64,
+    /// Every NOOP round trip, ms.
+    rtt_noop_ms: Vec<f64>,
+    mult: bool,
+    mode_e: bool,
+    mprt: bool,
+    feat: Vec<String>,
+    cache_file: Option<String>,
+    cached: Vec<PathRecord>,
+    /// (connections, bits per second) of the fastest fresh cached transfer.
+    cached_best: Option<(u32, f64)>,
+    /// The starting number of connections `-p auto` would use.
+    initial_streams: u32,
+    reason: String,
+    /// Whether `-p auto` could change the count during a transfer.
+    adaptive: bool,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Run the probe.
+pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let url = FtpUrl::parse(&a.url)?;
+    let mut client = session(&url, &a.common, None).await?;
+    let feat = client
+        .features()
+        .await
+        .with_context(|| format!("logging in to {}", url.authority()))?;
+    print_notices(&mut client);
+    let mut noops = Vec::with_capacity(NOOPS);
+    for _ in 0..NOOPS {
+        noops.push(client.noop_rtt().await.context("timing NOOP")?);
+    }
+    let tcp_rtt = client.control_rtt();
+    client.quit().await;
+    noops.sort();
+    let median = noops[noops.len() / 2];
+    let key = cache_key(&url);
+    let mut cache = load_cache();
+    let cached: Vec<PathRecord> = cache
+        .as_ref()
+        .map(|c| c.fresh(&key, CACHE_AGE).into_iter().cloned().collect())
+        .unwrap_or_default();
+    let best = cache.as_ref().and_then(|c| c.best(&key, CACHE_AGE));
+    let rtt = tcp_rtt.or(Some(median));
+    let (n, reason, adaptive) = if feat.mult {
+        let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, best, 32);
+        (n, why, feat.mode_e)
+    } else {
+        (
+            1,
+            "the server does not list MULT in FEAT: one plain connection".to_string(),
+            false,
+        )
+    };
+    let floor = tcp_rtt.map_or(median, |t| t.min(median));
+    if let Some(c) = cache.as_mut() {
+        c.record(
+            &key,
+            PathRecord {
+                when: xftp_tune::cache::now_secs(),
+                rtt_us: floor.as_micros() as u64,
+                streams: 0,
+                throughput_bps: 0.0,
+                bytes: 0,
+            },
+        );
+        if let Err(e) = c.save() {
+            eprintln!("xftp: warning: cannot save the path cache: {e}");
+        }
+    }
+    let p = Probe {
+        destination: key,
+        rtt_tcp_info_ms: tcp_rtt.map(ms),
+        rtt_noop_median_ms: ms(median),
+        rtt_noop_ms: noops.iter().copied().map(ms).collect(),
+        mult: feat.mult,
+        mode_e: feat.mode_e,
+        mprt: feat.mprt,
+        feat: feat.lines.clone(),
+        cache_file: xftp_tune::Cache::default_path().map(|p| p.display().to_string()),
+        cached,
+        cached_best: best,
+        initial_streams: n,
+        reason,
+        adaptive,
+    };
+    if a.common.json {
+        println!("{}", serde_json::to_string(&p).context("formatting JSON")?);
+    } else {
+        render(&p);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render(p: &Probe) {
+    println!("destination      {}", p.destination);
+    match p.rtt_tcp_info_ms {
+        Some(r) => println!("rtt (TCP_INFO)   {r:.3} ms"),
+        None => println!("rtt (TCP_INFO)   unknown"),
+    }
+    println!(
+        "rtt (NOOP)       {:.3} ms median of {}",
+        p.rtt_noop_median_ms,
+        p.rtt_noop_ms.len()
+    );
+    println!(
+        "server features  MULT {}  MODE E {}  MPRT {}",
+        yes(p.mult),
+        yes(p.mode_e),
+        yes(p.mprt)
+    );
+    println!(
+        "cache            {} ({} fresh record(s))",
+        p.cache_file.as_deref().unwrap_or("none"),
+        p.cached.len()
+    );
+    for r in &p.cached {
+        println!(
+            "  rtt {:.3} ms  streams {}  {:.1} Mbit/s  {} bytes",
+            r.rtt_us as f64 / 1e3,
+            r.streams,
+            r.throughput_bps / 1e6,
+            r.bytes
+        );
+    }
+    println!(
+        "would start with {} connection(s){}: {}",
+        p.initial_streams,
+        if p.adaptive {
+            ", then adapt"
+        } else {
+            ", fixed"
+        },
+        p.reason
+    );
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
