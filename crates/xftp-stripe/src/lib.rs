@@ -1,1 +1,221 @@
-//! xftp-stripe
+//! The xftp striping engine: one file or byte stream over N connections.
+//!
+//! Three seams: **transport** (any `AsyncRead`/`AsyncWrite` connection:
+//! TCP today, TLS later), **framing** (GridFTP MODE E blocks, [`block`]),
+//! **storage** (positional [`ReadAt`]/[`WriteAt`] for files, an in-memory
+//! reorder buffer for ordered streams).
+//!
+//! The protocol logic is sans-IO: [`block`] (header codec), [`ranges`]
+//! (received byte ranges), [`sched`] (which record a connection sends next)
+//! and [`reasm`] (the receiver's completion rule) do no I/O and are tested
+//! without sockets. [`Sender`] and [`Receiver`] are thin tokio drivers over
+//! them: one task per connection, each pulling its next record only when
+//! its previous write finished (dynamic assignment).
+//!
+//! ```text
+//!   ReadAt / stream buffer --> Scheduler --> conn task 0 --> [hdr|data][hdr|data]..[EOD]
+//!                                       \--> conn task 1 --> [hdr|data]..........[EOF|EOD n]
+//!   conn task i --> Reassembly (ranges, EOD/EOF count) --> WriteAt at offset / reorder buffer
+//! ```
+//!
+//! Connections can be added to a running transfer and retired from it
+//! ([`Sender::add_connection`], [`Sender::retire`],
+//! [`Receiver::add_connection`]): the EOF block carries the number of EODs
+//! the receiver must see, so it knows when the last connection has ended.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), xftp_stripe::StripeError> {
+//! use std::sync::Arc;
+//! use xftp_stripe::{recv_file, send_file, MemFile, SendConfig};
+//! let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+//! let src = Arc::new(MemFile::from(data.clone()));
+//! let dst = Arc::new(MemFile::default());
+//! let (mut tx, mut rx) = (Vec::new(), Vec::new());
+//! for _ in 0..3 {
+//!     let (a, b) = tokio::io::duplex(64 * 1024);
+//!     tx.push(a);
+//!     rx.push(b);
+//! }
+//! let cfg = SendConfig { record_size: 8192, ..SendConfig::default() };
+//! let (sent, got) = tokio::join!(
+//!     send_file(src, data.len() as u64, tx, &cfg),
+//!     recv_file(dst.clone(), rx, Some(data.len() as u64)),
+//! );
+//! assert_eq!(sent?.bytes, got?.bytes);
+//! assert_eq!(dst.to_vec(), data);
+//! # Ok(()) }
+//! ```
+
+pub mod block;
+mod io;
+pub mod ranges;
+pub mod reasm;
+mod recv;
+pub mod sched;
+mod send;
+
+pub use io::{MemFile, ReadAt, WriteAt};
+pub use recv::{recv_file, Receiver, RecvControl};
+pub use sched::Schedule;
+pub use send::{send_file, SendConfig, SendControl, Sender};
+
+/// Default record size: 256 KiB. See docs/framing.md for the reasoning.
+pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
+
+/// Payload bytes and records carried by one data connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Payload bytes (headers not counted).
+    pub bytes: u64,
+    /// Data blocks.
+    pub records: u64,
+}
+
+/// Result of a finished transfer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransferReport {
+    /// Total payload bytes.
+    pub bytes: u64,
+    /// Per data connection, in the order connections were added.
+    pub streams: Vec<StreamStats>,
+}
+
+/// Why a striped transfer failed. `Clone` so that every party waiting on a
+/// transfer can be handed the same cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StripeError {
+    /// I/O failed on data connection `conn` (`None`: local storage).
+    #[error("{}: {message}", match .conn { Some(c) => format!("data connection {c}"), None => "storage".to_string() })]
+    Io {
+        /// Connection index, or `None` for the local file.
+        conn: Option<usize>,
+        /// The OS error kind.
+        kind: std::io::ErrorKind,
+        /// The error text.
+        message: String,
+    },
+    /// The peer sent a malformed block header.
+    #[error("data connection {conn}: {source}")]
+    Block {
+        /// Connection index.
+        conn: usize,
+        /// What was wrong.
+        source: block::BlockError,
+    },
+    /// The peer sent bytes already received (duplicate or overlap).
+    #[error("received range [{start}, {end}) overlaps data already received")]
+    Overlap {
+        /// Start of the offending range.
+        start: u64,
+        /// End of the offending range.
+        end: u64,
+    },
+    /// The peer sent a block after the EOD of that connection.
+    #[error("data connection {conn}: block after end of data")]
+    DataAfterEod {
+        /// Connection index.
+        conn: usize,
+    },
+    /// A data connection closed before sending its EOD: data may be lost.
+    #[error("data connection {conn} closed before its end-of-data mark")]
+    ClosedBeforeEod {
+        /// Connection index.
+        conn: usize,
+    },
+    /// The peer sent two EOF blocks.
+    #[error("second EOF block")]
+    DuplicateEof,
+    /// More EODs arrived than the EOF block announced.
+    #[error("{seen} end-of-data marks, EOF announced {expected}")]
+    TooManyEods {
+        /// Announced count.
+        expected: u64,
+        /// Seen so far.
+        seen: u64,
+    },
+    /// No EOF block arrived before every connection ended.
+    #[error("transfer ended without an EOF block")]
+    MissingEof,
+    /// Fewer EODs arrived than the EOF block announced.
+    #[error("{seen} of {expected} end-of-data marks received")]
+    MissingEods {
+        /// Announced count.
+        expected: u64,
+        /// Seen.
+        seen: u64,
+    },
+    /// The received data has a hole.
+    #[error("bytes missing at offset {at} (of {total})")]
+    Hole {
+        /// First missing byte.
+        at: u64,
+        /// Largest end received.
+        total: u64,
+    },
+    /// The received size differs from the announced one.
+    #[error("received {got} bytes, expected {expected}")]
+    SizeMismatch {
+        /// Announced size.
+        expected: u64,
+        /// Received size.
+        got: u64,
+    },
+    /// A block is larger than this receiver accepts (ordered streams).
+    #[error("block of {count} bytes exceeds the limit of {max}")]
+    BlockTooLarge {
+        /// Block size.
+        count: u64,
+        /// Limit.
+        max: u64,
+    },
+    /// The local source returned fewer bytes than its announced length.
+    #[error("source ended at {at}, {len} bytes were announced")]
+    SourceShort {
+        /// Offset where reading returned nothing.
+        at: u64,
+        /// Announced length.
+        len: u64,
+    },
+    /// A feature of MODE E this engine does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+    /// No such connection index.
+    #[error("no data connection {0}")]
+    BadIndex(usize),
+    /// The transfer is finishing or finished; no connection can be added.
+    #[error("transfer already finishing")]
+    Finished,
+    /// Static scheduling cannot change its connection set.
+    #[error("static scheduling cannot add connections")]
+    StaticAdd,
+    /// No connection is left and none can be added any more.
+    #[error("no data connection left to finish the transfer")]
+    NoConnections,
+    /// Another part of the transfer failed first, or it was cancelled.
+    #[error("transfer aborted: {0}")]
+    Aborted(String),
+}
+
+impl StripeError {
+    pub(crate) fn io(conn: Option<usize>, e: &std::io::Error) -> Self {
+        Self::Io {
+            conn,
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+
+    /// As an `std::io::Error`, for `AsyncRead`/`AsyncWrite` adapters.
+    pub fn to_io(&self) -> std::io::Error {
+        let kind = match self {
+            Self::Io { kind, .. } => *kind,
+            Self::ClosedBeforeEod { .. } | Self::MissingEods { .. } | Self::MissingEof => {
+                std::io::ErrorKind::UnexpectedEof
+            }
+            Self::Aborted(_) => std::io::ErrorKind::ConnectionAborted,
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        std::io::Error::new(kind, self.clone())
+    }
+}

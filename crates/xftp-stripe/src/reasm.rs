@@ -1,0 +1,244 @@
+//! Sans-IO receiver accounting: the completion rule.
+//!
+//! A transfer is complete iff
+//! 1. an EOF block has arrived (its offset field is the EOD count `n`),
+//! 2. exactly `n` connections have sent EOD, and
+//! 3. the received ranges are exactly `[0, total)` with no hole, `total`
+//!    being the largest end seen (and equal to the announced size, if any).
+//!
+//! A connection whose stream ends before its EOD, data after an EOD, and
+//! overlapping data are errors. Nothing here does I/O.
+
+use crate::block::{BlockHeader, Descriptor};
+use crate::ranges::RangeSet;
+use crate::StripeError;
+
+/// What the caller must do after a header was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// Read `count` payload bytes and place them at `offset`.
+    pub data: Option<(u64, u64)>,
+    /// After that payload, this connection has ended (EOD seen).
+    pub end: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnState {
+    Open,
+    Ended,
+}
+
+/// Receiver state of one transfer over any number of connections.
+#[derive(Clone, Debug, Default)]
+pub struct Reassembly {
+    ranges: RangeSet,
+    conns: Vec<ConnState>,
+    eods: u64,
+    eof: Option<u64>,
+}
+
+impl Reassembly {
+    /// A fresh transfer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register a data connection; returns its index.
+    pub fn add_conn(&mut self) -> usize {
+        self.conns.push(ConnState::Open);
+        self.conns.len() - 1
+    }
+
+    /// A header arrived on connection `conn`. On `Ok`, the data range (if
+    /// any) is already recorded, so a duplicate arriving on another
+    /// connection is refused even before this payload is read.
+    pub fn on_header(&mut self, conn: usize, h: &BlockHeader) -> Result<Accepted, StripeError> {
+        let state = self
+            .conns
+            .get(conn)
+            .copied()
+            .ok_or(StripeError::BadIndex(conn))?;
+        if state == ConnState::Ended {
+            return Err(StripeError::DataAfterEod { conn });
+        }
+        let d = h.descriptor;
+        if d.contains(Descriptor::RESTART_MARKER) {
+            return Err(StripeError::Unsupported("restart marker blocks"));
+        }
+        let mut data = None;
+        if d.contains(Descriptor::EOF) {
+            if self.eof.is_some() {
+                return Err(StripeError::DuplicateEof);
+            }
+            self.eof = Some(h.offset);
+        } else if h.count > 0 {
+            self.ranges
+                .insert(h.offset, h.end())
+                .map_err(|o| StripeError::Overlap {
+                    start: o.start,
+                    end: o.end,
+                })?;
+            data = Some((h.offset, h.count));
+        }
+        let end = d.contains(Descriptor::EOD);
+        if end {
+            self.conns[conn] = ConnState::Ended;
+            self.eods += 1;
+        }
+        if let Some(n) = self.eof {
+            if self.eods > n {
+                return Err(StripeError::TooManyEods {
+                    expected: n,
+                    seen: self.eods,
+                });
+            }
+        }
+        Ok(Accepted { data, end })
+    }
+
+    /// The byte stream of `conn` ended (TCP FIN) or failed. Before its EOD
+    /// that is an error; after it, harmless.
+    pub fn on_closed(&mut self, conn: usize) -> Result<(), StripeError> {
+        match self.conns.get(conn) {
+            Some(ConnState::Ended) => Ok(()),
+            Some(ConnState::Open) => Err(StripeError::ClosedBeforeEod { conn }),
+            None => Err(StripeError::BadIndex(conn)),
+        }
+    }
+
+    /// Whether the completion rule holds now.
+    pub fn is_done(&self) -> bool {
+        self.eof == Some(self.eods) && self.ranges.is_complete(self.ranges.max_end())
+    }
+
+    /// Whether connection `conn` has sent its EOD.
+    pub fn conn_ended(&self, conn: usize) -> bool {
+        self.conns.get(conn) == Some(&ConnState::Ended)
+    }
+
+    /// The byte ranges recorded so far.
+    pub fn ranges(&self) -> &RangeSet {
+        &self.ranges
+    }
+
+    /// EODs seen so far and the count announced by EOF (if seen).
+    pub fn eod_progress(&self) -> (u64, Option<u64>) {
+        (self.eods, self.eof)
+    }
+
+    /// Final verdict, when no more input will come: the total size if the
+    /// transfer is complete, otherwise why not. `expected` is a size the
+    /// sender announced out of band (e.g. FTP SIZE), if any.
+    pub fn finish(&self, expected: Option<u64>) -> Result<u64, StripeError> {
+        let Some(n) = self.eof else {
+            return Err(StripeError::MissingEof);
+        };
+        if self.eods != n {
+            return Err(StripeError::MissingEods {
+                expected: n,
+                seen: self.eods,
+            });
+        }
+        let total = self.ranges.max_end();
+        if let Some(at) = self.ranges.first_hole() {
+            return Err(StripeError::Hole { at, total });
+        }
+        if let Some(e) = expected {
+            if e != total {
+                return Err(StripeError::SizeMismatch {
+                    expected: e,
+                    got: total,
+                });
+            }
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_connections_complete() {
+        let mut r = Reassembly::new();
+        let a = r.add_conn();
+        let b = r.add_conn();
+        r.on_header(a, &BlockHeader::data(0, 10)).unwrap();
+        r.on_header(b, &BlockHeader::data(10, 5)).unwrap();
+        assert!(!r.is_done());
+        r.on_header(b, &BlockHeader::eod()).unwrap();
+        assert!(!r.is_done());
+        let acc = r.on_header(a, &BlockHeader::eof(2)).unwrap();
+        assert_eq!(
+            acc,
+            Accepted {
+                data: None,
+                end: true
+            }
+        );
+        assert!(r.is_done());
+        assert_eq!(r.finish(Some(15)), Ok(15));
+        assert_eq!(
+            r.finish(Some(16)),
+            Err(StripeError::SizeMismatch {
+                expected: 16,
+                got: 15
+            })
+        );
+        r.on_closed(a).unwrap();
+    }
+
+    #[test]
+    fn hole_is_never_success() {
+        let mut r = Reassembly::new();
+        let a = r.add_conn();
+        r.on_header(a, &BlockHeader::data(5, 5)).unwrap();
+        r.on_header(a, &BlockHeader::eof(1)).unwrap();
+        assert!(!r.is_done());
+        assert_eq!(r.finish(None), Err(StripeError::Hole { at: 0, total: 10 }));
+    }
+
+    #[test]
+    fn protocol_violations() {
+        let mut r = Reassembly::new();
+        let a = r.add_conn();
+        let b = r.add_conn();
+        r.on_header(a, &BlockHeader::data(0, 10)).unwrap();
+        assert!(matches!(
+            r.on_header(b, &BlockHeader::data(9, 1)),
+            Err(StripeError::Overlap { .. })
+        ));
+        assert_eq!(
+            r.on_closed(b),
+            Err(StripeError::ClosedBeforeEod { conn: 1 })
+        );
+        r.on_header(a, &BlockHeader::eof(1)).unwrap();
+        assert_eq!(
+            r.on_header(a, &BlockHeader::data(10, 1)),
+            Err(StripeError::DataAfterEod { conn: 0 })
+        );
+        assert_eq!(
+            r.on_header(b, &BlockHeader::eod()),
+            Err(StripeError::TooManyEods {
+                expected: 1,
+                seen: 2
+            })
+        );
+    }
+
+    #[test]
+    fn missing_eods_and_eof() {
+        let mut r = Reassembly::new();
+        let a = r.add_conn();
+        assert_eq!(r.finish(None), Err(StripeError::MissingEof));
+        r.on_header(a, &BlockHeader::eof(3)).unwrap();
+        assert_eq!(
+            r.finish(None),
+            Err(StripeError::MissingEods {
+                expected: 3,
+                seen: 1
+            })
+        );
+    }
+}

@@ -1,0 +1,428 @@
+//! The receiving half of the engine: blocks from N connections into a file
+//! (positional writes) or into a bounded reorder buffer (ordered stream).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::block::{BlockHeader, HEADER_LEN};
+use crate::reasm::Reassembly;
+use crate::{StreamStats, StripeError, TransferReport, WriteAt};
+
+/// Largest piece of a block read into memory at once when writing a file.
+const FILE_CHUNK: usize = 256 * 1024;
+/// Read buffer per connection: headers are small, so batch the syscalls.
+const READ_BUF: usize = 64 * 1024;
+
+/// Ordered-stream buffer: received records not yet read by the
+/// application, plus space reserved for records being read off a socket.
+struct Reorder {
+    cap: u64,
+    max_block: u64,
+    /// Reserved + filled bytes not yet consumed.
+    buffered: u64,
+    peak: u64,
+    map: BTreeMap<u64, Bytes>,
+    read_pos: u64,
+}
+
+impl Reorder {
+    /// Admission rule (see docs/psock.md): the record at the first offset
+    /// nobody has claimed yet may use the whole cap; any other record must
+    /// leave room for one maximal block, so the in-order record always
+    /// fits once the application has read what precedes it.
+    fn admit(&mut self, count: u64, in_order: bool) -> bool {
+        let limit = if in_order {
+            self.cap
+        } else {
+            self.cap.saturating_sub(self.max_block)
+        };
+        if self.buffered + count <= limit {
+            self.buffered += count;
+            self.peak = self.peak.max(self.buffered);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct State {
+    reasm: Reassembly,
+    stats: Vec<StreamStats>,
+    failed: Option<StripeError>,
+    result: Option<Result<TransferReport, StripeError>>,
+    reorder: Option<Reorder>,
+    app_waker: Option<Waker>,
+}
+
+impl State {
+    fn wake_app(&mut self) {
+        if let Some(w) = self.app_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+struct Shared {
+    st: Mutex<State>,
+    /// Reorder space freed, or failure.
+    space: Notify,
+    file: Option<Arc<dyn WriteAt>>,
+    expected: Option<u64>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running striped receive. Dropping it aborts the transfer.
+pub struct Receiver<S> {
+    ctl: RecvControl<S>,
+    driver: Option<JoinHandle<Result<TransferReport, StripeError>>>,
+}
+
+/// A cloneable handle to add connections to a running [`Receiver`].
+pub struct RecvControl<S> {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<(usize, S)>,
+}
+
+impl<S> Clone for RecvControl<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
+    /// Receive a file into `dst`, writing each record at its offset.
+    /// `expected`: a size announced out of band, checked at the end.
+    pub fn file(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
+        Self::start(Some(dst), expected, None, conns)
+    }
+
+    /// Receive an ordered byte stream read with
+    /// [`poll_read`](Self::poll_read). At most `cap` bytes are held
+    /// (raised to two blocks); blocks larger than `max_block` are refused.
+    pub fn stream(conns: Vec<S>, max_block: u32, cap: usize) -> Self {
+        let max_block = u64::from(max_block.max(1));
+        let ro = Reorder {
+            cap: (cap as u64).max(2 * max_block),
+            max_block,
+            buffered: 0,
+            peak: 0,
+            map: BTreeMap::new(),
+            read_pos: 0,
+        };
+        Self::start(None, None, Some(ro), conns)
+    }
+
+    fn start(
+        file: Option<Arc<dyn WriteAt>>,
+        expected: Option<u64>,
+        reorder: Option<Reorder>,
+        conns: Vec<S>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            st: Mutex::new(State {
+                reasm: Reassembly::new(),
+                stats: Vec::new(),
+                failed: None,
+                result: None,
+                reorder,
+                app_waker: None,
+            }),
+            space: Notify::new(),
+            file,
+            expected,
+        });
+        let ctl = RecvControl { shared, tx };
+        for c in conns {
+            // Cannot fail: the driver is not even started.
+            let _ = ctl.add_connection(c);
+        }
+        let driver = tokio::spawn(drive(ctl.shared.clone(), rx));
+        Self {
+            ctl,
+            driver: Some(driver),
+        }
+    }
+
+    /// Add a data connection while the transfer runs; returns its index.
+    pub fn add_connection(&self, conn: S) -> Result<usize, StripeError> {
+        self.ctl.add_connection(conn)
+    }
+
+    /// A handle for adding connections from elsewhere.
+    pub fn control(&self) -> RecvControl<S> {
+        self.ctl.clone()
+    }
+
+    /// Payload bytes received so far, per connection.
+    pub fn stats(&self) -> Vec<StreamStats> {
+        self.ctl.shared.lock().stats.clone()
+    }
+
+    /// Stream mode: the most bytes the reorder buffer ever held, and its cap.
+    pub fn reorder_usage(&self) -> (u64, u64) {
+        let st = self.ctl.shared.lock();
+        st.reorder.as_ref().map_or((0, 0), |r| (r.peak, r.cap))
+    }
+
+    /// Wait until the completion rule holds (success) or the transfer
+    /// fails. Once every [`RecvControl`] is dropped, a transfer whose
+    /// connections all ended without completing is an error.
+    pub async fn finish(mut self) -> Result<TransferReport, StripeError> {
+        let driver = self.driver.take();
+        // Replace our sender half by a dead one so the channel can close.
+        self.ctl.tx = mpsc::unbounded_channel().0;
+        match driver {
+            Some(d) => d
+                .await
+                .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string()))),
+            None => Err(StripeError::Aborted("finished twice".into())),
+        }
+    }
+
+    /// Stream mode: read in-order bytes. `Ok(())` with nothing filled is
+    /// the end of the stream, only after the completion rule held.
+    pub fn poll_read(&self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let sh = &self.ctl.shared;
+        let mut st = sh.lock();
+        let Some(ro) = st.reorder.as_mut() else {
+            return Poll::Ready(Err(io::Error::other("not a stream receiver")));
+        };
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(mut e) = ro.map.first_entry() {
+            if *e.key() == ro.read_pos {
+                let b = e.get_mut();
+                let n = b.len().min(out.remaining());
+                out.put_slice(&b[..n]);
+                if n == b.len() {
+                    e.remove();
+                } else {
+                    let rest = b.slice(n..);
+                    e.remove();
+                    ro.map.insert(ro.read_pos + n as u64, rest);
+                }
+                ro.read_pos += n as u64;
+                ro.buffered -= n as u64;
+                drop(st);
+                sh.space.notify_waiters();
+                return Poll::Ready(Ok(()));
+            }
+        }
+        if let Some(e) = &st.failed {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        if matches!(st.result, Some(Ok(_))) {
+            return Poll::Ready(Ok(()));
+        }
+        st.app_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl<S> Drop for Receiver<S> {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+    }
+}
+
+impl<S: Send + 'static> RecvControl<S> {
+    /// See [`Receiver::add_connection`].
+    pub fn add_connection(&self, conn: S) -> Result<usize, StripeError> {
+        let mut st = self.shared.lock();
+        if st.result.is_some() || st.failed.is_some() {
+            return Err(StripeError::Finished);
+        }
+        let idx = st.reasm.add_conn();
+        st.stats.push(StreamStats::default());
+        if self.tx.send((idx, conn)).is_err() {
+            return Err(StripeError::Finished);
+        }
+        Ok(idx)
+    }
+}
+
+async fn drive<S: AsyncRead + Unpin + Send + 'static>(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<(usize, S)>,
+) -> Result<TransferReport, StripeError> {
+    let mut set = JoinSet::new();
+    let mut open = true;
+    let result = loop {
+        if set.is_empty() {
+            let st = shared.lock();
+            let (eods, eof) = st.reasm.eod_progress();
+            // No connection running: decide if nothing more can come.
+            if eof == Some(eods) || !open {
+                break st
+                    .reasm
+                    .finish(shared.expected)
+                    .map(|total| TransferReport {
+                        bytes: total,
+                        streams: st.stats.clone(),
+                    });
+            }
+        }
+        tokio::select! {
+            c = rx.recv(), if open => match c {
+                Some((idx, s)) => {
+                    set.spawn(conn_task(s, idx, shared.clone()));
+                }
+                None => open = false,
+            },
+            r = set.join_next(), if !set.is_empty() => match r {
+                Some(Ok(Ok(()))) | None => {}
+                Some(Ok(Err(e))) => break Err(e),
+                Some(Err(e)) => break Err(StripeError::Aborted(e.to_string())),
+            },
+        }
+    };
+    let mut st = shared.lock();
+    if let Err(e) = &result {
+        tracing::debug!(error = %e, "striped receive failed");
+        st.failed = Some(e.clone());
+    }
+    st.result = Some(result.clone());
+    st.wake_app();
+    drop(st);
+    shared.space.notify_waiters();
+    drop(set);
+    result
+}
+
+async fn conn_task<S: AsyncRead + Unpin>(
+    s: S,
+    idx: usize,
+    sh: Arc<Shared>,
+) -> Result<(), StripeError> {
+    let mut r = BufReader::with_capacity(READ_BUF, s);
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut chunk = Vec::new();
+    let closed = |e: io::Error| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            StripeError::ClosedBeforeEod { conn: idx }
+        } else {
+            StripeError::io(Some(idx), &e)
+        }
+    };
+    loop {
+        r.read_exact(&mut hdr).await.map_err(closed)?;
+        let h = match BlockHeader::decode(&hdr) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Err(StripeError::ClosedBeforeEod { conn: idx }),
+            Err(source) => return Err(StripeError::Block { conn: idx, source }),
+        };
+        let (acc, in_order) = {
+            let mut st = sh.lock();
+            if let Some(e) = &st.failed {
+                return Err(StripeError::Aborted(e.to_string()));
+            }
+            if let Some(ro) = &st.reorder {
+                if h.count > ro.max_block {
+                    return Err(StripeError::BlockTooLarge {
+                        count: h.count,
+                        max: ro.max_block,
+                    });
+                }
+            }
+            let prefix = st.reasm.ranges().contiguous_prefix();
+            (st.reasm.on_header(idx, &h)?, h.offset == prefix)
+        };
+        if let Some((offset, count)) = acc.data {
+            if let Some(file) = &sh.file {
+                let mut pos = 0u64;
+                while pos < count {
+                    let n = (count - pos).min(FILE_CHUNK as u64) as usize;
+                    chunk.resize(n, 0);
+                    r.read_exact(&mut chunk).await.map_err(closed)?;
+                    chunk = write_chunk(file.clone(), chunk, offset + pos).await?;
+                    pos += n as u64;
+                }
+            } else {
+                reserve(&sh, count, in_order).await?;
+                // `count` ≤ max_block, checked above.
+                let mut b = BytesMut::zeroed(count as usize);
+                r.read_exact(&mut b).await.map_err(closed)?;
+                let mut st = sh.lock();
+                if let Some(ro) = st.reorder.as_mut() {
+                    ro.map.insert(offset, b.freeze());
+                }
+                st.wake_app();
+            }
+            let mut st = sh.lock();
+            if let Some(stat) = st.stats.get_mut(idx) {
+                stat.bytes += count;
+                stat.records += 1;
+            }
+        }
+        if acc.end {
+            return Ok(());
+        }
+    }
+}
+
+/// Wait until the reorder buffer admits `count` bytes.
+async fn reserve(sh: &Shared, count: u64, in_order: bool) -> Result<(), StripeError> {
+    loop {
+        let notified = sh.space.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut st = sh.lock();
+            if let Some(e) = &st.failed {
+                return Err(StripeError::Aborted(e.to_string()));
+            }
+            let admitted = match st.reorder.as_mut() {
+                Some(ro) => ro.admit(count, in_order),
+                None => true,
+            };
+            if admitted {
+                return Ok(());
+            }
+        }
+        notified.await;
+    }
+}
+
+async fn write_chunk(
+    file: Arc<dyn WriteAt>,
+    chunk: Vec<u8>,
+    offset: u64,
+) -> Result<Vec<u8>, StripeError> {
+    tokio::task::spawn_blocking(move || {
+        file.write_at(&chunk, offset)
+            .map(|()| chunk)
+            .map_err(|e| StripeError::io(None, &e))
+    })
+    .await
+    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+}
+
+/// Receive a file over `conns` into `dst` and wait for the end.
+/// `expected`: the size announced out of band, if any.
+pub async fn recv_file<S: AsyncRead + Unpin + Send + 'static>(
+    dst: Arc<dyn WriteAt>,
+    conns: Vec<S>,
+    expected: Option<u64>,
+) -> Result<TransferReport, StripeError> {
+    Receiver::file(dst, expected, conns).finish().await
+}

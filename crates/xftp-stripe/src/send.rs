@@ -1,0 +1,509 @@
+//! The sending half of the engine: a file or a byte stream over N
+//! connections.
+
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::block::BlockHeader;
+use crate::sched::{Next, Schedule, Scheduler};
+use crate::{ReadAt, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
+
+/// Sender settings.
+#[derive(Clone, Debug)]
+pub struct SendConfig {
+    /// Bytes per record (data block). Default [`DEFAULT_RECORD_SIZE`].
+    pub record_size: u32,
+    /// Dynamic (default) or static assignment of records to connections.
+    pub schedule: Schedule,
+}
+
+impl Default for SendConfig {
+    fn default() -> Self {
+        Self {
+            record_size: DEFAULT_RECORD_SIZE,
+            schedule: Schedule::Dynamic,
+        }
+    }
+}
+
+/// Bytes written by the application and not yet taken by a connection.
+struct StreamBuf {
+    buf: BytesMut,
+    /// Stream offset of `buf[0]`.
+    base: u64,
+    cap: usize,
+    /// Total bytes accepted from the application.
+    written: u64,
+    closing: bool,
+}
+
+struct State {
+    sched: Scheduler,
+    stream: Option<StreamBuf>,
+    /// Connection tasks that have not yet decided how they end.
+    active: usize,
+    /// The EOF block is committed: nothing may be added any more.
+    eof_sent: bool,
+    failed: Option<StripeError>,
+    stats: Vec<StreamStats>,
+    result: Option<Result<TransferReport, StripeError>>,
+    app_waker: Option<Waker>,
+}
+
+impl State {
+    fn wake_app(&mut self) {
+        if let Some(w) = self.app_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+struct Shared {
+    st: Mutex<State>,
+    /// Scheduler progress: data added, close, retire, failure.
+    wake: Notify,
+    file: Option<Arc<dyn ReadAt>>,
+    record_size: u32,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent before any
+        // call that could panic, so a poisoned lock is still usable.
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running striped send. Dropping it aborts the transfer (every
+/// connection is closed without EOD, so the receiver fails rather than
+/// seeing a short file).
+pub struct Sender<S> {
+    ctl: SendControl<S>,
+    driver: Option<JoinHandle<Result<TransferReport, StripeError>>>,
+}
+
+/// A cloneable handle to add or retire connections of a running [`Sender`].
+pub struct SendControl<S> {
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<(usize, S)>,
+}
+
+impl<S> Clone for SendControl<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
+    /// Start sending `len` bytes of `src` over `conns`.
+    ///
+    /// With [`Schedule::Static`] the connection set is fixed to `conns`.
+    pub fn file(src: Arc<dyn ReadAt>, len: u64, conns: Vec<S>, cfg: &SendConfig) -> Self {
+        let sched = match cfg.schedule {
+            Schedule::Dynamic => Scheduler::dynamic(cfg.record_size, len),
+            Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
+        };
+        Self::start(sched, None, Some(src), conns, cfg.record_size)
+    }
+
+    /// Start a byte stream (dynamic scheduling, length unknown) fed with
+    /// [`poll_write`](Self::poll_write). At most `buffer` bytes wait
+    /// between the application and the connections (raised to two records).
+    pub fn stream(conns: Vec<S>, record_size: u32, buffer: usize) -> Self {
+        let rs = record_size.max(1);
+        let sb = StreamBuf {
+            buf: BytesMut::new(),
+            base: 0,
+            cap: buffer.max(2 * rs as usize),
+            written: 0,
+            closing: false,
+        };
+        Self::start(Scheduler::stream(rs), Some(sb), None, conns, rs)
+    }
+
+    fn start(
+        mut sched: Scheduler,
+        stream: Option<StreamBuf>,
+        file: Option<Arc<dyn ReadAt>>,
+        conns: Vec<S>,
+        record_size: u32,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let n = conns.len();
+        if sched.schedule() == Schedule::Dynamic {
+            for _ in 0..n {
+                // Dynamic schedulers always accept connections.
+                let _ = sched.add_conn();
+            }
+        }
+        let shared = Arc::new(Shared {
+            st: Mutex::new(State {
+                sched,
+                stream,
+                active: n,
+                eof_sent: false,
+                failed: None,
+                stats: vec![StreamStats::default(); n],
+                result: None,
+                app_waker: None,
+            }),
+            wake: Notify::new(),
+            file,
+            record_size,
+        });
+        for (i, c) in conns.into_iter().enumerate() {
+            // The receiver lives in the driver spawned below.
+            let _ = tx.send((i, c));
+        }
+        let driver = tokio::spawn(drive(shared.clone(), rx));
+        Self {
+            ctl: SendControl { shared, tx },
+            driver: Some(driver),
+        }
+    }
+
+    /// Add a connection to the running transfer; returns its index.
+    pub fn add_connection(&self, conn: S) -> Result<usize, StripeError> {
+        self.ctl.add_connection(conn)
+    }
+
+    /// Stop using connection `idx` after its current record; it sends EOD.
+    pub fn retire(&self, idx: usize) -> Result<(), StripeError> {
+        self.ctl.retire(idx)
+    }
+
+    /// A handle for adding/retiring connections from elsewhere.
+    pub fn control(&self) -> SendControl<S> {
+        self.ctl.clone()
+    }
+
+    /// Payload bytes sent so far, per connection.
+    pub fn stats(&self) -> Vec<StreamStats> {
+        self.ctl.shared.lock().stats.clone()
+    }
+
+    /// Wait for the end: every connection has sent its EOD (one of them
+    /// the EOF block), flushed and shut down its write side.
+    pub async fn finish(mut self) -> Result<TransferReport, StripeError> {
+        let driver = self.driver.take();
+        // Without our handle the driver fails once no connection is left.
+        // Replace our sender half by a dead one so the channel can close.
+        self.ctl.tx = mpsc::unbounded_channel().0;
+        match driver {
+            Some(d) => d
+                .await
+                .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string()))),
+            None => Err(StripeError::Aborted("finished twice".into())),
+        }
+    }
+
+    /// Stream mode: accept bytes from the application (up to the free
+    /// buffer space). Full records are handed to connections at once.
+    pub fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let sh = &self.ctl.shared;
+        let mut st = sh.lock();
+        if let Some(e) = &st.failed {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        let rs = u64::from(sh.record_size);
+        let avail = st.sched.available();
+        let Some(sb) = st.stream.as_mut() else {
+            return Poll::Ready(Err(io::Error::other("not a stream sender")));
+        };
+        if sb.closing {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let room = sb.cap.saturating_sub(sb.buf.len());
+        if room == 0 {
+            st.app_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let n = room.min(data.len());
+        sb.buf.extend_from_slice(&data[..n]);
+        sb.written += n as u64;
+        // Only whole records are scheduled here: small writes are batched.
+        let full = avail + (sb.written - avail) / rs * rs;
+        if full > avail {
+            let _ = st.sched.extend(full);
+            sh.wake.notify_waiters();
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Stream mode: hand every buffered byte (also a partial record) to
+    /// the connections; ready once all of it has been taken.
+    pub fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let sh = &self.ctl.shared;
+        let mut st = sh.lock();
+        if let Some(e) = &st.failed {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        let Some(written) = st.stream.as_ref().map(|s| s.written) else {
+            return Poll::Ready(Ok(()));
+        };
+        if st.sched.available() < written && !st.sched.exhausted() {
+            let _ = st.sched.extend(written);
+            sh.wake.notify_waiters();
+        }
+        if st.sched.cursor() >= written {
+            Poll::Ready(Ok(()))
+        } else {
+            st.app_waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    /// Stream mode: no more data; ready when every connection has sent its
+    /// EOD (one the EOF block) and shut down its write side.
+    pub fn poll_close(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let sh = &self.ctl.shared;
+        let mut st = sh.lock();
+        if let Some(r) = &st.result {
+            return Poll::Ready(r.as_ref().map(|_| ()).map_err(StripeError::to_io));
+        }
+        if let Some(e) = &st.failed {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        let written = st.stream.as_ref().map(|s| s.written);
+        if let Some(sb) = st.stream.as_mut() {
+            sb.closing = true;
+        }
+        if let Some(w) = written {
+            if st.sched.available() < w {
+                let _ = st.sched.extend(w);
+            }
+        }
+        st.sched.close();
+        st.app_waker = Some(cx.waker().clone());
+        drop(st);
+        sh.wake.notify_waiters();
+        Poll::Pending
+    }
+}
+
+impl<S> Drop for Sender<S> {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+    }
+}
+
+impl<S: Send + 'static> SendControl<S> {
+    /// See [`Sender::add_connection`].
+    pub fn add_connection(&self, conn: S) -> Result<usize, StripeError> {
+        let mut st = self.shared.lock();
+        if st.eof_sent || st.failed.is_some() || st.result.is_some() {
+            return Err(StripeError::Finished);
+        }
+        let idx = st.sched.add_conn().map_err(|_| StripeError::StaticAdd)?;
+        st.active += 1;
+        st.stats.push(StreamStats::default());
+        // Sent while holding the lock so the driver cannot finish between
+        // our registration and the hand-over.
+        if self.tx.send((idx, conn)).is_err() {
+            return Err(StripeError::Finished);
+        }
+        Ok(idx)
+    }
+
+    /// See [`Sender::retire`].
+    pub fn retire(&self, idx: usize) -> Result<(), StripeError> {
+        self.shared
+            .lock()
+            .sched
+            .retire(idx)
+            .map_err(|_| StripeError::BadIndex(idx))?;
+        self.shared.wake.notify_waiters();
+        Ok(())
+    }
+}
+
+async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<(usize, S)>,
+) -> Result<TransferReport, StripeError> {
+    let mut set = JoinSet::new();
+    let mut open = true;
+    let result = loop {
+        if set.is_empty() {
+            let st = shared.lock();
+            if st.eof_sent {
+                let streams = st.stats.clone();
+                break Ok(TransferReport {
+                    bytes: streams.iter().map(|s| s.bytes).sum(),
+                    streams,
+                });
+            }
+            if !open {
+                break Err(StripeError::NoConnections);
+            }
+        }
+        tokio::select! {
+            c = rx.recv(), if open => match c {
+                Some((idx, s)) => {
+                    set.spawn(conn_task(s, idx, shared.clone()));
+                }
+                None => open = false,
+            },
+            r = set.join_next(), if !set.is_empty() => match r {
+                Some(Ok(Ok(()))) | None => {}
+                Some(Ok(Err(e))) => break Err(e),
+                Some(Err(e)) => break Err(StripeError::Aborted(e.to_string())),
+            },
+        }
+    };
+    let mut st = shared.lock();
+    if let Err(e) = &result {
+        tracing::debug!(error = %e, "striped send failed");
+        st.failed = Some(e.clone());
+    }
+    st.result = Some(result.clone());
+    st.wake_app();
+    drop(st);
+    shared.wake.notify_waiters();
+    // Dropping `set` aborts the other connection tasks and closes their
+    // connections without EOD, so the receiver fails too.
+    drop(set);
+    result
+}
+
+enum Step {
+    Record(u64, u64, Option<Bytes>),
+    Wait,
+    End(Option<u64>),
+}
+
+async fn conn_task<S: AsyncWrite + Unpin>(
+    mut s: S,
+    idx: usize,
+    sh: Arc<Shared>,
+) -> Result<(), StripeError> {
+    let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
+    let mut buf = Vec::new();
+    loop {
+        let notified = sh.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let step = {
+            let mut st = sh.lock();
+            if let Some(e) = &st.failed {
+                return Err(StripeError::Aborted(e.to_string()));
+            }
+            match st.sched.next(idx) {
+                Next::Record { offset, len } => {
+                    let payload = st.stream.as_mut().map(|sb| {
+                        // Records leave the stream buffer in offset order
+                        // because they are cut under this same lock.
+                        debug_assert_eq!(sb.base, offset);
+                        sb.base += len;
+                        sb.buf.split_to(len as usize).freeze()
+                    });
+                    if payload.is_some() {
+                        st.wake_app();
+                    }
+                    Step::Record(offset, len, payload)
+                }
+                Next::Wait => Step::Wait,
+                Next::Done => {
+                    st.active -= 1;
+                    let last = st.active == 0 && st.sched.exhausted();
+                    if last {
+                        st.eof_sent = true;
+                    }
+                    Step::End(last.then(|| st.sched.conn_count() as u64))
+                }
+            }
+        };
+        match step {
+            Step::Record(offset, len, payload) => {
+                let hdr = BlockHeader::data(offset, len).encode();
+                match payload {
+                    Some(b) => {
+                        s.write_all(&hdr).await.map_err(ioerr)?;
+                        s.write_all(&b).await.map_err(ioerr)?;
+                    }
+                    None => {
+                        let file = sh
+                            .file
+                            .clone()
+                            .ok_or(StripeError::Unsupported("no source"))?;
+                        buf = read_record(file, buf, offset, len).await?;
+                        s.write_all(&hdr).await.map_err(ioerr)?;
+                        s.write_all(&buf).await.map_err(ioerr)?;
+                    }
+                }
+                let mut st = sh.lock();
+                if let Some(stat) = st.stats.get_mut(idx) {
+                    stat.bytes += len;
+                    stat.records += 1;
+                }
+            }
+            Step::Wait => notified.await,
+            Step::End(eof) => {
+                let hdr = match eof {
+                    Some(n) => BlockHeader::eof(n),
+                    None => BlockHeader::eod(),
+                };
+                s.write_all(&hdr.encode()).await.map_err(ioerr)?;
+                s.flush().await.map_err(ioerr)?;
+                s.shutdown().await.map_err(ioerr)?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Fill `buf` with `len` bytes of `file` at `offset`, off the async threads.
+async fn read_record(
+    file: Arc<dyn ReadAt>,
+    mut buf: Vec<u8>,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, StripeError> {
+    tokio::task::spawn_blocking(move || {
+        buf.resize(len as usize, 0);
+        let mut got = 0usize;
+        while got < buf.len() {
+            let at = offset + got as u64;
+            match file.read_at(&mut buf[got..], at) {
+                Ok(0) => {
+                    return Err(StripeError::SourceShort {
+                        at,
+                        len: offset + len,
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(StripeError::io(None, &e)),
+            }
+        }
+        Ok(buf)
+    })
+    .await
+    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+}
+
+/// Send `len` bytes of `src` over `conns` and wait for the end. The
+/// future does not borrow `cfg`.
+pub fn send_file<S: AsyncWrite + Unpin + Send + 'static>(
+    src: Arc<dyn ReadAt>,
+    len: u64,
+    conns: Vec<S>,
+    cfg: &SendConfig,
+) -> impl std::future::Future<Output = Result<TransferReport, StripeError>> + Send + 'static {
+    let cfg = cfg.clone();
+    async move { Sender::file(src, len, conns, &cfg).finish().await }
+}

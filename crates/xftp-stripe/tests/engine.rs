@@ -1,0 +1,405 @@
+//! End-to-end tests of the file engine over in-memory pipes and loopback TCP.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tokio::net::{TcpListener, TcpStream};
+use xftp_stripe::{
+    recv_file, send_file, MemFile, Receiver, Schedule, SendConfig, Sender, StripeError,
+    TransferReport,
+};
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn duplexes(n: usize) -> (Vec<DuplexStream>, Vec<DuplexStream>) {
+    (0..n).map(|_| tokio::io::duplex(256 * 1024)).unzip()
+}
+
+async fn tcp_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for _ in 0..n {
+        let (c, s) = tokio::join!(TcpStream::connect(addr), l.accept());
+        a.push(c.unwrap());
+        b.push(s.unwrap().0);
+    }
+    (a, b)
+}
+
+async fn roundtrip<S, R>(
+    data: &[u8],
+    tx: Vec<S>,
+    rx: Vec<R>,
+    cfg: &SendConfig,
+) -> (TransferReport, TransferReport, Vec<u8>)
+where
+    S: AsyncWrite + Unpin + Send + 'static,
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let src = Arc::new(MemFile::from(data.to_vec()));
+    let dst = Arc::new(MemFile::default());
+    let len = data.len() as u64;
+    let (s, r) = tokio::join!(
+        send_file(src, len, tx, cfg),
+        recv_file(dst.clone(), rx, Some(len))
+    );
+    (s.unwrap(), r.unwrap(), dst.to_vec())
+}
+
+const RS: u32 = 64 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_and_stream_counts_in_memory() {
+    let rs = RS as usize;
+    for &size in &[0, 1, rs - 1, rs, rs + 1, 3 * rs + 7] {
+        for &n in &[1usize, 2, 3, 8, 64] {
+            for schedule in [Schedule::Dynamic, Schedule::Static] {
+                let data = pattern(size, size as u32 + n as u32);
+                let (tx, rx) = duplexes(n);
+                let cfg = SendConfig {
+                    record_size: RS,
+                    schedule,
+                };
+                let (s, r, got) = roundtrip(&data, tx, rx, &cfg).await;
+                assert!(got == data, "size {size} n {n} {schedule:?}");
+                assert_eq!(s.bytes, size as u64);
+                assert_eq!(r.bytes, size as u64);
+                assert_eq!(s.streams.len(), n);
+                assert_eq!(s.streams, r.streams, "per-stream accounting agrees");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_file_over_loopback_tcp() {
+    let data = pattern(20 * 1024 * 1024 + 13, 7);
+    for &n in &[1usize, 2, 3, 8, 64] {
+        let (tx, rx) = tcp_pairs(n).await;
+        let (s, r, got) = roundtrip(&data, tx, rx, &SendConfig::default()).await;
+        assert!(got == data, "n {n}");
+        assert_eq!(s.streams.len(), n);
+        assert_eq!(r.bytes, data.len() as u64);
+        // Dynamic assignment uses every connection on a file this large.
+        assert!(s.streams.iter().all(|st| st.records > 0) || n == 64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_size_edges_over_tcp_with_real_files() {
+    let rs = xftp_stripe::DEFAULT_RECORD_SIZE as usize;
+    for &size in &[0, 1, rs - 1, rs, rs + 1] {
+        let data = pattern(size, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let sp = dir.path().join("src");
+        let dp = dir.path().join("dst");
+        std::fs::write(&sp, &data).unwrap();
+        let src = Arc::new(std::fs::File::open(&sp).unwrap());
+        let dst = Arc::new(std::fs::File::create(&dp).unwrap());
+        let (tx, rx) = tcp_pairs(3).await;
+        let (s, r) = tokio::join!(
+            send_file(src, size as u64, tx, &SendConfig::default()),
+            recv_file(dst, rx, Some(size as u64))
+        );
+        s.unwrap();
+        r.unwrap();
+        assert!(std::fs::read(&dp).unwrap() == data, "size {size}");
+    }
+}
+
+/// An AsyncWrite that lets through `rate` bytes per second.
+struct Throttle<S> {
+    inner: S,
+    rate: u64,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Throttle<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(s) = self.sleep.as_mut() {
+            if s.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let chunk = buf.len().min(4096);
+        let r = Pin::new(&mut self.inner).poll_write(cx, &buf[..chunk]);
+        if let Poll::Ready(Ok(n)) = r {
+            let d = Duration::from_micros(n as u64 * 1_000_000 / self.rate);
+            self.sleep = Some(Box::pin(tokio::time::sleep(d)));
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+use std::future::Future;
+
+/// Either a plain or a throttled pipe (one type for the connection list).
+enum Conn {
+    Fast(DuplexStream),
+    Slow(Throttle<DuplexStream>),
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Fast(s) => Pin::new(s).poll_write(cx, b),
+            Conn::Slow(s) => Pin::new(s).poll_write(cx, b),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Fast(s) => Pin::new(s).poll_flush(cx),
+            Conn::Slow(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Fast(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Slow(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+async fn timed_with_slow_conn(schedule: Schedule, data: &[u8]) -> (Duration, TransferReport) {
+    let (tx, rx) = duplexes(4);
+    let tx: Vec<Conn> = tx
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if i == 0 {
+                Conn::Slow(Throttle {
+                    inner: s,
+                    rate: 2 * 1024 * 1024,
+                    sleep: None,
+                })
+            } else {
+                Conn::Fast(s)
+            }
+        })
+        .collect();
+    let cfg = SendConfig {
+        record_size: 32 * 1024,
+        schedule,
+    };
+    let t = Instant::now();
+    let (s, r, got) = roundtrip(data, tx, rx, &cfg).await;
+    let el = t.elapsed();
+    assert!(got == data);
+    assert_eq!(r.bytes, data.len() as u64);
+    (el, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_beats_static_with_one_slow_connection() {
+    let data = pattern(3 * 1024 * 1024, 11);
+    let (t_static, s_static) = timed_with_slow_conn(Schedule::Static, &data).await;
+    let (t_dyn, s_dyn) = timed_with_slow_conn(Schedule::Dynamic, &data).await;
+    // Static must push a quarter of the file through the slow connection.
+    assert_eq!(s_static.streams[0].bytes, data.len() as u64 / 4);
+    // Dynamic gives the slow connection less than its equal share ...
+    assert!(s_dyn.streams[0].bytes < s_static.streams[0].bytes);
+    // ... and so finishes sooner.
+    assert!(t_dyn < t_static, "dynamic {t_dyn:?} static {t_static:?}");
+}
+
+/// Fails with ECONNRESET after `left` bytes, like a killed connection.
+struct Killer<S> {
+    inner: S,
+    left: usize,
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Killer<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.left == 0 {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        let n = buf.len().min(self.left);
+        let r = Pin::new(&mut self.inner).poll_write(cx, &buf[..n]);
+        if let Poll::Ready(Ok(k)) = r {
+            self.left -= k;
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_fails_both_ends() {
+    let data = pattern(8 * 1024 * 1024, 5);
+    let (tx, rx) = tcp_pairs(4).await;
+    let tx: Vec<Killer<TcpStream>> = tx
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Killer {
+            inner: s,
+            left: if i == 2 { 300_000 } else { usize::MAX },
+        })
+        .collect();
+    let src = Arc::new(MemFile::from(data.clone()));
+    let dst = Arc::new(MemFile::default());
+    let (s, r) = tokio::join!(
+        send_file(src, data.len() as u64, tx, &SendConfig::default()),
+        recv_file(dst.clone(), rx, None)
+    );
+    let se = s.unwrap_err();
+    assert!(matches!(se, StripeError::Io { conn: Some(2), .. }), "{se}");
+    let re = r.unwrap_err();
+    assert!(
+        matches!(
+            re,
+            StripeError::ClosedBeforeEod { .. } | StripeError::Io { .. }
+        ),
+        "{re}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_vanishing_mid_transfer_fails_receiver() {
+    // The receiver must not mistake a sender that simply stops for success.
+    let data = pattern(1024 * 1024, 9);
+    let (tx, rx) = tcp_pairs(2).await;
+    let src = Arc::new(MemFile::from(data.clone()));
+    let sender = Sender::file(src, data.len() as u64, tx, &SendConfig::default());
+    let dst = Arc::new(MemFile::default());
+    let recv = tokio::spawn(recv_file(dst, rx, None));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    drop(sender);
+    let r = recv.await.unwrap();
+    // Either the sender had already finished (then the data is whole) or
+    // the receiver reports the loss.
+    match r {
+        Ok(rep) => assert_eq!(rep.bytes, data.len() as u64),
+        Err(e) => assert!(
+            matches!(
+                e,
+                StripeError::ClosedBeforeEod { .. } | StripeError::Io { .. }
+            ),
+            "{e}"
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_and_retire_connections_mid_transfer() {
+    let data = pattern(4 * 1024 * 1024, 21);
+    let (mut tx, mut rx) = duplexes(4);
+    let first_tx: Vec<_> = tx
+        .drain(..2)
+        .map(|s| Throttle {
+            inner: s,
+            rate: 8 << 20,
+            sleep: None,
+        })
+        .collect();
+    let first_rx: Vec<_> = rx.drain(..2).collect();
+    let cfg = SendConfig {
+        record_size: 16 * 1024,
+        schedule: Schedule::Dynamic,
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    let dst = Arc::new(MemFile::default());
+    let sender = Sender::file(src, data.len() as u64, first_tx, &cfg);
+    let receiver = Receiver::file(dst.clone(), Some(data.len() as u64), first_rx);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for (t, r) in tx.into_iter().zip(rx) {
+        let i = sender
+            .add_connection(Throttle {
+                inner: t,
+                rate: 8 << 20,
+                sleep: None,
+            })
+            .unwrap();
+        let j = receiver.add_connection(r).unwrap();
+        assert_eq!(i, j);
+    }
+    sender.retire(0).unwrap();
+    let (s, r) = tokio::join!(sender.finish(), receiver.finish());
+    let (s, r) = (s.unwrap(), r.unwrap());
+    assert!(dst.to_vec() == data);
+    assert_eq!(s.streams.len(), 4);
+    assert_eq!(s.streams, r.streams);
+    // Added connections really carried data.
+    assert!(s.streams[2].bytes > 0 && s.streams[3].bytes > 0);
+}
+
+#[tokio::test]
+async fn no_connections_is_an_error() {
+    let src = Arc::new(MemFile::from(vec![1u8; 10]));
+    let r = send_file::<DuplexStream>(src, 10, vec![], &SendConfig::default()).await;
+    assert_eq!(r, Err(StripeError::NoConnections));
+    let dst = Arc::new(MemFile::default());
+    let r = recv_file::<DuplexStream>(dst, vec![], None).await;
+    assert_eq!(r, Err(StripeError::MissingEof));
+}
+
+#[tokio::test]
+async fn short_source_is_an_error_not_a_short_file() {
+    let src = Arc::new(MemFile::from(vec![1u8; 10]));
+    let (tx, rx) = duplexes(2);
+    let dst = Arc::new(MemFile::default());
+    let (s, r) = tokio::join!(
+        send_file(src, 100, tx, &SendConfig::default()),
+        recv_file(dst, rx, None)
+    );
+    assert!(matches!(
+        s,
+        Err(StripeError::SourceShort { at: 10, len: 100 })
+    ));
+    assert!(r.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_mib_plus_13_file_over_tcp() {
+    let size = 100 * 1024 * 1024 + 13;
+    let data = pattern(size, 77);
+    let dir = tempfile::tempdir().unwrap();
+    let sp = dir.path().join("src");
+    let dp = dir.path().join("dst");
+    std::fs::write(&sp, &data).unwrap();
+    let src = Arc::new(std::fs::File::open(&sp).unwrap());
+    let dst = Arc::new(std::fs::File::create(&dp).unwrap());
+    let (tx, rx) = tcp_pairs(8).await;
+    let (s, r) = tokio::join!(
+        send_file(src, size as u64, tx, &SendConfig::default()),
+        recv_file(dst, rx, Some(size as u64))
+    );
+    assert_eq!(s.unwrap().bytes, size as u64);
+    assert_eq!(r.unwrap().bytes, size as u64);
+    assert!(std::fs::read(&dp).unwrap() == data);
+}
