@@ -22,8 +22,8 @@ def fig10(rows, out):
     rate, rtt, window = 15.36e6, 0.056, 24576
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes = sorted({int(r["size_bytes"]) for r in rows})
-    ns = sorted({int(r["streams"]) for r in rows})
-    markers = {"xftp": "o", "iperf3": "s"}
+    ns = sorted({int(r["streams"]) for r in rows if r["tool"] == "iperf3"})
+    markers = {"xftp-pipe": "o", "xftp-get": "D", "iperf3": "s"}
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
     for i, size in enumerate(sizes):
         c = colors[i % len(colors)]
@@ -33,8 +33,13 @@ def fig10(rows, out):
             if pts:
                 pts.sort()
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=c,
-                        linestyle="-" if tool == "xftp" else ":",
+                        linestyle=":" if tool == "iperf3" else "-",
                         label=f"{tool}, {size / 1e6:g} MB")
+        auto = [(int(r["streams"]), float(r["mbit_s"])) for r in rows
+                if r["tool"] == "xftp-get-auto" and int(r["size_bytes"]) == size and r["streams"]]
+        if auto:
+            ax.plot([a[0] for a in auto], [a[1] for a in auto], marker="*", markersize=12,
+                    linestyle="none", color=c, label=f"xftp get -p auto, {size / 1e6:g} MB")
         ax.plot(ns, [slow_start_model(size, n, window, rtt, rate) / 1e6 for n in ns],
                 color=c, linestyle="--", linewidth=1, alpha=0.7,
                 label=f"model with slow start, {size / 1e6:g} MB")
