@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::block::{BlockHeader, HEADER_LEN};
+use crate::ranges::RangeSet;
 use crate::reasm::Reassembly;
 use crate::{StreamStats, StripeError, TransferReport, WriteAt};
 
@@ -30,20 +31,26 @@ struct Reorder {
     peak: u64,
     map: BTreeMap<u64, Bytes>,
     read_pos: u64,
+    /// Every range ever admitted (coalesced, so small).
+    admitted: RangeSet,
 }
 
 impl Reorder {
     /// Admission rule (see docs/psock.md): the record at the first offset
-    /// nobody has claimed yet may use the whole cap; any other record must
-    /// leave room for one maximal block, so the in-order record always
-    /// fits once the application has read what precedes it.
-    fn admit(&mut self, count: u64, in_order: bool) -> bool {
+    /// not yet admitted may use the whole cap; any other record must leave
+    /// room for one maximal block, so the in-order record always fits once
+    /// the application has read what precedes it. "In order" is judged at
+    /// each attempt: a record becomes in order while it waits.
+    fn admit(&mut self, offset: u64, count: u64) -> bool {
+        let in_order = self.admitted.contiguous_prefix() == offset;
         let limit = if in_order {
             self.cap
         } else {
             self.cap.saturating_sub(self.max_block)
         };
         if self.buffered + count <= limit {
+            // Cannot overlap: the reassembly refused overlaps already.
+            let _ = self.admitted.insert(offset, offset + count);
             self.buffered += count;
             self.peak = self.peak.max(self.buffered);
             true
@@ -124,6 +131,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             peak: 0,
             map: BTreeMap::new(),
             read_pos: 0,
+            admitted: RangeSet::new(),
         };
         Self::start(None, None, Some(ro), conns)
     }
@@ -331,7 +339,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
             Ok(None) => return Err(StripeError::ClosedBeforeEod { conn: idx }),
             Err(source) => return Err(StripeError::Block { conn: idx, source }),
         };
-        let (acc, in_order) = {
+        let acc = {
             let mut st = sh.lock();
             if let Some(e) = &st.failed {
                 return Err(StripeError::Aborted(e.to_string()));
@@ -344,8 +352,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
                     });
                 }
             }
-            let prefix = st.reasm.ranges().contiguous_prefix();
-            (st.reasm.on_header(idx, &h)?, h.offset == prefix)
+            st.reasm.on_header(idx, &h)?
         };
         if let Some((offset, count)) = acc.data {
             if let Some(file) = &sh.file {
@@ -358,7 +365,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
                     pos += n as u64;
                 }
             } else {
-                reserve(&sh, count, in_order).await?;
+                reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
                 let mut b = BytesMut::zeroed(count as usize);
                 r.read_exact(&mut b).await.map_err(closed)?;
@@ -381,7 +388,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
 }
 
 /// Wait until the reorder buffer admits `count` bytes.
-async fn reserve(sh: &Shared, count: u64, in_order: bool) -> Result<(), StripeError> {
+async fn reserve(sh: &Shared, offset: u64, count: u64) -> Result<(), StripeError> {
     loop {
         let notified = sh.space.notified();
         tokio::pin!(notified);
@@ -392,10 +399,13 @@ async fn reserve(sh: &Shared, count: u64, in_order: bool) -> Result<(), StripeEr
                 return Err(StripeError::Aborted(e.to_string()));
             }
             let admitted = match st.reorder.as_mut() {
-                Some(ro) => ro.admit(count, in_order),
+                Some(ro) => ro.admit(offset, count),
                 None => true,
             };
             if admitted {
+                drop(st);
+                // Another waiting record may be in order now.
+                sh.space.notify_waiters();
                 return Ok(());
             }
         }
