@@ -1,1 +1,140 @@
-//! xftp-psock
+//! Parallel sockets: one ordered, reliable byte stream over N TCP
+//! connections (PSockets, MFTP's multi-connection sub-layer), for any
+//! application.
+//!
+//! A group of N connections is set up by [`PsockListener`] and
+//! [`PsockStream::connect`]; the resulting [`PsockStream`] implements
+//! tokio's `AsyncRead`/`AsyncWrite` in both directions. Data is cut into
+//! records framed as GridFTP MODE E blocks whose offset field is the stream
+//! offset, scheduled dynamically (the next record goes to whichever
+//! connection can take it) and put back in order by a reorder buffer with a
+//! fixed cap. All of that is the `xftp-stripe` engine, the same one that
+//! moves files; this crate adds the grouping handshake and the stream
+//! adapters. [`blocking`] wraps it for `std::io::Read`/`Write` programs.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use xftp_psock::{PsockConfig, PsockListener, PsockStream};
+//!
+//! let cfg = PsockConfig::default();
+//! let mut listener = PsockListener::bind("127.0.0.1:0", cfg.clone()).await?;
+//! let addr = listener.local_addr();
+//! let server = tokio::spawn(async move {
+//!     let mut s = listener.accept().await?;
+//!     let mut v = Vec::new();
+//!     s.read_to_end(&mut v).await?;
+//!     s.shutdown().await?;
+//!     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(v)
+//! });
+//! let mut c = PsockStream::connect(addr, 4, &cfg).await?;
+//! c.write_all(b"hello over four connections").await?;
+//! c.shutdown().await?;
+//! let mut rest = Vec::new();
+//! c.read_to_end(&mut rest).await?; // the peer closed its side: all received
+//! assert_eq!(server.await?.unwrap(), b"hello over four connections");
+//! # Ok(()) }
+//! ```
+
+pub mod blocking;
+pub mod handshake;
+mod listener;
+mod stream;
+
+use std::time::Duration;
+
+pub use listener::PsockListener;
+pub use stream::PsockStream;
+pub use xftp_stripe::{StreamStats, StripeError};
+
+use handshake::Status;
+
+/// Settings shared by both ends.
+#[derive(Clone, Debug)]
+pub struct PsockConfig {
+    /// Size of the records this side sends (default 128 KiB).
+    pub record_size: u32,
+    /// Cap of the receive reorder buffer in bytes (default 16 MiB). It
+    /// must hold at least two of the peer's records.
+    pub reorder_cap: usize,
+    /// Bytes the application may write ahead of the connections
+    /// (default 4 MiB).
+    pub send_buffer: usize,
+    /// Time for one connection to complete its handshake (default 10 s).
+    pub handshake_timeout: Duration,
+    /// Time for a whole group to arrive before it is dropped (default 30 s).
+    pub group_timeout: Duration,
+    /// Most incomplete groups a listener holds at once (default 64).
+    pub max_pending_groups: usize,
+}
+
+impl Default for PsockConfig {
+    fn default() -> Self {
+        Self {
+            record_size: 128 * 1024,
+            reorder_cap: 16 * 1024 * 1024,
+            send_buffer: 4 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            group_timeout: Duration::from_secs(30),
+            max_pending_groups: 64,
+        }
+    }
+}
+
+impl PsockConfig {
+    /// The largest peer record size this side accepts: half the reorder
+    /// cap, so that an in-order record always fits (see docs/psock.md).
+    pub fn max_peer_record(&self) -> u32 {
+        u32::try_from(self.reorder_cap / 2).unwrap_or(u32::MAX)
+    }
+}
+
+/// Why setting up or using a parallel stream failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PsockError {
+    /// Socket I/O failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The listener refused a connection of our group.
+    #[error("listener refused connection {index}: {status:?}")]
+    Rejected {
+        /// Index of the refused connection.
+        index: u16,
+        /// The listener's reason.
+        status: Status,
+    },
+    /// The peer does not speak this protocol.
+    #[error("peer is not a parallel-sockets endpoint: {0}")]
+    Protocol(#[from] handshake::HelloError),
+    /// The handshake did not finish in time.
+    #[error("handshake timed out")]
+    Timeout,
+    /// Invalid arguments (N out of range, record size too large, ...).
+    #[error("invalid parameter: {0}")]
+    Invalid(&'static str),
+    /// The listener has stopped.
+    #[error("listener closed")]
+    Closed,
+}
+
+impl PsockError {
+    pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Io { context, source }
+    }
+}
+
+impl From<PsockError> for std::io::Error {
+    fn from(e: PsockError) -> Self {
+        match e {
+            PsockError::Io { source, .. } => source,
+            PsockError::Timeout => std::io::Error::new(std::io::ErrorKind::TimedOut, e),
+            other => std::io::Error::other(other),
+        }
+    }
+}

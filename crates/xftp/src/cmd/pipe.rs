@@ -1,14 +1,229 @@
-//! `xftp send` and `xftp recv`.
+//! `xftp send` and `xftp recv`: stdin to stdout over a parallel stream.
+//!
+//! Either side may listen (`--listen ADDR`) or connect (`HOST:PORT`); the
+//! connecting side chooses the number of connections with `-p N`.
+//!
+//! Completion is confirmed end to end: `send` shuts down its direction and
+//! then waits until `recv` closes the reverse direction, which `recv` does
+//! only after the whole stream reached stdout. So both exit 0 only when
+//! every byte arrived.
 use std::process::ExitCode;
+use std::time::Instant;
 
-#[derive(clap::Args, Debug)]
-pub struct SendArgs {}
-#[derive(clap::Args, Debug)]
-pub struct RecvArgs {}
+use anyhow::Context as _;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use xftp_psock::{PsockConfig, PsockListener, PsockStream};
 
-pub async fn send(_a: SendArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("send is not built yet")
+/// Copy buffer: large enough that one read fills several records.
+const BUF: usize = 1024 * 1024;
+
+/// Where to find the peer.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Endpoint {
+    /// Peer to connect to, HOST:PORT (omit when using --listen).
+    #[arg(value_name = "HOST:PORT", required_unless_present = "listen")]
+    pub peer: Option<String>,
+    /// Listen on ADDR (HOST:PORT; port 0 picks a free port) and accept one
+    /// group of connections. Prints `listening on HOST:PORT` on stderr.
+    #[arg(long, value_name = "ADDR", conflicts_with = "peer")]
+    pub listen: Option<String>,
+    /// Number of TCP connections (used by the connecting side).
+    #[arg(short = 'p', long = "parallel", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub parallel: u16,
+    /// Record size in bytes sent on the connections.
+    #[arg(long, value_name = "BYTES", default_value_t = 128 * 1024,
+          value_parser = clap::value_parser!(u32).range(1..=(8 << 20)))]
+    pub record_size: u32,
+    /// Write a JSON summary to stderr at the end.
+    #[arg(long)]
+    pub json: bool,
 }
-pub async fn recv(_a: RecvArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("recv is not built yet")
+
+/// `xftp send`: stdin to the peer.
+#[derive(clap::Args, Debug)]
+pub struct SendArgs {
+    #[command(flatten)]
+    pub ep: Endpoint,
+}
+
+/// `xftp recv`: from the peer to stdout.
+#[derive(clap::Args, Debug)]
+pub struct RecvArgs {
+    #[command(flatten)]
+    pub ep: Endpoint,
+}
+
+/// The result of one run, rendered at the end.
+#[derive(Serialize, Debug, Default)]
+struct Summary {
+    status: &'static str,
+    bytes: u64,
+    seconds: f64,
+    streams: usize,
+    /// Payload bits per second over the whole run.
+    throughput_bps: f64,
+    per_stream_bytes: Vec<u64>,
+    error: Option<String>,
+}
+
+fn config(ep: &Endpoint) -> PsockConfig {
+    PsockConfig {
+        record_size: ep.record_size,
+        ..PsockConfig::default()
+    }
+}
+
+async fn open(ep: &Endpoint) -> anyhow::Result<PsockStream> {
+    let cfg = config(ep);
+    if let Some(addr) = &ep.listen {
+        let mut l = PsockListener::bind(addr.as_str(), cfg)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        {
+            use std::io::Write;
+            let mut e = std::io::stderr().lock();
+            writeln!(e, "listening on {}", l.local_addr())?;
+            e.flush()?;
+        }
+        Ok(l.accept().await?)
+    } else {
+        let peer = ep.peer.as_deref().context("no peer address given")?;
+        PsockStream::connect(peer, ep.parallel, &cfg)
+            .await
+            .with_context(|| format!("cannot connect to {peer}"))
+    }
+}
+
+/// Copy `r` to `w` until end of input, counting bytes.
+async fn pump<R, W>(r: &mut R, w: &mut W, count: &mut u64) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        w.write_all(&buf[..n]).await?;
+        *count += n as u64;
+    }
+}
+
+/// `xftp send`.
+pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let mut bytes = 0u64;
+    let mut stream = None;
+    let r: anyhow::Result<()> = async {
+        let s = stream.insert(open(&a.ep).await?);
+        let mut stdin = tokio::io::stdin();
+        pump(&mut stdin, s, &mut bytes)
+            .await
+            .context("sending stdin")?;
+        s.shutdown().await.context("finishing the stream")?;
+        // Wait for the receiver's end-of-stream: it closes only after
+        // writing everything out.
+        let mut extra = Vec::new();
+        s.read_to_end(&mut extra)
+            .await
+            .context("waiting for the receiver's confirmation")?;
+        Ok(())
+    }
+    .await;
+    let per = stream
+        .as_ref()
+        .map(|s| s.sent_stats().iter().map(|x| x.bytes).collect())
+        .unwrap_or_default();
+    finish(&a.ep, t0, bytes, per, r)
+}
+
+/// `xftp recv`.
+pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let mut bytes = 0u64;
+    let mut stream = None;
+    let r: anyhow::Result<()> = async {
+        let s = stream.insert(open(&a.ep).await?);
+        let mut stdout = tokio::io::stdout();
+        pump(s, &mut stdout, &mut bytes)
+            .await
+            .context("receiving the stream")?;
+        stdout.flush().await.context("writing stdout")?;
+        // Confirms to the sender that everything arrived.
+        s.shutdown().await.context("confirming to the sender")?;
+        Ok(())
+    }
+    .await;
+    let per = stream
+        .as_ref()
+        .map(|s| s.received_stats().iter().map(|x| x.bytes).collect())
+        .unwrap_or_default();
+    finish(&a.ep, t0, bytes, per, r)
+}
+
+fn finish(
+    ep: &Endpoint,
+    t0: Instant,
+    bytes: u64,
+    per_stream_bytes: Vec<u64>,
+    r: anyhow::Result<()>,
+) -> anyhow::Result<ExitCode> {
+    let seconds = t0.elapsed().as_secs_f64();
+    let s = Summary {
+        status: if r.is_ok() { "ok" } else { "error" },
+        bytes,
+        seconds,
+        streams: per_stream_bytes.len(),
+        throughput_bps: if seconds > 0.0 {
+            bytes as f64 * 8.0 / seconds
+        } else {
+            0.0
+        },
+        per_stream_bytes,
+        error: r.as_ref().err().map(|e| format!("{e:#}")),
+    };
+    if ep.json {
+        eprintln!("{}", serde_json::to_string(&s)?);
+    }
+    match r {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("xftp: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        ep: Endpoint,
+    }
+
+    #[test]
+    fn flags() {
+        let t = T::try_parse_from(["x", "h:1", "-p", "8", "--json"]).unwrap();
+        assert_eq!(t.ep.peer.as_deref(), Some("h:1"));
+        assert_eq!(t.ep.parallel, 8);
+        assert!(t.ep.json);
+        let t = T::try_parse_from(["x", "--listen", "127.0.0.1:0"]).unwrap();
+        assert_eq!(t.ep.listen.as_deref(), Some("127.0.0.1:0"));
+        assert_eq!(t.ep.parallel, 4);
+        assert!(
+            T::try_parse_from(["x"]).is_err(),
+            "peer or --listen required"
+        );
+        assert!(T::try_parse_from(["x", "h:1", "--listen", "a:0"]).is_err());
+        assert!(T::try_parse_from(["x", "h:1", "-p", "0"]).is_err());
+        assert!(T::try_parse_from(["x", "h:1", "--parallel", "2000"]).is_err());
+    }
 }

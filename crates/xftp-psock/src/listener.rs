@@ -1,0 +1,284 @@
+//! Accepting groups of connections.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::handshake::{self, Hello, Reply, SessionId, Status};
+use crate::{PsockConfig, PsockError, PsockStream};
+
+/// Completed sessions remembered to refuse late connections.
+const RECENT: usize = 4096;
+/// Complete groups waiting for `accept`.
+const BACKLOG: usize = 16;
+
+struct Pending {
+    count: u16,
+    record_size: u32,
+    peer: IpAddr,
+    /// `Some(None)`: index claimed, reply being written.
+    slots: Vec<Option<Option<TcpStream>>>,
+    /// Distinguishes a group from a later one with the same id.
+    generation: u64,
+}
+
+#[derive(Default)]
+struct Groups {
+    pending: HashMap<SessionId, Pending>,
+    recent: HashSet<SessionId>,
+    recent_order: VecDeque<SessionId>,
+    next_generation: u64,
+}
+
+impl Groups {
+    fn remember(&mut self, id: SessionId) {
+        if self.recent.insert(id) {
+            self.recent_order.push_back(id);
+            if self.recent_order.len() > RECENT {
+                if let Some(old) = self.recent_order.pop_front() {
+                    self.recent.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+struct Inner {
+    cfg: PsockConfig,
+    groups: Mutex<Groups>,
+    ready: mpsc::Sender<PsockStream>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Groups> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Accepts groups of TCP connections and yields one [`PsockStream`] per
+/// complete group.
+///
+/// Each connection is checked on its own: a malformed, duplicate, late or
+/// mismatched connection is refused and closed without touching other
+/// connections or groups. A group that is not complete within
+/// [`PsockConfig::group_timeout`] is dropped with all its connections.
+pub struct PsockListener {
+    local: SocketAddr,
+    ready: mpsc::Receiver<PsockStream>,
+    task: JoinHandle<()>,
+    inner: Arc<Inner>,
+}
+
+impl PsockListener {
+    /// Bind `addr` (port 0 picks a free port) and start accepting.
+    pub async fn bind(addr: impl ToSocketAddrs, cfg: PsockConfig) -> std::io::Result<Self> {
+        Self::from_listener(TcpListener::bind(addr).await?, cfg)
+    }
+
+    /// Accept on an already bound listener.
+    pub fn from_listener(l: TcpListener, cfg: PsockConfig) -> std::io::Result<Self> {
+        let local = l.local_addr()?;
+        let (tx, rx) = mpsc::channel(BACKLOG);
+        let inner = Arc::new(Inner {
+            cfg,
+            groups: Mutex::new(Groups::default()),
+            ready: tx,
+        });
+        let task = tokio::spawn(accept_loop(l, inner.clone()));
+        Ok(Self {
+            local,
+            ready: rx,
+            task,
+            inner,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The next complete group.
+    pub async fn accept(&mut self) -> Result<PsockStream, PsockError> {
+        self.ready.recv().await.ok_or(PsockError::Closed)
+    }
+
+    /// Number of incomplete groups held right now.
+    pub fn pending_groups(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+}
+
+impl Drop for PsockListener {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.inner.lock().pending.clear();
+    }
+}
+
+async fn accept_loop(l: TcpListener, inner: Arc<Inner>) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                let inner = inner.clone();
+                tokio::spawn(async move {
+                    let t = inner.cfg.handshake_timeout;
+                    match tokio::time::timeout(t, handshake(s, peer, &inner)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "connection refused"),
+                        Err(_) => tracing::debug!(%peer, "handshake timed out"),
+                    }
+                });
+            }
+            Err(e) => {
+                // Out of descriptors and the like: keep serving others.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn refuse(mut s: TcpStream, status: Status) -> Result<(), PsockError> {
+    let r = Reply {
+        status,
+        version: handshake::MAX_VERSION,
+        record_size: 0,
+    };
+    let _ = s.write_all(&r.encode()).await;
+    Err(PsockError::Rejected { index: 0, status })
+}
+
+async fn handshake(
+    mut s: TcpStream,
+    peer: SocketAddr,
+    inner: &Arc<Inner>,
+) -> Result<(), PsockError> {
+    let cfg = &inner.cfg;
+    let mut b = [0u8; handshake::HELLO_LEN];
+    s.read_exact(&mut b)
+        .await
+        .map_err(PsockError::io("reading hello"))?;
+    let hello = match Hello::decode(&b) {
+        Ok(Some(h)) => h,
+        Err(handshake::HelloError::Magic) => {
+            // Not our protocol at all: just close.
+            return Err(PsockError::Protocol(handshake::HelloError::Magic));
+        }
+        _ => return refuse(s, Status::Malformed).await,
+    };
+    let Some(version) = hello.negotiate() else {
+        return refuse(s, Status::Version).await;
+    };
+    if hello.record_size > cfg.max_peer_record() {
+        return refuse(s, Status::TooLarge).await;
+    }
+    let _ = s.set_nodelay(true);
+    // Claim the slot (no await while the lock is held).
+    let claim = claim(inner, &hello, peer.ip());
+    let generation = match claim {
+        Ok(g) => g,
+        Err(status) => return refuse(s, status).await,
+    };
+    let reply = Reply {
+        status: Status::Ok,
+        version,
+        record_size: cfg.record_size,
+    };
+    if let Err(e) = s.write_all(&reply.encode()).await {
+        // The client is gone: its group can never complete.
+        inner.lock().pending.remove(&hello.session);
+        return Err(PsockError::Io {
+            context: "sending reply",
+            source: e,
+        });
+    }
+    let complete = {
+        let mut g = inner.lock();
+        let Some(p) = g
+            .pending
+            .get_mut(&hello.session)
+            .filter(|p| p.generation == generation)
+        else {
+            // Expired while we were replying.
+            return Err(PsockError::Timeout);
+        };
+        p.slots[hello.index as usize] = Some(Some(s));
+        if p.slots.iter().all(|x| matches!(x, Some(Some(_)))) {
+            let p = g.pending.remove(&hello.session);
+            g.remember(hello.session);
+            p
+        } else {
+            None
+        }
+    };
+    if let Some(p) = complete {
+        let conns: Vec<TcpStream> = p.slots.into_iter().flatten().flatten().collect();
+        let stream = PsockStream::from_group(conns, hello.session, cfg, p.record_size);
+        if inner.ready.send(stream).await.is_err() {
+            return Err(PsockError::Closed);
+        }
+    }
+    Ok(())
+}
+
+/// Reserve `hello.index` in its group; the group's generation, or why not.
+fn claim(inner: &Arc<Inner>, hello: &Hello, peer: IpAddr) -> Result<u64, Status> {
+    let cfg = &inner.cfg;
+    let mut g = inner.lock();
+    if g.recent.contains(&hello.session) {
+        return Err(Status::Late);
+    }
+    let new_group = !g.pending.contains_key(&hello.session);
+    if new_group && g.pending.len() >= cfg.max_pending_groups {
+        return Err(Status::Busy);
+    }
+    let generation = g.next_generation;
+    let p = g.pending.entry(hello.session).or_insert_with(|| Pending {
+        count: hello.count,
+        record_size: hello.record_size,
+        peer,
+        slots: (0..hello.count).map(|_| None).collect(),
+        generation,
+    });
+    let gen = p.generation;
+    let status = if p.count != hello.count || p.record_size != hello.record_size || p.peer != peer {
+        Status::Mismatch
+    } else if p.slots[hello.index as usize].is_some() {
+        Status::Duplicate
+    } else {
+        p.slots[hello.index as usize] = Some(None);
+        Status::Ok
+    };
+    if new_group {
+        g.next_generation += 1;
+        spawn_expiry(inner.clone(), hello.session, gen);
+    }
+    if status == Status::Ok {
+        Ok(gen)
+    } else {
+        Err(status)
+    }
+}
+
+fn spawn_expiry(inner: Arc<Inner>, id: SessionId, generation: u64) {
+    let t = inner.cfg.group_timeout;
+    tokio::spawn(async move {
+        tokio::time::sleep(t).await;
+        let mut g = inner.lock();
+        if g.pending
+            .get(&id)
+            .is_some_and(|p| p.generation == generation)
+        {
+            // Dropping the group closes its connections.
+            g.pending.remove(&id);
+            g.remember(id);
+            tracing::debug!("incomplete group expired");
+        }
+    });
+}

@@ -1,0 +1,227 @@
+//! The logical stream over a group of connections.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
+use tokio::task::JoinSet;
+use xftp_stripe::{Receiver, Sender, StreamStats};
+
+use crate::handshake::{self, Hello, Reply, SessionId, Status};
+use crate::{PsockConfig, PsockError};
+
+/// One ordered, reliable, bidirectional byte stream over N TCP
+/// connections.
+///
+/// * Writes are batched into records and sent on whichever connection can
+///   take them; `flush` hands partial records out too.
+/// * `shutdown` ends this direction gracefully: every byte written is
+///   delivered, then the peer reads end-of-stream. Reading continues to
+///   work until the peer shuts down its side.
+/// * A reset or premature close of any connection is an error on reads
+///   and writes; dropping the stream closes every connection, so the peer
+///   gets an error, never a silently truncated stream.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// use xftp_psock::{PsockConfig, PsockListener, PsockStream};
+/// let cfg = PsockConfig::default();
+/// let mut l = PsockListener::bind("127.0.0.1:0", cfg.clone()).await?;
+/// let addr = l.local_addr();
+/// let (a, b) = tokio::join!(PsockStream::connect(addr, 2, &cfg), l.accept());
+/// let (mut a, mut b) = (a?, b?);
+/// assert_eq!(b.streams(), 2);
+/// a.write_all(b"ping").await?;
+/// a.flush().await?;
+/// let mut buf = [0u8; 4];
+/// b.read_exact(&mut buf).await?;
+/// assert_eq!(&buf, b"ping");
+/// # Ok(()) }
+/// ```
+pub struct PsockStream {
+    tx: Sender<OwnedWriteHalf>,
+    rx: Receiver<OwnedReadHalf>,
+    session: SessionId,
+    n: usize,
+}
+
+impl PsockStream {
+    /// Open a group of `n` connections to `addr` and wait until the
+    /// listener has accepted every one of them.
+    pub async fn connect(
+        addr: impl ToSocketAddrs,
+        n: u16,
+        cfg: &PsockConfig,
+    ) -> Result<Self, PsockError> {
+        if n == 0 || n > handshake::MAX_STREAMS {
+            return Err(PsockError::Invalid("number of connections"));
+        }
+        // Resolve once so every connection goes to the same address.
+        let addr = lookup_host(addr)
+            .await
+            .map_err(PsockError::io("resolving the address"))?
+            .next()
+            .ok_or(PsockError::Invalid("address resolves to nothing"))?;
+        let session = SessionId::random().map_err(PsockError::io("reading /dev/urandom"))?;
+        let mut set = JoinSet::new();
+        for index in 0..n {
+            let hello = Hello {
+                min_version: handshake::MIN_VERSION,
+                max_version: handshake::MAX_VERSION,
+                session,
+                index,
+                count: n,
+                record_size: cfg.record_size,
+            };
+            let timeout = cfg.handshake_timeout;
+            set.spawn(async move {
+                let r = tokio::time::timeout(timeout, open_one(addr, hello)).await;
+                (index, r.unwrap_or(Err(PsockError::Timeout)))
+            });
+        }
+        let mut conns: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+        let mut peer_record = None;
+        while let Some(j) = set.join_next().await {
+            let (index, r) = j.map_err(|e| PsockError::Io {
+                context: "connection task",
+                source: io::Error::other(e),
+            })?;
+            // Dropping `set` on error aborts and closes the others; the
+            // listener then drops the incomplete group.
+            let (s, reply) = r?;
+            if reply.record_size > cfg.max_peer_record() {
+                return Err(PsockError::Invalid(
+                    "peer record size exceeds our reorder cap",
+                ));
+            }
+            if *peer_record.get_or_insert(reply.record_size) != reply.record_size {
+                return Err(PsockError::Invalid(
+                    "peer changed record size within a group",
+                ));
+            }
+            conns[index as usize] = Some(s);
+        }
+        let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
+        Ok(Self::from_group(
+            conns,
+            session,
+            cfg,
+            peer_record.unwrap_or(cfg.record_size),
+        ))
+    }
+
+    /// Build the stream from an ordered, complete group.
+    pub(crate) fn from_group(
+        conns: Vec<TcpStream>,
+        session: SessionId,
+        cfg: &PsockConfig,
+        peer_record: u32,
+    ) -> Self {
+        let n = conns.len();
+        let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(TcpStream::into_split).unzip();
+        Self {
+            tx: Sender::stream(w, cfg.record_size, cfg.send_buffer),
+            rx: Receiver::stream(r, peer_record, cfg.reorder_cap),
+            session,
+            n,
+        }
+    }
+
+    /// Number of TCP connections in the group.
+    pub fn streams(&self) -> usize {
+        self.n
+    }
+
+    /// The group's session id.
+    pub fn session_id(&self) -> SessionId {
+        self.session
+    }
+
+    /// Payload bytes sent so far, per connection.
+    pub fn sent_stats(&self) -> Vec<StreamStats> {
+        self.tx.stats()
+    }
+
+    /// Payload bytes received so far, per connection.
+    pub fn received_stats(&self) -> Vec<StreamStats> {
+        self.rx.stats()
+    }
+
+    /// The most bytes the reorder buffer ever held, and its cap.
+    pub fn reorder_usage(&self) -> (u64, u64) {
+        self.rx.reorder_usage()
+    }
+}
+
+async fn open_one(
+    addr: std::net::SocketAddr,
+    hello: Hello,
+) -> Result<(TcpStream, Reply), PsockError> {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .map_err(PsockError::io("connecting"))?;
+    // Records are flushed as whole writes; small flushed writes should
+    // not wait for Nagle.
+    s.set_nodelay(true).map_err(PsockError::io("TCP_NODELAY"))?;
+    s.write_all(&hello.encode())
+        .await
+        .map_err(PsockError::io("sending hello"))?;
+    let mut b = [0u8; handshake::REPLY_LEN];
+    s.read_exact(&mut b)
+        .await
+        .map_err(PsockError::io("reading the listener's reply"))?;
+    let reply = Reply::decode(&b)?.ok_or(PsockError::Timeout)?;
+    if reply.status != Status::Ok {
+        return Err(PsockError::Rejected {
+            index: hello.index,
+            status: reply.status,
+        });
+    }
+    if reply.version < handshake::MIN_VERSION || reply.version > hello.max_version {
+        return Err(PsockError::Invalid(
+            "listener chose a version we do not speak",
+        ));
+    }
+    Ok((s, reply))
+}
+
+impl AsyncRead for PsockStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.rx.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PsockStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.tx.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tx.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tx.poll_close(cx)
+    }
+}
+
+impl std::fmt::Debug for PsockStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PsockStream")
+            .field("session", &self.session)
+            .field("streams", &self.n)
+            .finish()
+    }
+}

@@ -1,0 +1,174 @@
+//! `xftp send` / `xftp recv` end to end, running the built binary.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+const XFTP: &str = env!("CARGO_BIN_EXE_xftp");
+
+fn data(len: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491u32;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Start a listening side; returns the child (stderr still readable) and
+/// the address it printed.
+fn listen(
+    sub: &str,
+    extra: &[&str],
+    stdin: Stdio,
+) -> (Child, String, BufReader<std::process::ChildStderr>) {
+    let mut c = Command::new(XFTP)
+        .arg(sub)
+        .args(["--listen", "127.0.0.1:0", "--json"])
+        .args(extra)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_string();
+    (c, addr, err)
+}
+
+fn json_of(stderr: &str) -> serde_json::Value {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in {stderr:?}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn run_pair(n: &str, payload: &[u8]) {
+    let (mut recv, addr, mut rerr) = listen("recv", &[], Stdio::null());
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", n, "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sin = send.stdin.take().unwrap();
+    let p = payload.to_vec();
+    let feeder = std::thread::spawn(move || {
+        sin.write_all(&p).unwrap();
+    });
+    let mut out = Vec::new();
+    recv.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    feeder.join().unwrap();
+    let so = send.wait_with_output().unwrap();
+    let rs = recv.wait().unwrap();
+    let mut rtext = String::new();
+    rerr.read_to_string(&mut rtext).unwrap();
+    let stext = String::from_utf8_lossy(&so.stderr).to_string();
+    assert!(so.status.success(), "send failed: {stext}");
+    assert!(rs.success(), "recv failed: {rtext}");
+    assert_eq!(out.len(), payload.len());
+    assert_eq!(Sha256::digest(&out), Sha256::digest(payload));
+    let sj = json_of(&stext);
+    let rj = json_of(&rtext);
+    for j in [&sj, &rj] {
+        assert_eq!(j["status"], "ok");
+        assert_eq!(j["bytes"], payload.len() as u64);
+        assert_eq!(j["streams"], n.parse::<u64>().unwrap());
+        assert!(j["error"].is_null());
+        let per: u64 = j["per_stream_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(per, payload.len() as u64);
+    }
+}
+
+#[test]
+fn pipe_one_and_eight_connections() {
+    let d = data(5 * 1024 * 1024 + 7);
+    run_pair("1", &d);
+    run_pair("8", &d);
+    run_pair("3", &[]);
+}
+
+#[test]
+fn sender_may_listen_too() {
+    let d = data(1024 * 1024 + 1);
+    let (mut send, addr, mut serr) = listen("send", &[], Stdio::piped());
+    let mut sin = send.stdin.take().unwrap();
+    let p = d.clone();
+    let feeder = std::thread::spawn(move || sin.write_all(&p).unwrap());
+    let recv = Command::new(XFTP)
+        .args(["recv", &addr, "-p", "5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    feeder.join().unwrap();
+    assert!(
+        recv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recv.stderr)
+    );
+    assert!(recv.stdout == d);
+    assert!(send.wait().unwrap().success());
+    let mut t = String::new();
+    serr.read_to_string(&mut t).unwrap();
+    assert_eq!(json_of(&t)["streams"], 5);
+}
+
+#[test]
+fn killed_sender_makes_recv_fail() {
+    let (mut recv, addr, mut rerr) = listen("recv", &[], Stdio::null());
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Keep stdin open so the sender is mid-stream, then kill it.
+    let mut sin = send.stdin.take().unwrap();
+    sin.write_all(&data(3 * 1024 * 1024)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    send.kill().unwrap();
+    send.wait().unwrap();
+    drop(sin);
+    let mut out = Vec::new();
+    recv.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    let st = recv.wait().unwrap();
+    let mut t = String::new();
+    rerr.read_to_string(&mut t).unwrap();
+    assert!(!st.success(), "recv must fail when the stream is cut: {t}");
+    assert_eq!(json_of(&t)["status"], "error");
+}
+
+#[test]
+fn nobody_listening_is_an_error() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let o = Command::new(XFTP)
+        .args(["send", &addr, "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(json_of(&t)["status"], "error");
+}
