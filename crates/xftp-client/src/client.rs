@@ -16,7 +16,7 @@ use xftp_tune::meter::MeterSet;
 use xftp_tune::{Controller, TuneConfig};
 
 pub use adaptive::Timeline;
-use adaptive::{EngineCtl, Grow, Live};
+use adaptive::{EngineCtl, Grow, Live, Socks};
 
 use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};
@@ -472,11 +472,12 @@ impl Client {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns
                 .into_iter()
-                .map(|c| dog.guard(meters.wrap(c)))
+                .map(|c| adaptive::wrap(&meters, &dog, None, c))
                 .collect();
             let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, conns);
             let live = Live {
                 ctl: EngineCtl::Recv(rx.control()),
+                socks: None,
                 meters,
                 dog,
                 grow,
@@ -543,9 +544,10 @@ impl Client {
         let per_stream = if adaptive {
             let dog = Watchdog::new(self.cfg.data_timeout);
             let meters = MeterSet::new();
+            let socks = Socks::default();
             let conns: Vec<_> = conns
                 .into_iter()
-                .map(|c| dog.guard(meters.wrap(c)))
+                .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
                 .collect();
             let tx = xftp_stripe::Sender::file(
                 Arc::new(file),
@@ -555,6 +557,7 @@ impl Client {
             );
             let live = Live {
                 ctl: EngineCtl::Send(tx.control()),
+                socks: Some(socks),
                 meters,
                 dog,
                 grow,

@@ -290,7 +290,7 @@ mod throttle {
     /// Copy `from` to `to` at most `rate` bytes per second.
     fn pump(mut from: TcpStream, mut to: TcpStream, rate: u64) {
         thread::spawn(move || {
-            let mut buf = vec![0u8; 16 * 1024];
+            let mut buf = vec![0u8; 4 * 1024];
             let t0 = Instant::now();
             let mut moved = 0u64;
             loop {

@@ -10,7 +10,8 @@
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -86,9 +87,101 @@ impl EngineCtl {
     }
 }
 
+/// Sockets of a sending transfer, kept (as duplicated descriptors) so the
+/// control loop can read `TCP_INFO` of every connection at each sample,
+/// also of connections the engine has already closed: what the peer
+/// acknowledged is the goodput of a sender, while bytes written include
+/// what still sits in socket buffers (megabytes with autotuning) and
+/// arrive in bursts as buffer space frees.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Socks(Arc<Mutex<Vec<OwnedFd>>>);
+
+/// Unsent bytes a sending socket may hold before it stops taking records.
+///
+/// Without a limit, autotuned send buffers (megabytes each) swallow most
+/// of a file as soon as the first connections open, and connections added
+/// later find no record left to carry.
+pub const NOTSENT_LOWAT: u32 = 128 * 1024;
+
+fn set_notsent_lowat(s: &TcpStream, bytes: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = bytes as libc::c_int;
+    // SAFETY: the fd is a live socket borrowed for the call; the pointer
+    // and length describe one c_int.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Socks {
+    /// Keep a duplicate of `s`'s descriptor (closed when the transfer
+    /// ends), and bound its unsent backlog ([`NOTSENT_LOWAT`]).
+    pub fn keep(&self, s: &TcpStream) {
+        if let Err(e) = set_notsent_lowat(s, NOTSENT_LOWAT) {
+            tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
+        }
+        match s.as_fd().try_clone_to_owned() {
+            Ok(fd) => {
+                if let Ok(mut v) = self.0.lock() {
+                    v.push(fd);
+                }
+            }
+            Err(e) => tracing::debug!("cannot keep a data socket for TCP_INFO: {e}"),
+        }
+    }
+
+    /// Sum over the kept sockets: bytes acknowledged, mean smoothed RTT,
+    /// retransmitted and sent segments.
+    fn totals(&self) -> (u64, Option<Duration>, u64, u64) {
+        let Ok(v) = self.0.lock() else {
+            return (0, None, 0, 0);
+        };
+        let (mut acked, mut retrans, mut segs) = (0u64, 0u64, 0u64);
+        let (mut rtt_sum, mut rtt_n) = (Duration::ZERO, 0u32);
+        for fd in v.iter() {
+            if let Ok(i) = xftp_tune::tcpinfo::read(fd) {
+                acked += i.bytes_acked;
+                retrans += u64::from(i.total_retrans);
+                segs += u64::from(i.segs_out);
+                if !i.rtt.is_zero() {
+                    rtt_sum += i.rtt;
+                    rtt_n += 1;
+                }
+            }
+        }
+        (acked, (rtt_n > 0).then(|| rtt_sum / rtt_n), retrans, segs)
+    }
+}
+
+/// Meter, keep (when sending) and guard one data connection.
+pub(crate) fn wrap(
+    meters: &MeterSet,
+    dog: &Arc<Watchdog>,
+    socks: Option<&Socks>,
+    s: TcpStream,
+) -> Conn {
+    if let Some(k) = socks {
+        k.keep(&s);
+    }
+    dog.guard(meters.wrap(s))
+}
+
 /// A running adaptive transfer.
 pub(crate) struct Live {
     pub ctl: EngineCtl,
+    /// Sending: the sockets whose `TCP_INFO` gives acknowledged bytes.
+    pub socks: Option<Socks>,
     pub meters: MeterSet,
     pub dog: Arc<Watchdog>,
     pub grow: Grow,
@@ -267,7 +360,15 @@ impl Client {
                         self.ctl.send(&[&Cmd::bare("STAT")]).await?;
                         pending.push_back((Pending::Stat, Instant::now()));
                     }
-                    let (rtt, retrans, segs_out) = if sending {
+                    let mut bytes = own.bytes;
+                    let (rtt, retrans, segs_out) = if let Some(k) = live.socks.as_ref().filter(|_| sending) {
+                        let (acked, rtt, retrans, segs) = k.totals();
+                        // Kernels without tcpi_bytes_acked report 0.
+                        if acked > 0 {
+                            bytes = acked;
+                        }
+                        (rtt.or(own.rtt), retrans, segs)
+                    } else if sending {
                         (own.rtt, own.retrans, own.segs_out)
                     } else {
                         match server.filter(|_| stat_ok) {
@@ -277,11 +378,11 @@ impl Client {
                     };
                     let sample = Sample {
                         at: start.elapsed(),
-                        bytes: own.bytes,
+                        bytes,
                         rtt,
                         retrans,
                         segs_out,
-                        remaining: live.total.map(|t| t.saturating_sub(own.bytes)),
+                        remaining: live.total.map(|t| t.saturating_sub(bytes)),
                     };
                     let before = ctlr.history().len();
                     let decision = ctlr.on_sample(sample);
@@ -315,6 +416,7 @@ impl Client {
             for _ in live.current..g {
                 let handle = live.ctl.clone_handle();
                 let (meters, dog) = (live.meters.clone(), live.dog.clone());
+                let socks = live.socks.clone();
                 let (ct, dt, buf) = (
                     self.cfg.connect_timeout,
                     self.cfg.data_timeout,
@@ -325,14 +427,14 @@ impl Client {
                         let addr = *addr;
                         adds.spawn(async move {
                             let s = super::connect_data(addr, buf, ct).await?;
-                            Ok(handle.add(dog.guard(meters.wrap(s))).ok())
+                            Ok(handle.add(wrap(&meters, &dog, socks.as_ref(), s)).ok())
                         });
                     }
                     Grow::Active(l) => {
                         let l = l.clone();
                         adds.spawn(async move {
                             let s = accept_from(&l, peer, dt).await?;
-                            Ok(handle.add(dog.guard(meters.wrap(s))).ok())
+                            Ok(handle.add(wrap(&meters, &dog, socks.as_ref(), s)).ok())
                         });
                     }
                     Grow::Fixed => return,
