@@ -391,6 +391,11 @@ impl Client {
                             log_step(s);
                         }
                     }
+                    let goodput = ctlr.history().last().map_or(0.0, |s| s.goodput_bps);
+                    let decision = decision.filter(|d| {
+                        d.streams <= live.current
+                            || late_growth_is_safe(sample.remaining, goodput)
+                    });
                     if let Some(d) = decision {
                         let m = Cmd::with("MULT", d.streams.to_string());
                         self.ctl.send(&[&m]).await?;
@@ -459,6 +464,25 @@ impl Client {
     }
 }
 
+/// Least payload left for growth to be attempted at all.
+const GROW_MIN_LEFT: u64 = 4 << 20;
+
+/// Least time left, at the current goodput, for growth to be attempted.
+const GROW_MIN_SECS: f64 = 1.0;
+
+/// Whether connections may still be added. A connection that arrives after
+/// the sender has committed its EOF block is dropped by the sender, and a
+/// receiver that already counted it fails the transfer (closed before its
+/// EOD), so growth stops well before the end; the controller's own "too
+/// little left" rule usually stops it earlier.
+fn late_growth_is_safe(remaining: Option<u64>, goodput_bps: f64) -> bool {
+    match remaining {
+        None => true,
+        Some(r) if r < GROW_MIN_LEFT => false,
+        Some(r) => goodput_bps <= 0.0 || r as f64 * 8.0 / goodput_bps >= GROW_MIN_SECS,
+    }
+}
+
 /// Remove and return the oldest entry matching `f`.
 fn take(q: &mut VecDeque<(Pending, Instant)>, f: impl Fn(Pending) -> bool) -> Option<Pending> {
     let i = q.iter().position(|p| f(p.0))?;
@@ -496,6 +520,16 @@ pub(crate) fn timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_growth_near_the_end() {
+        assert!(late_growth_is_safe(None, 1e9));
+        assert!(!late_growth_is_safe(Some(1 << 20), 1e6));
+        // 64 MiB at 1 Gbit/s: half a second left.
+        assert!(!late_growth_is_safe(Some(64 << 20), 1e9));
+        assert!(late_growth_is_safe(Some(64 << 20), 1e8));
+        assert!(late_growth_is_safe(Some(8 << 20), 0.0));
+    }
 
     #[test]
     fn replies_are_told_apart_by_code() {
