@@ -64,7 +64,13 @@ async fn main() -> std::io::Result<()> {
         pump_out(&mut c, total).await?;
         got = rx.await.map_err(std::io::Error::other)??;
     } else {
-        let cfg = PsockConfig::default();
+        let mut cfg = PsockConfig::default();
+        if let Some(rs) = std::env::var("PSBENCH_RECORD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            cfg.record_size = rs;
+        }
         let mut l = PsockListener::bind("127.0.0.1:0", cfg.clone()).await?;
         let addr = l.local_addr();
         let rx = tokio::spawn(async move {

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
@@ -367,8 +367,19 @@ async fn conn_task<S: AsyncRead + Unpin>(
             } else {
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
-                let mut b = BytesMut::zeroed(count as usize);
-                r.read_exact(&mut b).await.map_err(closed)?;
+                let mut b = BytesMut::with_capacity(count as usize);
+                while b.len() < count as usize {
+                    // Reads straight into the record, no zeroing pass; large
+                    // reads bypass the BufReader once it is empty.
+                    let want = count as usize - b.len();
+                    let n = r
+                        .read_buf(&mut (&mut b).limit(want))
+                        .await
+                        .map_err(closed)?;
+                    if n == 0 {
+                        return Err(StripeError::ClosedBeforeEod { conn: idx });
+                    }
+                }
                 let mut st = sh.lock();
                 if let Some(ro) = st.reorder.as_mut() {
                     ro.map.insert(offset, b.freeze());

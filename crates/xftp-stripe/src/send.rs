@@ -237,7 +237,11 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         let full = avail + (sb.written - avail) / rs * rs;
         if full > avail {
             let _ = st.sched.extend(full);
-            sh.wake.notify_waiters();
+            // One idle connection per new record; waking all of them for
+            // every record would make 128 connections thrash.
+            for _ in 0..(full - avail) / rs {
+                sh.wake.notify_one();
+            }
         }
         Poll::Ready(Ok(n))
     }
@@ -431,18 +435,14 @@ async fn conn_task<S: AsyncWrite + Unpin>(
             Step::Record(offset, len, payload) => {
                 let hdr = BlockHeader::data(offset, len).encode();
                 match payload {
-                    Some(b) => {
-                        s.write_all(&hdr).await.map_err(ioerr)?;
-                        s.write_all(&b).await.map_err(ioerr)?;
-                    }
+                    Some(b) => write_block(&mut s, &hdr, &b).await.map_err(ioerr)?,
                     None => {
                         let file = sh
                             .file
                             .clone()
                             .ok_or(StripeError::Unsupported("no source"))?;
                         buf = read_record(file, buf, offset, len).await?;
-                        s.write_all(&hdr).await.map_err(ioerr)?;
-                        s.write_all(&buf).await.map_err(ioerr)?;
+                        write_block(&mut s, &hdr, &buf).await.map_err(ioerr)?;
                     }
                 }
                 let mut st = sh.lock();
@@ -464,6 +464,26 @@ async fn conn_task<S: AsyncWrite + Unpin>(
             }
         }
     }
+}
+
+/// Header and payload in as few system calls as the stream allows.
+async fn write_block<S: AsyncWrite + Unpin>(s: &mut S, hdr: &[u8], data: &[u8]) -> io::Result<()> {
+    let mut h = hdr;
+    let mut d = data;
+    while !h.is_empty() {
+        let bufs = [io::IoSlice::new(h), io::IoSlice::new(d)];
+        let n = s.write_vectored(&bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        if n >= h.len() {
+            d = &d[n - h.len()..];
+            h = &[];
+        } else {
+            h = &h[n..];
+        }
+    }
+    s.write_all(d).await
 }
 
 /// Fill `buf` with `len` bytes of `file` at `offset`, off the async threads.
