@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::block::{BlockHeader, HEADER_LEN};
+use crate::block::{BlockHeader, Descriptor, HEADER_LEN};
 use crate::ranges::RangeSet;
 use crate::reasm::Reassembly;
 use crate::{StreamStats, StripeError, TransferReport, WriteAt};
@@ -343,6 +343,16 @@ async fn conn_task<S: AsyncRead + Unpin>(
             let mut st = sh.lock();
             if let Some(e) = &st.failed {
                 return Err(StripeError::Aborted(e.to_string()));
+            }
+            // With an announced size, refuse data beyond it before writing
+            // anything (a hostile peer could otherwise grow the file).
+            if let Some(e) = sh.expected {
+                if !h.descriptor.contains(Descriptor::EOF) && h.count > 0 && h.end() > e {
+                    return Err(StripeError::SizeMismatch {
+                        expected: e,
+                        got: h.end(),
+                    });
+                }
             }
             if let Some(ro) = &st.reorder {
                 if h.count > ro.max_block {

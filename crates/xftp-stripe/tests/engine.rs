@@ -403,3 +403,25 @@ async fn hundred_mib_plus_13_file_over_tcp() {
     assert_eq!(r.unwrap().bytes, size as u64);
     assert!(std::fs::read(&dp).unwrap() == data);
 }
+
+#[tokio::test]
+async fn data_beyond_the_announced_size_is_refused_before_writing() {
+    use tokio::io::AsyncWriteExt;
+    use xftp_stripe::block::BlockHeader;
+    let (mut tx, rx) = tokio::io::duplex(1024);
+    let dst = Arc::new(MemFile::default());
+    let recv = tokio::spawn(recv_file(dst.clone(), vec![rx], Some(10)));
+    tx.write_all(&BlockHeader::data(1 << 40, 4).encode())
+        .await
+        .unwrap();
+    tx.write_all(b"evil").await.unwrap();
+    let r = recv.await.unwrap();
+    assert_eq!(
+        r,
+        Err(StripeError::SizeMismatch {
+            expected: 10,
+            got: (1 << 40) + 4
+        })
+    );
+    assert!(dst.to_vec().is_empty(), "nothing may be written");
+}
