@@ -62,7 +62,8 @@ struct Summary {
     bytes: u64,
     seconds: f64,
     streams: usize,
-    /// Payload bits per second over the whole run.
+    /// Payload bytes per second over the whole run (bytes despite the
+    /// name, like the `get`/`put` summaries).
     throughput_bps: f64,
     per_stream_bytes: Vec<u64>,
     error: Option<String>,
@@ -179,7 +180,7 @@ fn finish(
         seconds,
         streams: per_stream_bytes.len(),
         throughput_bps: if seconds > 0.0 {
-            bytes as f64 * 8.0 / seconds
+            bytes as f64 / seconds
         } else {
             0.0
         },
