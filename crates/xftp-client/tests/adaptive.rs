@@ -72,7 +72,8 @@ async fn client(port: u16, mode: DataMode) -> Client {
     c
 }
 
-/// Passive only: the proxy rewrites 229 replies.
+/// The proxy rewrites 229 replies (passive) and EPRT commands (active) so
+/// every data connection passes through it, paced to `rate` bytes/s.
 mod throttle {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
@@ -98,11 +99,27 @@ mod throttle {
         let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)) else {
             return;
         };
-        let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else {
+        let (Ok(c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else {
             return;
         };
+        let up_count = count.clone();
         thread::spawn(move || {
-            let _ = std::io::copy(&mut c2, &mut s2);
+            let mut lines = BufReader::new(c2);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match lines.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(p) = eprt_port(&line) {
+                    let proxy = active_proxy(p, rate, up_count.clone());
+                    line = format!("EPRT |1|127.0.0.1|{proxy}|\r\n");
+                }
+                if s2.write_all(line.as_bytes()).is_err() {
+                    break;
+                }
+            }
             let _ = s2.shutdown(Shutdown::Write);
         });
         let mut client = client;
@@ -132,6 +149,29 @@ mod throttle {
         let start = line.find("(|||")? + 4;
         let end = start + line[start..].find('|')?;
         line[start..end].parse().ok()
+    }
+
+    fn eprt_port(line: &str) -> Option<u16> {
+        let rest = line.strip_prefix("EPRT |1|127.0.0.1|")?;
+        rest.split('|').next()?.parse().ok()
+    }
+
+    /// Active mode: the server connects here; we connect to the client.
+    fn active_proxy(client_port: u16, rate: u64, count: Arc<AtomicUsize>) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { return };
+                count.fetch_add(1, Ordering::SeqCst);
+                let Ok(c) = TcpStream::connect(("127.0.0.1", client_port)) else {
+                    return;
+                };
+                pump(s.try_clone().unwrap(), c.try_clone().unwrap(), rate);
+                pump(c, s, rate);
+            }
+        });
+        port
     }
 
     fn data_proxy(server_port: u16, rate: u64, count: Arc<AtomicUsize>) -> u16 {
@@ -238,31 +278,32 @@ async fn download_grows_mid_transfer_and_keeps_every_byte() {
     );
 }
 
-/// Active mode: the server opens the added connections to our port. No
-/// throttle (the proxy only handles passive mode), so this checks content
-/// and reports the counts; on loopback the transfer may end before growth.
+/// Active mode: the server opens the added connections to our listening
+/// port (through the proxy, which stands in for it in EPRT).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn active_mode_adaptive_both_ways() {
+async fn active_mode_grows_both_ways() {
     let srv = server().await;
-    let data = pattern(64 << 20, 3);
+    let count = Arc::new(AtomicUsize::new(0));
+    let port = throttle::start(srv.port, 2_000_000, count.clone());
+    let data = pattern(12 << 20, 3);
     std::fs::write(srv.dir.path().join("a.bin"), &data).unwrap();
     let local = tempfile::tempdir().unwrap();
-    let mut c = client(srv.port, DataMode::Active).await;
+    let mut c = client(port, DataMode::Active).await;
     let r = c
         .download("a.bin", &local.path().join("a.bin"))
         .await
         .unwrap();
-    assert_eq!(r.bytes, data.len() as u64);
+    check_grew(&r, data.len() as u64, "active download");
     assert!(std::fs::read(local.path().join("a.bin")).unwrap() == data);
     let r2 = c
         .upload(&local.path().join("a.bin"), "b.bin")
         .await
         .unwrap();
     c.quit().await;
+    check_grew(&r2, data.len() as u64, "active upload");
     assert!(std::fs::read(srv.dir.path().join("b.bin")).unwrap() == data);
-    println!(
-        "active: get {} connections, put {} connections",
-        r.per_stream_bytes.len(),
-        r2.per_stream_bytes.len()
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        r.per_stream_bytes.len() + r2.per_stream_bytes.len()
     );
 }

@@ -322,6 +322,10 @@ impl Client {
                             let want = take(&mut pending, |p| matches!(p, Pending::Mult(_)));
                             let want = match want { Some(Pending::Mult(n)) => n, _ => return Err(unexpected(c, &r)) };
                             let granted = if r.code == 200 { negotiate::mult_granted(&r, want) } else { None };
+                            if let Some(g) = granted {
+                                // The session's grant: what the next transfer uses.
+                                self.granted = g;
+                            }
                             match granted {
                                 Some(g) if data.is_none() => {
                                     if g < want {
