@@ -16,6 +16,13 @@
 //! * Uploads check the bytes sent against the local length and, afterwards,
 //!   the server's SIZE.
 //! * Timeouts on connect, on every reply and on stalled data connections.
+//! * Automatic mode ([`AutoConfig`], `-p auto`): FEAT with the login, a
+//!   starting count from the control connection's RTT and the parameter
+//!   cache, then a framed (MODE E) transfer whose connection count a
+//!   [`xftp_tune::Controller`] changes while it runs (`MULT n` mid-transfer,
+//!   connections added to or retired from the engine). See docs/tuning.md.
+//! * `bufsize`: SO_SNDBUF/SO_RCVBUF on data sockets before connect/listen,
+//!   and `SITE BUFSIZE` to the server ([`BufferReport`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), xftp_client::ClientError> {
