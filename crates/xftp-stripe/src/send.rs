@@ -1,6 +1,7 @@
 //! The sending half of the engine: a file or a byte stream over N
 //! connections.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -32,15 +33,56 @@ impl Default for SendConfig {
     }
 }
 
-/// Bytes written by the application and not yet taken by a connection.
+/// Bytes written by the application and not yet taken by a connection:
+/// sealed chunks of one record each (usually), plus the one being filled.
+/// Chunks are separate allocations so handing one out never copies.
 struct StreamBuf {
-    buf: BytesMut,
-    /// Stream offset of `buf[0]`.
+    ready: VecDeque<Bytes>,
+    cur: BytesMut,
+    record: usize,
+    /// Bytes in `ready` and `cur`.
+    queued: usize,
+    /// Stream offset of the first byte of `ready`.
     base: u64,
     cap: usize,
     /// Total bytes accepted from the application.
     written: u64,
     closing: bool,
+}
+
+impl StreamBuf {
+    fn seal(&mut self) {
+        if !self.cur.is_empty() {
+            self.ready.push_back(self.cur.split().freeze());
+        }
+    }
+
+    /// The next `len` sealed bytes; one chunk unless a flush cut a record.
+    fn take(&mut self, len: usize) -> Bytes {
+        self.queued -= len;
+        self.base += len as u64;
+        if let Some(front) = self.ready.front_mut() {
+            if front.len() >= len {
+                let b = front.split_to(len);
+                if front.is_empty() {
+                    self.ready.pop_front();
+                }
+                return b;
+            }
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len {
+            let Some(front) = self.ready.front_mut() else {
+                break;
+            };
+            let k = front.len().min(len - out.len());
+            out.extend_from_slice(&front.split_to(k));
+            if front.is_empty() {
+                self.ready.pop_front();
+            }
+        }
+        out.freeze()
+    }
 }
 
 struct State {
@@ -69,7 +111,6 @@ struct Shared {
     /// Scheduler progress: data added, close, retire, failure.
     wake: Notify,
     file: Option<Arc<dyn ReadAt>>,
-    record_size: u32,
 }
 
 impl Shared {
@@ -112,7 +153,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             Schedule::Dynamic => Scheduler::dynamic(cfg.record_size, len),
             Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
         };
-        Self::start(sched, None, Some(src), conns, cfg.record_size)
+        Self::start(sched, None, Some(src), conns)
     }
 
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
@@ -121,13 +162,16 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
     pub fn stream(conns: Vec<S>, record_size: u32, buffer: usize) -> Self {
         let rs = record_size.max(1);
         let sb = StreamBuf {
-            buf: BytesMut::new(),
+            ready: VecDeque::new(),
+            cur: BytesMut::new(),
+            record: rs as usize,
+            queued: 0,
             base: 0,
             cap: buffer.max(2 * rs as usize),
             written: 0,
             closing: false,
         };
-        Self::start(Scheduler::stream(rs), Some(sb), None, conns, rs)
+        Self::start(Scheduler::stream(rs), Some(sb), None, conns)
     }
 
     fn start(
@@ -135,7 +179,6 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         stream: Option<StreamBuf>,
         file: Option<Arc<dyn ReadAt>>,
         conns: Vec<S>,
-        record_size: u32,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let n = conns.len();
@@ -158,7 +201,6 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             }),
             wake: Notify::new(),
             file,
-            record_size,
         });
         for (i, c) in conns.into_iter().enumerate() {
             // The receiver lives in the driver spawned below.
@@ -214,7 +256,6 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         if let Some(e) = &st.failed {
             return Poll::Ready(Err(e.to_io()));
         }
-        let rs = u64::from(sh.record_size);
         let avail = st.sched.available();
         let Some(sb) = st.stream.as_mut() else {
             return Poll::Ready(Err(io::Error::other("not a stream sender")));
@@ -225,21 +266,36 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let room = sb.cap.saturating_sub(sb.buf.len());
+        let room = sb.cap.saturating_sub(sb.queued);
         if room == 0 {
             st.app_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
         let n = room.min(data.len());
-        sb.buf.extend_from_slice(&data[..n]);
+        let mut rest = &data[..n];
+        let mut sealed = 0usize;
+        while !rest.is_empty() {
+            if sb.cur.capacity() == 0 {
+                // Reuses the old allocation when its record was sent.
+                sb.cur.reserve(sb.record);
+            }
+            let k = rest.len().min(sb.record - sb.cur.len());
+            sb.cur.extend_from_slice(&rest[..k]);
+            rest = &rest[k..];
+            if sb.cur.len() >= sb.record {
+                sb.seal();
+                sealed += 1;
+            }
+        }
+        sb.queued += n;
         sb.written += n as u64;
         // Only whole records are scheduled here: small writes are batched.
-        let full = avail + (sb.written - avail) / rs * rs;
+        let full = sb.written - sb.cur.len() as u64;
         if full > avail {
             let _ = st.sched.extend(full);
             // One idle connection per new record; waking all of them for
             // every record would make 128 connections thrash.
-            for _ in 0..(full - avail) / rs {
+            for _ in 0..sealed {
                 sh.wake.notify_one();
             }
         }
@@ -254,7 +310,10 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         if let Some(e) = &st.failed {
             return Poll::Ready(Err(e.to_io()));
         }
-        let Some(written) = st.stream.as_ref().map(|s| s.written) else {
+        let Some(written) = st.stream.as_mut().map(|s| {
+            s.seal();
+            s.written
+        }) else {
             return Poll::Ready(Ok(()));
         };
         if st.sched.available() < written && !st.sched.exhausted() {
@@ -280,10 +339,11 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         if let Some(e) = &st.failed {
             return Poll::Ready(Err(e.to_io()));
         }
-        let written = st.stream.as_ref().map(|s| s.written);
-        if let Some(sb) = st.stream.as_mut() {
-            sb.closing = true;
-        }
+        let written = st.stream.as_mut().map(|s| {
+            s.seal();
+            s.closing = true;
+            s.written
+        });
         if let Some(w) = written {
             if st.sched.available() < w {
                 let _ = st.sched.extend(w);
@@ -412,8 +472,7 @@ async fn conn_task<S: AsyncWrite + Unpin>(
                         // Records leave the stream buffer in offset order
                         // because they are cut under this same lock.
                         debug_assert_eq!(sb.base, offset);
-                        sb.base += len;
-                        sb.buf.split_to(len as usize).freeze()
+                        sb.take(len as usize)
                     });
                     if payload.is_some() {
                         st.wake_app();
