@@ -35,6 +35,9 @@ pub struct Reassembly {
     conns: Vec<ConnState>,
     eods: u64,
     eof: Option<u64>,
+    /// Data blocks whose range is recorded but whose payload is not yet
+    /// stored (see [`Reassembly::on_payload_done`]).
+    in_flight: u64,
 }
 
 impl Reassembly {
@@ -79,6 +82,7 @@ impl Reassembly {
                     end: o.end,
                 })?;
             data = Some((h.offset, h.count));
+            self.in_flight += 1;
         }
         let end = d.contains(Descriptor::EOD);
         if end {
@@ -106,9 +110,32 @@ impl Reassembly {
         }
     }
 
-    /// Whether the completion rule holds now.
+    /// Connection `conn` closed cleanly before sending any byte: it was
+    /// never used (for example added after the sender sent EOF). Harmless;
+    /// it does not count as an EOD.
+    pub fn on_unused(&mut self, conn: usize) -> Result<(), StripeError> {
+        match self.conns.get(conn) {
+            Some(ConnState::Open) => {
+                self.conns[conn] = ConnState::Ended;
+                Ok(())
+            }
+            Some(ConnState::Ended) => Ok(()),
+            None => Err(StripeError::BadIndex(conn)),
+        }
+    }
+
+    /// The payload of a data block accepted by [`Reassembly::on_header`]
+    /// has been stored.
+    pub fn on_payload_done(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Whether the completion rule holds now (and every accepted payload
+    /// has been stored).
     pub fn is_done(&self) -> bool {
-        self.eof == Some(self.eods) && self.ranges.is_complete(self.ranges.max_end())
+        self.eof == Some(self.eods)
+            && self.in_flight == 0
+            && self.ranges.is_complete(self.ranges.max_end())
     }
 
     /// Whether connection `conn` has sent its EOD.
@@ -167,6 +194,7 @@ mod tests {
         r.on_header(a, &BlockHeader::data(0, 10)).unwrap();
         r.on_header(b, &BlockHeader::data(10, 5)).unwrap();
         assert!(!r.is_done());
+        r.on_payload_done();
         r.on_header(b, &BlockHeader::eod()).unwrap();
         assert!(!r.is_done());
         let acc = r.on_header(a, &BlockHeader::eof(2)).unwrap();
@@ -177,6 +205,9 @@ mod tests {
                 end: true
             }
         );
+        // One payload is still being stored: not done yet.
+        assert!(!r.is_done());
+        r.on_payload_done();
         assert!(r.is_done());
         assert_eq!(r.finish(Some(15)), Ok(15));
         assert_eq!(
@@ -187,6 +218,19 @@ mod tests {
             })
         );
         r.on_closed(a).unwrap();
+    }
+
+    #[test]
+    fn unused_late_connection_is_harmless() {
+        let mut r = Reassembly::new();
+        let a = r.add_conn();
+        r.on_header(a, &BlockHeader::data(0, 4)).unwrap();
+        r.on_payload_done();
+        r.on_header(a, &BlockHeader::eof(1)).unwrap();
+        let late = r.add_conn();
+        assert!(r.is_done());
+        r.on_unused(late).unwrap();
+        assert_eq!(r.finish(None), Ok(4));
     }
 
     #[test]

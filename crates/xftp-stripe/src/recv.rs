@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader, ReadBuf};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -276,6 +276,21 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     let mut set = JoinSet::new();
     let mut open = true;
     let result = loop {
+        {
+            // The completion rule can hold while connections that never
+            // carried a block are still open (one added just as the sender
+            // sent EOF): they cannot hold data, so stop waiting for them.
+            let st = shared.lock();
+            if st.reasm.is_done() {
+                break st
+                    .reasm
+                    .finish(shared.expected)
+                    .map(|total| TransferReport {
+                        bytes: total,
+                        streams: st.stats.clone(),
+                    });
+            }
+        }
         if set.is_empty() {
             let st = shared.lock();
             let (eods, eof) = st.reasm.eod_progress();
@@ -332,6 +347,18 @@ async fn conn_task<S: AsyncRead + Unpin>(
             StripeError::io(Some(idx), &e)
         }
     };
+    // A connection that closes before its first byte carried nothing: it
+    // joined after the sender had finished. The EOF count still decides
+    // whether every connection the sender used has ended.
+    // Only for files: an ordered stream (psock) uses each connection in
+    // both directions, and there a silent close is the peer going away.
+    if sh.file.is_some() {
+        match r.fill_buf().await {
+            Ok([]) => return sh.lock().reasm.on_unused(idx),
+            Ok(_) => {}
+            Err(e) => return Err(StripeError::io(Some(idx), &e)),
+        }
+    }
     loop {
         r.read_exact(&mut hdr).await.map_err(closed)?;
         let h = match BlockHeader::decode(&hdr) {
@@ -397,6 +424,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
                 st.wake_app();
             }
             let mut st = sh.lock();
+            st.reasm.on_payload_done();
             if let Some(stat) = st.stats.get_mut(idx) {
                 stat.bytes += count;
                 stat.records += 1;

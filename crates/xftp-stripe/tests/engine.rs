@@ -429,3 +429,46 @@ async fn data_beyond_the_announced_size_is_refused_before_writing() {
     );
     assert!(dst.to_vec().is_empty(), "nothing may be written");
 }
+
+/// A connection the receiver has but the sender never used (it joined
+/// just as the sender sent EOF) must not fail or stall the transfer,
+/// whether it stays open or closes without a byte.
+#[tokio::test]
+async fn late_unused_connection_is_ignored() {
+    use std::sync::Arc;
+    use xftp_stripe::{MemFile, Receiver, SendConfig};
+    for close_it in [false, true] {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let (mut tx, mut rx) = (Vec::new(), Vec::new());
+        for _ in 0..2 {
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            tx.push(a);
+            rx.push(b);
+        }
+        let (late_far, late_near) = tokio::io::duplex(1024);
+        rx.push(late_near);
+        let dst = Arc::new(MemFile::default());
+        let recv = Receiver::file(dst.clone(), Some(data.len() as u64), rx);
+        let cfg = SendConfig {
+            record_size: 8192,
+            ..SendConfig::default()
+        };
+        let src = Arc::new(MemFile::from(data.clone()));
+        let sent = xftp_stripe::send_file(src, data.len() as u64, tx, &cfg)
+            .await
+            .unwrap();
+        let keep = if close_it {
+            drop(late_far);
+            None
+        } else {
+            Some(late_far)
+        };
+        let rep = tokio::time::timeout(std::time::Duration::from_secs(10), recv.finish())
+            .await
+            .expect("receiver must not hang")
+            .unwrap();
+        assert_eq!(rep.bytes, sent.bytes);
+        assert_eq!(dst.to_vec(), data);
+        drop(keep);
+    }
+}

@@ -107,6 +107,9 @@ fn deliver(
                 out[off as usize..end].copy_from_slice(&cn.buf[cn.at..cn.at + m]);
                 cn.at += m;
                 cn.payload = (left > m as u64).then(|| (off + m as u64, left - m as u64));
+                if cn.payload.is_none() {
+                    r.on_payload_done();
+                }
                 continue;
             }
             match BlockHeader::decode(&cn.buf[cn.at..]).map_err(|e| e.to_string())? {
