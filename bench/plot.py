@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import slow_start_model, window_model  # noqa: E402
@@ -45,6 +46,7 @@ def fig10(rows, out):
                 label=f"model with slow start, {size / 1e6:g} MB")
     ax.plot(ns, [window_model(n, window, rtt, rate) / 1e6 for n in ns], color="black",
             linestyle="-", linewidth=1, alpha=0.5, label="model N·W/RTT, capped")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("connections N")
     ax.set_ylabel("throughput (Mbit/s)")
     ax.set_title("XFTP fig. 10 (scaled x10): 15.36 Mbit/s, 56 ms RTT, W = 24 KiB")
