@@ -42,6 +42,12 @@ pub async fn send_stream(
     ascii_mode: bool,
     progress: Progress,
 ) -> Result<u64, TransferError> {
+    #[cfg(target_os = "linux")]
+    if !ascii_mode {
+        let total = sendfile_all(&file, offset, &conn, &progress).await?;
+        conn.shutdown().await.map_err(TransferError::Network)?;
+        return Ok(total);
+    }
     let mut file = tokio::fs::File::from_std(file);
     if offset > 0 {
         file.seek(SeekFrom::Start(offset))
@@ -70,6 +76,46 @@ pub async fn send_stream(
     }
     conn.shutdown().await.map_err(TransferError::Network)?;
     Ok(total)
+}
+
+/// Zero-copy send of `file` from `offset` to its end (Linux sendfile(2)):
+/// the kernel moves page-cache pages to the socket, no user-space copy.
+#[cfg(target_os = "linux")]
+async fn sendfile_all(
+    file: &File,
+    mut offset: u64,
+    conn: &TcpStream,
+    progress: &Progress,
+) -> Result<u64, TransferError> {
+    use std::os::fd::AsRawFd;
+    use tokio::io::Interest;
+    const STEP: usize = 4 << 20;
+    let mut total = 0u64;
+    loop {
+        conn.writable().await.map_err(TransferError::Network)?;
+        let r = conn.try_io(Interest::WRITABLE, || {
+            let mut off = libc::off_t::try_from(offset).map_err(std::io::Error::other)?;
+            // SAFETY: both fds are open for the duration of the call and
+            // `off` is a valid off_t the kernel updates.
+            let n = unsafe { libc::sendfile(conn.as_raw_fd(), file.as_raw_fd(), &mut off, STEP) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as u64)
+            }
+        });
+        match r {
+            Ok(0) => return Ok(total),
+            Ok(n) => {
+                offset += n;
+                total += n;
+                progress.store(total, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return Err(TransferError::Storage(e)),
+            Err(e) => return Err(TransferError::Network(e)),
+        }
+    }
 }
 
 /// STOR/APPE in stream mode: everything the client sends until it closes.

@@ -41,6 +41,9 @@ pub struct Args {
     /// Give up on a data connection that does not arrive within SECS (425).
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub data_timeout: u64,
+    /// Bytes per block of the multi-stream transfers the server sends.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(4096..=64 * 1024 * 1024))]
+    pub record_size: u32,
     /// Abort a transfer whose data connections move nothing for SECS (426).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub stall_timeout: u64,
@@ -88,6 +91,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     config.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
     config.data_timeout = Duration::from_secs(a.data_timeout.max(1));
     config.max_sessions = a.max_sessions;
+    config.record_size = a.record_size;
     config.stall_timeout = Duration::from_secs(a.stall_timeout.max(1));
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
