@@ -27,8 +27,17 @@ def proc_cpu(pid):
     return sum(int(x) for x in fields[11:15]) / TICK
 
 
+def peak_rss_kib(pid):
+    """VmHWM (peak resident set) of a running process, KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
 def run_timed(argv, **kw):
-    """Run argv; return (wall seconds, cpu seconds of it and its children, stdout)."""
+    """Run argv; return (wall seconds, cpu seconds, stdout, peak RSS KiB)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     _, status, ru = os.wait4(p.pid, 0)
@@ -38,7 +47,7 @@ def run_timed(argv, **kw):
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {err.strip()[-2000:]}")
-    return wall, ru.ru_utime + ru.ru_stime, out
+    return wall, ru.ru_utime + ru.ru_stime, out, ru.ru_maxrss
 
 
 def same(a, b):
@@ -92,14 +101,16 @@ def main():
                     dst = os.path.join(work, "dst.bin")
                     argv = [XFTP, "get", f"ftp://127.0.0.1:{port}/src.bin", dst, "-p", str(n), "--json"]
                     c0 = proc_cpu(srv.pid)
-                    wall, ccpu, out = run_timed(argv)
+                    wall, ccpu, out, crss = run_timed(argv)
                     scpu = proc_cpu(srv.pid) - c0
+                    srss = peak_rss_kib(srv.pid)
                     js = json.loads(out.strip().splitlines()[-1])
                     ok = js.get("status") == "ok" and same(src, dst)
                     rows.append(dict(tool="xftp", streams=n, run=r, bytes=size, seconds=wall,
                                      mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
                                      cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
-                                     streams_used=js.get("streams")))
+                                     streams_used=js.get("streams"), client_peak_rss_kib=crss,
+                                     server_peak_rss_kib=srss))
                     if r == 0:
                         commands.append(" ".join(argv))
                     os.unlink(dst)
@@ -120,14 +131,15 @@ def main():
                         dst = os.path.join(work, "gdst.bin")
                         argv = ["globus-url-copy", "-p", str(n), f"ftp://127.0.0.1:{gport}{src}", f"file://{dst}"]
                         c0 = proc_cpu(gsrv.pid)
-                        wall, ccpu, _ = run_timed(argv)
+                        wall, ccpu, _, crss = run_timed(argv)
                         time.sleep(0.2)  # let the server reap its session child
                         scpu = proc_cpu(gsrv.pid) - c0
                         ok = same(src, dst)
                         rows.append(dict(tool="globus-url-copy", streams=n, run=r, bytes=size, seconds=wall,
                                          mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
                                          cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
-                                         streams_used=n))
+                                         streams_used=n, client_peak_rss_kib=crss,
+                                         server_peak_rss_kib=0))
                         if r == 0:
                             commands.append(" ".join(argv))
                         os.unlink(dst)
@@ -144,8 +156,8 @@ def main():
              f"File {size} bytes, {a.repeat} runs each, median shown. Machine: {platform.node()}, "
              f"{os.cpu_count()} CPUs, kernel {platform.release()}, congestion control "
              f"{open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()}.", "",
-             "| tool | N | Mbit/s (median) | CPU s/GiB (client+server, median) | verified |",
-             "|---|---|---|---|---|"]
+             "| tool | N | Mbit/s (median) | CPU s/GiB (client+server, median) | client peak RSS MiB | verified |",
+             "|---|---|---|---|---|---|"]
     bad = False
     for tool in ["xftp", "globus-url-copy"]:
         for n in streams:
@@ -155,8 +167,12 @@ def main():
             v = all(r["verified"] for r in rs)
             bad |= not v
             lines.append(f"| {tool} | {n} | {statistics.median(r['mbit_s'] for r in rs):.0f} | "
-                         f"{statistics.median(r['cpu_s_per_gib'] for r in rs):.3f} | {'yes' if v else 'NO'} |")
-    lines += ["", "Commands (first run of each):", "", "```"] + commands + ["```", "",
+                         f"{statistics.median(r['cpu_s_per_gib'] for r in rs):.3f} | "
+                         f"{max(r['client_peak_rss_kib'] for r in rs) / 1024:.1f} | {'yes' if v else 'NO'} |")
+    srv_rss = max((r["server_peak_rss_kib"] for r in rows if r["tool"] == "xftp"), default=0)
+    lines += ["", f"xftp server peak RSS over all its runs: {srv_rss / 1024:.1f} MiB "
+              "(the GridFTP server forks a child per session, not measured).",
+              "", "Commands (first run of each):", "", "```"] + commands + ["```", "",
               "Rerun: `bench/loopback.py` (options: --size-mib, --streams, --repeat)."]
     with open(os.path.join(OUT, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
