@@ -36,8 +36,19 @@ def peak_rss_kib(pid):
     return 0
 
 
+TIME = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+
+
 def run_timed(argv, **kw):
-    """Run argv; return (wall seconds, cpu seconds, stdout, peak RSS KiB)."""
+    """Run argv; return (wall seconds, cpu seconds, stdout, peak RSS KiB).
+
+    Peak RSS comes from GNU time (%M): the rusage of a child forked from
+    Python would report Python's own size from before exec. 0 if GNU time
+    is missing (apt-get install time)."""
+    rss_file = tempfile.NamedTemporaryFile(delete=False)
+    rss_file.close()
+    if TIME:
+        argv = [TIME, "-f", "%M", "-o", rss_file.name] + argv
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     _, status, ru = os.wait4(p.pid, 0)
@@ -47,7 +58,12 @@ def run_timed(argv, **kw):
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {err.strip()[-2000:]}")
-    return wall, ru.ru_utime + ru.ru_stime, out, ru.ru_maxrss
+    try:
+        rss = int(open(rss_file.name).read().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        rss = 0
+    os.unlink(rss_file.name)
+    return wall, ru.ru_utime + ru.ru_stime, out, rss
 
 
 def same(a, b):
