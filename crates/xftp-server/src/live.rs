@@ -78,6 +78,45 @@ impl Live {
         }
     }
 
+    /// MODE E without MULT (GridFTP): the sending client opens as many
+    /// passive connections as it likes and announces the count in its EOF
+    /// block, so keep accepting (from the client's address, up to the
+    /// server's maximum) while the upload runs.
+    pub fn accept_any(&mut self) {
+        let (Some(Grow::Passive(l)), Ctl::Recv(ctl)) = (&self.grow, &self.ctl) else {
+            return;
+        };
+        let (l, ctl, meters, active) = (
+            l.clone(),
+            ctl.clone(),
+            self.meters.clone(),
+            self.active.clone(),
+        );
+        let (peer, room) = (self.peer, self.max.saturating_sub(self.granted) as usize);
+        self.tasks.spawn(async move {
+            let mut added = 0;
+            while added < room {
+                let Ok((s, from)) = l.accept().await else {
+                    return;
+                };
+                if from.ip().to_canonical() != peer.to_canonical() {
+                    tracing::warn!(%from, "data connection from a foreign address refused");
+                    continue;
+                }
+                let _ = s.set_nodelay(true);
+                match ctl.add_connection(meters.wrap(s)) {
+                    Ok(i) => {
+                        added += 1;
+                        if let Ok(mut a) = active.lock() {
+                            a.push(i);
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
     /// Apply `MULT n` during the transfer; returns the reply (code, text).
     pub fn set_streams(&mut self, n: u32) -> (u16, String) {
         let want = n.clamp(1, self.max.max(1));

@@ -66,6 +66,7 @@ pub async fn run(
         bufsize: None,
         schedule: Schedule::Dynamic,
         mode_e: false,
+        mult_set: false,
         shutdown,
     };
     s.reply(220, "xftp ready").await?;
@@ -117,6 +118,8 @@ struct Session {
     schedule: Schedule,
     /// MODE E: framed transfers even on one connection.
     mode_e: bool,
+    /// The client negotiated with MULT (not GridFTP-style MODE E alone).
+    mult_set: bool,
     shutdown: CancellationToken,
 }
 
@@ -343,6 +346,7 @@ impl Session {
             Command::Pasv => self.pasv().await?,
             Command::Epsv(arg) => self.epsv(arg).await?,
             Command::Mult(n) => {
+                self.mult_set = true;
                 let g = n
                     .unwrap_or(self.cfg.default_streams)
                     .clamp(1, self.cfg.max_streams.max(1));
@@ -494,6 +498,42 @@ impl Session {
         } else if up == "UTF8 OFF" {
             self.reply(200, "UTF8 mode off (names are passed through as bytes).")
                 .await
+        } else if let Some(rest) = up.strip_prefix("RETR ") {
+            // GridFTP: OPTS RETR Parallelism=<start>,<min>,<max>; — the
+            // number of MODE E connections the server (the sender) opens.
+            let mut granted = None;
+            for opt in rest.split(';').map(str::trim).filter(|o| !o.is_empty()) {
+                match opt.split_once('=') {
+                    Some(("PARALLELISM", v)) => {
+                        let start = v
+                            .split(',')
+                            .next()
+                            .and_then(|n| n.trim().parse::<u32>().ok());
+                        match start {
+                            Some(n) if n >= 1 => {
+                                granted = Some(n.min(self.cfg.max_streams.max(1)));
+                            }
+                            _ => {
+                                return self
+                                    .reply(501, format!("Bad Parallelism value {v:?}."))
+                                    .await
+                            }
+                        }
+                    }
+                    _ => {
+                        return self
+                            .reply(501, format!("Option not understood: RETR {opt}"))
+                            .await
+                    }
+                }
+            }
+            match granted {
+                Some(g) => {
+                    self.streams = g;
+                    self.reply(200, format!("Parallelism set to {g}.")).await
+                }
+                None => self.reply(200, "OPTS RETR: nothing to change.").await,
+            }
         } else if let Some(rest) = up.strip_prefix("MULT") {
             match rest.trim() {
                 "STATIC" => {
@@ -581,6 +621,8 @@ impl Session {
                     Err(e) => self.reply(501, e.to_string()).await,
                 }
             }
+            // GridFTP clients announce themselves; nothing to do.
+            ("CLIENTINFO", _) => self.reply(250, "Client info noted.").await,
             ("BUFSIZE" | "WIN" | "RBUFSZ" | "SBUFSZ" | "RBUFSIZ" | "SBUFSIZ", None) => {
                 let now = self.bufsize_text();
                 self.reply(200, now).await
@@ -1270,7 +1312,10 @@ impl Session {
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
             let receiver = Receiver::file(Arc::new(file), None, conns);
             let ctl = live::Ctl::Recv(receiver.control());
-            let lv = self.live(meters, ctl, grow, n);
+            let mut lv = self.live(meters, ctl, grow, n);
+            if !self.mult_set {
+                lv.accept_any();
+            }
             let task = tokio::spawn(async move {
                 let r = receiver.finish().await?;
                 upload.commit().map_err(TransferError::Storage)?;

@@ -366,3 +366,45 @@ fn curl_with_named_user_and_read_only_anonymous() {
         .arg(format!("ftp://127.0.0.1:{}/f", srv.port)));
     assert_eq!(sha(&out), sha(&src));
 }
+
+#[test]
+fn globus_url_copy_mode_e_both_directions() {
+    // GridFTP's client speaks MODE E with OPTS RETR Parallelism (downloads:
+    // the server connects N times to its PORT) and opens as many passive
+    // connections as it likes for uploads, announcing the count in EOF.
+    if !have("globus-url-copy") {
+        return;
+    }
+    let srv = serve(&["--anonymous-write"]);
+    let local = tempfile::tempdir().unwrap();
+    for (i, len) in [0usize, 1, 1024 * 1024 + 7, 16 * 1024 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let src = local.path().join(format!("src{i}"));
+        make_file(&src, len, 40 + i as u64);
+        for p in ["1", "4"] {
+            let up = format!("ftp://127.0.0.1:{}/up{i}-{p}", srv.port);
+            run(Command::new("globus-url-copy")
+                .args(["-p", p])
+                .arg(format!("file://{}", src.display()))
+                .arg(&up));
+            let stored = srv.root.path().join(format!("up{i}-{p}"));
+            assert_eq!(
+                sha(&stored),
+                sha(&src),
+                "globus-url-copy -p {p} upload of {len} B"
+            );
+            let down = local.path().join(format!("down{i}-{p}"));
+            run(Command::new("globus-url-copy")
+                .args(["-p", p])
+                .arg(&up)
+                .arg(format!("file://{}", down.display())));
+            assert_eq!(
+                sha(&down),
+                sha(&src),
+                "globus-url-copy -p {p} download of {len} B"
+            );
+        }
+    }
+}
