@@ -34,6 +34,12 @@ def slow_start_model(size, n, window, rtt, rate, mss=1448, iw=10, setup_rtts=1):
     return size * 8.0 / seconds
 
 
+def mathis_model(n, rtt, loss, rate, mss=1448):
+    """Aggregate bit/s of n loss-limited Reno-like connections (Mathis et al.:
+    MSS/RTT * 1.22/sqrt(p) each), capped by the link. BBR does not follow it."""
+    return min(n * mss * 8.0 / rtt * 1.22 / loss ** 0.5, rate)
+
+
 if __name__ == "__main__":
     # Sanity check against hand numbers: 64 KiB windows at 100 ms RTT.
     w = 65535

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import slow_start_model, window_model  # noqa: E402
+from model import mathis_model, slow_start_model, window_model  # noqa: E402
 
 
 def read(path):
@@ -49,7 +49,9 @@ def fig10(rows, out):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("connections N")
     ax.set_ylabel("throughput (Mbit/s)")
-    ax.set_title("XFTP fig. 10 (scaled x10): 15.36 Mbit/s, 56 ms RTT, W = 24 KiB")
+    note = os.environ.get("BENCH_PLOT_NOTE", "")
+    ax.set_title("XFTP fig. 10 (scaled x10): 15.36 Mbit/s, 56 ms RTT, W = 24 KiB"
+                 + (f"\n{note}" if note else ""), fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -57,7 +59,100 @@ def fig10(rows, out):
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10}
+def psock2(rows, out):
+    # Must match exp_psockets_fig2 in bench/run.
+    rate, rtt, window = 100e6, 0.060, 65535
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    styles = {"xftp-pipe": ("o", "tab:blue", "-"), "xftp-get": ("D", "tab:orange", "-"),
+              "globus-url-copy": ("^", "tab:purple", "-"), "iperf3": ("s", "tab:green", ":")}
+    ns = sorted({int(r["streams"]) for r in rows})
+    size = max(int(r["bytes"]) for r in rows)
+    for tool, (m, c, ls) in styles.items():
+        pts = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rows if r["tool"] == tool)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=c, linestyle=ls, label=tool)
+    curl = [float(r["mbit_s"]) for r in rows if r["tool"] == "curl"]
+    if curl:
+        ax.plot([1], curl[:1], marker="*", markersize=13, color="tab:red", linestyle="none",
+                label="curl (one connection)")
+    ax.plot(ns, [window_model(n, window, rtt, rate) / 1e6 for n in ns], color="black",
+            linewidth=1, alpha=0.5, label="model N·W/RTT, capped")
+    ax.plot(ns, [slow_start_model(size, n, window, rtt, rate) / 1e6 for n in ns], color="black",
+            linestyle="--", linewidth=1, alpha=0.5, label=f"model with slow start, {size / 2**20:g} MiB")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("sockets N")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title("PSockets fig. 2: 100 Mbit/s, 60 ms RTT, W = 64 KiB")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def roundtrips(rows, out):
+    tools = list(dict.fromkeys(r["tool"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, tool in enumerate(tools):
+        v = [float(r["round_trips"]) for r in rows if r["tool"] == tool]
+        ax.bar(i, sum(v) / len(v), color="tab:blue", alpha=0.6)
+        ax.plot([i] * len(v), v, "k.", markersize=8)
+    ax.axhline(5, color="tab:red", linestyle="--", linewidth=1, label="goal for xftp: 5 round trips")
+    ax.set_xticks(range(len(tools)))
+    ax.set_xticklabels(tools)
+    ax.set_ylabel("round trips (wall clock / 560 ms)")
+    ax.set_title("1 KiB download, 560 ms RTT (bars: mean, dots: runs)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def autoprof(rows, out):
+    profs = list(dict.fromkeys(r["profile"] for r in rows))
+    cols = min(3, len(profs))
+    nrows = (len(profs) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.6 * nrows), squeeze=False)
+    for k, prof in enumerate(profs):
+        ax = axes[k // cols][k % cols]
+        rs = [r for r in rows if r["profile"] == prof]
+        r0 = rs[0]
+        window, rate, rtt, loss = int(r0["window"]), float(r0["rate"]), float(r0["rtt"]), float(r0["loss"])
+        size = int(r0["bytes"])
+        fixed = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rs if r["tool"] == "xftp-get")
+        ns = [p[0] for p in fixed]
+        ax.plot(ns, [p[1] for p in fixed], marker="o", color="tab:orange", label="xftp get -p N")
+        for tool, m, c in (("xftp-get-auto-fresh", "*", "tab:red"), ("xftp-get-auto-warm", "P", "tab:blue")):
+            a = [(int(r["streams"] or 0), float(r["mbit_s"])) for r in rs if r["tool"] == tool]
+            if a:
+                ax.plot([x[0] for x in a], [x[1] for x in a], marker=m, markersize=12, linestyle="none",
+                        color=c, label=tool.replace("xftp-get-", "-p ") + " (at final N)")
+        if window:
+            ax.plot(ns, [window_model(n, window, rtt, rate) / 1e6 for n in ns], color="black",
+                    linewidth=1, alpha=0.5, label="N·W/RTT, capped")
+            ax.plot(ns, [slow_start_model(size, n, window, rtt, rate) / 1e6 for n in ns], color="black",
+                    linestyle="--", linewidth=1, alpha=0.5, label="with slow start")
+        elif loss:
+            ax.plot(ns, [mathis_model(n, rtt, loss, rate) / 1e6 for n in ns], color="black",
+                    linewidth=1, alpha=0.5, label="N x Mathis (Reno-like), capped")
+        else:
+            ax.axhline(rate / 1e6, color="black", linewidth=1, alpha=0.5, label="link rate")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns)
+        ax.set_xticklabels([str(n) for n in ns])
+        ax.set_title(f"{prof} ({r0['cc']})", fontsize=10)
+        ax.set_xlabel("connections N")
+        ax.set_ylabel("Mbit/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for k in range(len(profs), nrows * cols):
+        axes[k // cols][k % cols].axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+KINDS = {"fig10": fig10, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
