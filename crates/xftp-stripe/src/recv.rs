@@ -340,6 +340,10 @@ async fn conn_task<S: AsyncRead + Unpin>(
     let mut r = BufReader::with_capacity(READ_BUF, s);
     let mut hdr = [0u8; HEADER_LEN];
     let mut chunk = Vec::new();
+    // One positional write may run while the socket is read for the next
+    // chunk, so network and disk overlap. A block counts as stored (for
+    // the completion rule and the stats) only when its last write is done.
+    let mut pending: Option<PendingWrite> = None;
     let closed = |e: io::Error| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             StripeError::ClosedBeforeEod { conn: idx }
@@ -398,7 +402,16 @@ async fn conn_task<S: AsyncRead + Unpin>(
                     let n = (count - pos).min(FILE_CHUNK as u64) as usize;
                     chunk.resize(n, 0);
                     r.read_exact(&mut chunk).await.map_err(closed)?;
-                    chunk = write_chunk(file.clone(), chunk, offset + pos).await?;
+                    let spare = match pending.take() {
+                        Some(p) => settle(p, &sh, idx).await?,
+                        None => Vec::new(),
+                    };
+                    let full = std::mem::replace(&mut chunk, spare);
+                    let last = pos + n as u64 == count;
+                    pending = Some(PendingWrite {
+                        task: tokio::spawn(write_chunk(file.clone(), full, offset + pos)),
+                        block: last.then_some(count),
+                    });
                     pos += n as u64;
                 }
             } else {
@@ -423,14 +436,14 @@ async fn conn_task<S: AsyncRead + Unpin>(
                 }
                 st.wake_app();
             }
-            let mut st = sh.lock();
-            st.reasm.on_payload_done();
-            if let Some(stat) = st.stats.get_mut(idx) {
-                stat.bytes += count;
-                stat.records += 1;
+            if sh.file.is_none() {
+                block_stored(&sh, idx, count);
             }
         }
         if acc.end {
+            if let Some(p) = pending.take() {
+                settle(p, &sh, idx).await?;
+            }
             return Ok(());
         }
     }
@@ -459,6 +472,34 @@ async fn reserve(sh: &Shared, offset: u64, count: u64) -> Result<(), StripeError
             }
         }
         notified.await;
+    }
+}
+
+/// A positional write in flight; `block` is the size of the block it
+/// completes, if it is that block's last chunk.
+struct PendingWrite {
+    task: JoinHandle<Result<Vec<u8>, StripeError>>,
+    block: Option<u64>,
+}
+
+/// Wait for a pending write; returns its buffer for reuse.
+async fn settle(p: PendingWrite, sh: &Shared, idx: usize) -> Result<Vec<u8>, StripeError> {
+    let buf = p
+        .task
+        .await
+        .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))?;
+    if let Some(count) = p.block {
+        block_stored(sh, idx, count);
+    }
+    Ok(buf)
+}
+
+fn block_stored(sh: &Shared, idx: usize, count: u64) {
+    let mut st = sh.lock();
+    st.reasm.on_payload_done();
+    if let Some(stat) = st.stats.get_mut(idx) {
+        stat.bytes += count;
+        stat.records += 1;
     }
 }
 

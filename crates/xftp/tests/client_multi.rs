@@ -540,7 +540,14 @@ fn one_stalled_data_connection_times_out_the_download() {
     let (proxy, _) = cutter::start(server.port, 2, 512 * 1024, cutter::Dir::StallToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/s.bin");
     let t0 = std::time::Instant::now();
-    let out = xftp(&["get", &url, "-p", "4", "--timeout", "2"], &d.local);
+    // Static split: every connection carries len/4 = 2 MiB, more than the
+    // 512 KiB after which the proxy stalls connection 2. (With dynamic
+    // assignment a late-starting connection may carry less than that and
+    // finish before the stall, which made this test flaky.)
+    let out = xftp(
+        &["get", &url, "-p", "4", "--static", "--timeout", "2"],
+        &d.local,
+    );
     assert!(
         !out.status.success(),
         "a stalled connection must fail the download"
