@@ -74,7 +74,7 @@ pub fn passive_listener(local: IpAddr, bufsize: Option<u64>) -> std::io::Result<
         IpAddr::V6(_) => TcpSocket::new_v6()?,
     };
     if let Some(b) = bufsize {
-        crate::sockbuf::apply(&sock, b)?;
+        xftp_tune::sockbuf::apply(&sock, b)?;
     }
     sock.bind(SocketAddr::new(local, 0))?;
     sock.listen(256)
@@ -152,7 +152,7 @@ pub(crate) async fn connect_from(
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     if let Some(b) = bufsize {
-        crate::sockbuf::apply(&sock, b)?;
+        xftp_tune::sockbuf::apply(&sock, b)?;
     }
     if local.is_ipv4() == to.is_ipv4() {
         sock.bind(SocketAddr::new(local, 0))?;

@@ -23,7 +23,6 @@ pub mod fs;
 mod data;
 mod live;
 mod session;
-pub mod sockbuf;
 mod transfer;
 
 use std::path::Path;

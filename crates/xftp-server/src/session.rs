@@ -635,7 +635,7 @@ impl Session {
     }
 
     fn bufsize_text(&self) -> String {
-        match (self.bufsize, crate::sockbuf::probe(self.bufsize)) {
+        match (self.bufsize, xftp_tune::sockbuf::probe(self.bufsize)) {
             (None, Ok(f)) => format!(
                 "Data socket buffers: kernel autotuning (initial rcv {}, snd {}).",
                 f.rcv, f.snd

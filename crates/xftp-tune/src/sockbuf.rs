@@ -1,0 +1,146 @@
+//! TCP buffer sizes for data sockets: the client's `--bufsize` and the
+//! server's SITE BUFSIZE / SITE WIN / SBUF share this code.
+//!
+//! Set before `connect`/`listen`: the window scale goes out in the SYN.
+//! `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE` (CAP_NET_ADMIN) are tried first, so
+//! root is not clamped to `net.core.{r,w}mem_max`; plain `SO_RCVBUF`/
+//! `SO_SNDBUF` otherwise. Linux doubles the value for its bookkeeping;
+//! [`read`] reports what is in force.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Buffer sizes the kernel reports for a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InForce {
+    /// SO_RCVBUF as read back.
+    pub rcv: u64,
+    /// SO_SNDBUF as read back.
+    pub snd: u64,
+}
+
+fn setopt(fd: RawFd, opt: libc::c_int, val: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: fd is a live socket borrowed for the call; the pointer and
+    // length describe one c_int.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&val as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn getopt(fd: RawFd, opt: libc::c_int) -> std::io::Result<u64> {
+    let mut val: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: as above; val and len are valid for writes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut val as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(val.max(0) as u64)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Apply `bytes` to both buffers of `sock` (FORCE first, plain on failure).
+pub fn apply(sock: &impl AsRawFd, bytes: u64) -> std::io::Result<InForce> {
+    let fd = sock.as_raw_fd();
+    let v = bytes.min(i32::MAX as u64 / 2) as libc::c_int;
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if setopt(fd, force, v).is_err() {
+            setopt(fd, plain, v)?;
+        }
+    }
+    read(sock)
+}
+
+/// What the kernel reports for `sock`.
+pub fn read(sock: &impl AsRawFd) -> std::io::Result<InForce> {
+    let fd = sock.as_raw_fd();
+    Ok(InForce {
+        rcv: getopt(fd, libc::SO_RCVBUF)?,
+        snd: getopt(fd, libc::SO_SNDBUF)?,
+    })
+}
+
+fn socket_for(addr: &SocketAddr, bufsize: Option<u64>) -> std::io::Result<TcpSocket> {
+    let s = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(b) = bufsize {
+        apply(&s, b)?;
+    }
+    Ok(s)
+}
+
+/// Connect to `addr` with the buffers set first. `Err(None)` is a timeout.
+pub async fn connect(
+    addr: SocketAddr,
+    bufsize: Option<u64>,
+    limit: Duration,
+) -> Result<TcpStream, Option<std::io::Error>> {
+    let s = socket_for(&addr, bufsize).map_err(Some)?;
+    match tokio::time::timeout(limit, s.connect(addr)).await {
+        Ok(r) => r.map_err(Some),
+        Err(_) => Err(None),
+    }
+}
+
+/// What a data socket would get for `bytes`, measured on a probe socket.
+pub fn probe(bytes: Option<u64>) -> std::io::Result<InForce> {
+    let s = TcpSocket::new_v4()?;
+    match bytes {
+        Some(b) => apply(&s, b),
+        None => read(&s),
+    }
+}
+
+/// Listen on `addr` with the buffers set first (accepted sockets inherit them).
+pub fn listen(addr: SocketAddr, bufsize: Option<u64>) -> std::io::Result<TcpListener> {
+    let s = socket_for(&addr, bufsize)?;
+    s.bind(addr)?;
+    s.listen(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn buffers_apply_before_connect_and_read_back() {
+        let l = listen("127.0.0.1:0".parse().unwrap(), Some(200_000)).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = connect(addr, Some(200_000), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        for sock in [read(&c).unwrap(), read(&s).unwrap()] {
+            // Linux doubles the request; the FORCE variant is not clamped.
+            assert!(sock.rcv >= 200_000 && sock.snd >= 200_000, "{sock:?}");
+        }
+    }
+}
