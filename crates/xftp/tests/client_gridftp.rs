@@ -4,14 +4,14 @@
 //! server is missing or we are not root (its anonymous user needs setuid),
 //! but fails instead when XFTP_REQUIRE_PEERS=1.
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+mod support;
+use support::{sha256_file, write_prng_file};
 
 const SERVER: &str = "globus-gridftp-server";
 
@@ -87,27 +87,6 @@ fn start(log: &Path) -> Gridftp {
         std::thread::sleep(Duration::from_millis(50));
     }
     server
-}
-
-fn write_prng_file(path: &Path, len: u64, seed: u64) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut x = seed | 1;
-    for _ in 0..len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        f.write_all(&[(x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8])
-            .unwrap();
-    }
-    f.flush().unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
-}
-
-fn sha256_file(path: &Path) -> [u8; 32] {
-    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).unwrap();
-    h.finalize().into()
 }
 
 fn xftp(args: &[&str], cwd: &Path) -> Output {

@@ -2,13 +2,14 @@
 //! wrote. Skips with a message when /usr/bin/python3 lacks pyftpdlib, but
 //! fails instead when XFTP_REQUIRE_PEERS=1.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
+mod support;
+use support::{sha256_file, write_prng_file};
 
 const PYTHON: &str = "/usr/bin/python3";
 const MIB: u64 = 1024 * 1024;
@@ -103,34 +104,6 @@ FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
     let mut cmd = Command::new(PYTHON);
     cmd.arg("-c").arg(script).arg(dir);
     spawn_logging_server(cmd)
-}
-
-/// Deterministic, incompressible-looking content (xorshift64*).
-fn write_prng_file(path: &Path, len: u64, seed: u64) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    let mut x = seed | 1;
-    let mut left = len;
-    let mut buf = vec![0u8; 1 << 20];
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        for chunk in buf[..n].chunks_mut(8) {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-        f.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
-    f.flush().unwrap();
-}
-
-fn sha256_file(path: &Path) -> [u8; 32] {
-    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut h = Sha256::new();
-    std::io::copy(&mut f, &mut h).unwrap();
-    h.finalize().into()
 }
 
 fn xftp(args: &[&str], cwd: &Path) -> Output {

@@ -1,0 +1,78 @@
+//! Helpers shared by the integration tests of the `xftp` binary.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use sha2::{Digest, Sha256};
+
+/// `xftp serve` on 127.0.0.1:0, ended by PID when dropped.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `xftp serve --root ROOT --listen 127.0.0.1:0 --anonymous-write EXTRA..`
+/// and wait for its `listening on HOST:PORT` line.
+pub fn serve(root: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["serve", "--root"])
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0", "--anonymous-write"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp serve");
+    let stdout = child.stdout.take().expect("stdout piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let mut server = Server { child, port: 0 };
+    server.port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no `listening on HOST:PORT` line: {line:?}"));
+    server
+}
+
+/// A file of `len` deterministic pseudo-random bytes (xorshift*).
+pub fn write_prng_file(path: &Path, len: u64, seed: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut x = seed | 1;
+    let mut left = len;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        for chunk in buf[..n].chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        f.write_all(&buf[..n]).unwrap();
+        left -= n as u64;
+    }
+    f.flush().unwrap();
+}
+
+/// SHA-256 of a file.
+pub fn sha256_file(path: &Path) -> [u8; 32] {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    h.finalize().into()
+}
