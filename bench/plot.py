@@ -152,7 +152,35 @@ def autoprof(rows, out):
     fig.savefig(out, dpi=90)
 
 
-KINDS = {"fig10": fig10, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
+def fig11(rows, out):
+    # Must match exp_xftp_fig11 in bench/run.
+    rate, rtt = 15.36e6, 0.056
+    size = int(rows[0]["bytes"])
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    markers = ["o", "s", "D", "^", "v"]
+    for i, w in enumerate(sorted({int(r["window"]) for r in rows})):
+        pts = sorted((int(r["effective_window"]), float(r["mbit_s"]), r["streams"]) for r in rows
+                     if int(r["window"]) == w)
+        ax.plot([p[0] / 1024 for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
+                linestyle="none", markersize=8, label=f"W = {w // 1024} KiB, N = " + ",".join(p[2] for p in pts))
+    ew = sorted({int(r["effective_window"]) for r in rows})
+    xs = [ew[0] * k / 20 for k in range(20, int(20 * ew[-1] / ew[0]) + 1)]
+    ax.plot([x / 1024 for x in xs], [window_model(1, x, rtt, rate) / 1e6 for x in xs], color="black",
+            linewidth=1, alpha=0.5, label="model min(N·W/RTT, rate)")
+    ax.plot([x / 1024 for x in ew], [slow_start_model(size, 1, x, rtt, rate) / 1e6 for x in ew], color="black",
+            linestyle="--", linewidth=1, alpha=0.5, label="with slow start (one window N·W), 5 MB")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("effective window N·W (KiB)")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title("XFTP fig. 11 (scaled x10): 15.36 Mbit/s, 56 ms RTT, queue 100p, 5 MB", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+KINDS = {"fig10": fig10, "fig11": fig11, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
