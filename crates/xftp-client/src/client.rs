@@ -292,6 +292,43 @@ impl Client {
             feat: auto.then(|| Cmd::bare("FEAT")),
             mult: (!auto && want > 1).then(|| Cmd::with("MULT", want.to_string())),
         };
+        // The automatic mode chooses its starting count now, from the RTT
+        // of the TCP handshake and the cache, and sends MODE E and MULT in
+        // the login flight: waiting for the login replies first would cost
+        // a round trip. A server without them refuses both and the
+        // transfer falls back to one plain connection.
+        let prelude = match &self.cfg.auto {
+            Some(a) if self.start.is_none() => {
+                let max = a.tune.max_streams.clamp(1, 64);
+                let (n0, why) = xftp_tune::initial_streams(
+                    self.ctl.rtt(),
+                    self.cfg.bufsize,
+                    a.cached_best,
+                    max,
+                );
+                let fixed = if self.cfg.data_mode == DataMode::Mprt {
+                    Some("MPRT connections cannot be added")
+                } else if self.cfg.static_split {
+                    Some("static partitioning")
+                } else {
+                    None
+                };
+                let (why, adaptive) = match fixed {
+                    Some(f) => (format!("{why} (fixed: {f})"), false),
+                    None => (why, true),
+                };
+                tracing::info!("tune: starting with {n0} connection(s): {why}");
+                self.start = Some((n0, why, adaptive));
+                Some(Prelude {
+                    // Not MODE E: a GridFTP server would accept that and
+                    // refuse MULT, leaving the session in a mode we did not
+                    // want. Only a server that knows MULT accepts this.
+                    mode_e: adaptive.then(|| Cmd::with("OPTS", "MULT FRAMED")),
+                    mult: (adaptive || n0 > 1).then(|| (Cmd::with("MULT", n0.to_string()), n0)),
+                })
+            }
+            _ => None,
+        };
         let mut batch: Vec<&Cmd> = vec![&login.user];
         batch.extend(login.pass.as_ref());
         batch.push(&login.ty);
@@ -299,8 +336,13 @@ impl Client {
         batch.extend(login.opts_static.as_ref());
         batch.extend(login.feat.as_ref());
         batch.extend(login.mult.as_ref());
+        if let Some(p) = &prelude {
+            batch.extend(p.mode_e.as_ref());
+            batch.extend(p.mult.as_ref().map(|m| &m.0));
+        }
         self.ctl.send(&batch).await?;
         self.pending_login = Some(login);
+        self.pending_prelude = prelude;
         Ok(())
     }
 
@@ -323,17 +365,25 @@ impl Client {
                 if r.code == 200 {
                     self.mode_e = true;
                 } else if r.is_failure() {
-                    self.notices.push(format!(
-                        "server refused MODE E ({} {}); the number of connections stays fixed",
+                    // A server without MULT refuses this too; the MULT
+                    // reply that follows says so to the user.
+                    tracing::info!(
+                        "server refused framed transfers: {} {}",
                         r.code,
                         reply_text(&r)
-                    ));
+                    );
                 } else {
                     return Err(unexpected(m, &r));
                 }
             }
             if let Some((c, want)) = &p.mult {
-                self.read_mult(c, *want).await?;
+                if self.read_mult(c, *want).await? {
+                    self.start = Some((
+                        1,
+                        "the server does not support MULT: one plain connection".to_string(),
+                        false,
+                    ));
+                }
             }
         }
         Ok(())
@@ -397,7 +447,7 @@ impl Client {
     }
 
     /// The reply to `MULT want`: the grant, or 1 with a notice on refusal.
-    async fn read_mult(&mut self, c_mult: &Cmd, want: u32) -> Result<()> {
+    async fn read_mult(&mut self, c_mult: &Cmd, want: u32) -> Result<bool> {
         {
             let r = self.ctl.read_reply().await?;
             if r.is_success() {
@@ -418,11 +468,12 @@ impl Client {
                 self.granted = 1;
                 self.notices
                     .push("server does not support MULT; using 1 connection".into());
+                return Ok(true);
             } else {
                 return Err(unexpected(c_mult, &r));
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Send any command and expect one of `codes` (escape hatch).

@@ -541,6 +541,16 @@ impl Session {
                     self.reply(200, "MULT schedule static: n equal contiguous parts.")
                         .await
                 }
+                "FRAMED" => {
+                    // Same as MODE E, but only servers that know MULT accept
+                    // it: a client can send it speculatively with its login.
+                    self.mode_e = true;
+                    self.reply(
+                        200,
+                        "MULT framing on: MODE E blocks on every data connection.",
+                    )
+                    .await
+                }
                 "DYNAMIC" => {
                     self.schedule = Schedule::Dynamic;
                     self.reply(
@@ -549,7 +559,10 @@ impl Session {
                     )
                     .await
                 }
-                _ => self.reply(501, "OPTS MULT takes STATIC or DYNAMIC.").await,
+                _ => {
+                    self.reply(501, "OPTS MULT takes STATIC, DYNAMIC or FRAMED.")
+                        .await
+                }
             }
         } else if up.starts_with("MLST") {
             self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;")
