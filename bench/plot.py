@@ -180,7 +180,36 @@ def fig11(rows, out):
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10, "fig11": fig11, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
+def fig6(rows, out):
+    # Must match exp_psockets_fig6 in bench/run: 40 Mbit/s bottleneck.
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    x = 0
+    ticks, labels = [], []
+    for i, case in enumerate(cases):
+        rs = [r for r in rows if r["case"] == case]
+        start = x
+        for r in rs:
+            ax.bar(x, float(r["mbit_s"]), color=f"C{i}", alpha=0.75)
+            ax.text(x, float(r["mbit_s"]) + 0.5, f"{r['streams']} conn", ha="center", fontsize=7)
+            x += 1
+        ticks.append((start + x - 1) / 2)
+        labels.append(case)
+        x += 1
+    ax.axhline(40, color="black", linewidth=1, alpha=0.5, label="bottleneck 40 Mbit/s")
+    ax.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5, label="one connection's window limit W/RTT")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("throughput per application (Mbit/s)")
+    ax.set_title("PSockets fig. 6 (reduced): applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=10)
+    ax.set_ylim(0, 45)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
