@@ -110,6 +110,8 @@ pub enum Reason {
     Probe,
     /// Too little left to be worth new connections.
     TooLittleLeft,
+    /// Waiting after a reduction for the queue to drain.
+    Hold,
 }
 
 /// A change of the stream count.
@@ -163,6 +165,11 @@ pub struct Controller {
     settled: Option<f64>,
     low_epochs: u32,
     quiet_epochs: u32,
+    /// Epochs left in which no decision is taken after a reduction (the
+    /// queue drains; losses counted then belong to the old count).
+    hold: u32,
+    /// Smallest per-epoch loss rate seen: the path's random loss.
+    loss_floor: Option<f64>,
     history: Vec<Step>,
 }
 
@@ -182,6 +189,8 @@ impl Controller {
             settled: None,
             low_epochs: 0,
             quiet_epochs: 0,
+            hold: 0,
+            loss_floor: None,
             history: Vec::new(),
         }
     }
@@ -251,12 +260,23 @@ impl Controller {
             }
             _ => false,
         };
-        let overflow = loss > self.cfg.loss_threshold && queueing;
+        // Random loss is the same whatever N is; overflow loss comes with
+        // a queue and grows with N. So loss counts only when it is well
+        // above the lowest loss rate this path has shown.
+        let floor = *self.loss_floor.get_or_insert(loss);
+        self.loss_floor = Some(floor.min(loss));
+        let overflow = loss > self.cfg.loss_threshold.max(3.0 * floor) && queueing;
+        // A heavy standing queue vetoes growth (more connections would only
+        // lengthen it); a light one is what loss-based TCP always builds.
+        let heavy_queue = match (queue, self.floor) {
+            (Some(q), Some(f)) => q > Duration::from_millis(5).max(f.mul_f64(0.5)),
+            _ => false,
+        };
         let little_left = s
             .remaining
             .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
 
-        let (next, reason) = self.decide(goodput, overflow, queueing, little_left);
+        let (next, reason) = self.decide(goodput, overflow, heavy_queue, little_left);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
             streams: self.n,
@@ -289,7 +309,12 @@ impl Controller {
         queueing: bool,
         little_left: bool,
     ) -> (u32, Reason) {
+        // `queueing` here is the heavy-queue veto on growth.
         let min = self.cfg.min_streams.max(1);
+        if self.hold > 0 {
+            self.hold -= 1;
+            return (self.n, Reason::Hold);
+        }
         if overflow && self.n > min {
             // β rule: turn off half, and stay below the level that overflowed.
             self.cap = self.cap.min(self.n - 1).max(min);
@@ -299,6 +324,7 @@ impl Controller {
             self.settled = None;
             self.before = None;
             self.quiet_epochs = 0;
+            self.hold = 2;
             return (half.min(back).max(min), Reason::QueueOverflow);
         }
         match self.phase {
@@ -341,7 +367,7 @@ impl Controller {
                 } else {
                     self.low_epochs = 0;
                 }
-                self.quiet_epochs = if queueing { 0 } else { self.quiet_epochs + 1 };
+                self.quiet_epochs += 1;
                 if little_left {
                     return (self.n, Reason::TooLittleLeft);
                 }
@@ -515,6 +541,24 @@ mod tests {
         let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
         assert!(n >= 8, "ended at {n}");
         assert!(mean > 0.5 * 200e6, "mean {mean}");
+    }
+
+    #[test]
+    fn random_loss_with_a_standing_queue_is_not_overflow() {
+        // 0.3 % random loss caps each connection (Mathis) at ~2.6 Mbit/s;
+        // three fill the 8 Mbit/s link and from four on a queue stands.
+        // Loss is the same at every N: no reason to shed connections.
+        let p = Path {
+            cap_bps: 8e6,
+            rtt: Duration::from_millis(100),
+            window: 1e6,
+            queue: 500_000.0,
+            random_loss: 0.003,
+            overflow_penalty: 0.5,
+        };
+        let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 60.0);
+        assert!(n >= 3, "ended at {n}");
+        assert!(mean > 0.9 * 8e6, "mean {mean}");
     }
 
     #[test]
