@@ -209,7 +209,33 @@ def fig6(rows, out):
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
+def mftp6(rows, out):
+    # Must match exp_mftp_fig6 in bench/run.
+    rate, window = 45e6, 24576
+    size = int(rows[0]["bytes"])
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    rtts = sorted({int(r["rtt_ms"]) for r in rows})
+    fine = [rtts[0] + (rtts[-1] - rtts[0]) * k / 100 for k in range(101)]
+    for i, n in enumerate(sorted({int(r["streams"]) for r in rows})):
+        pts = sorted((int(r["rtt_ms"]), float(r["mbit_s"])) for r in rows if int(r["streams"]) == n)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=f"xftp get -p {n}")
+        ax.plot(fine, [window_model(n, window, t / 1000, rate) / 1e6 for t in fine], color=f"C{i}",
+                linewidth=1, alpha=0.5)
+        ax.plot(rtts, [slow_start_model(size, n, window, t / 1000, rate) / 1e6 for t in rtts], color=f"C{i}",
+                linestyle="--", linewidth=1, alpha=0.5)
+    ax.plot([], [], color="gray", label="model N·W/RTT, capped")
+    ax.plot([], [], color="gray", linestyle="--", label=f"with slow start, {size / 1e6:g} MB")
+    ax.set_yscale("log")
+    ax.set_xlabel("RTT (ms)")
+    ax.set_ylabel("throughput (Mbit/s, log)")
+    ax.set_title("MFTP fig. 6 (reduced): 45 Mbit/s, W = 24 KiB", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
