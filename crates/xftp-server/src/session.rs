@@ -1237,7 +1237,7 @@ impl Session {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
             let cfg = SendConfig {
-                record_size: self.cfg.record_size,
+                record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
             };
             let sender = Sender::file(Arc::new(file), len, conns, &cfg);
@@ -1446,6 +1446,15 @@ enum ListKind {
     Mlsd,
 }
 
+/// Record size for sending `len` bytes over `n` connections: the
+/// configured size, but small enough that every connection gets about two
+/// records (a 1 MB file over 16 connections would otherwise use only 4 of
+/// them), and never under 16 KiB, where headers and wake-ups start to cost.
+fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
+    let per = len / (2 * n.max(1) as u64);
+    per.clamp(16 * 1024, u64::from(configured.max(16 * 1024))) as u32
+}
+
 /// Uploads in progress (see `Upload`) are not listed.
 fn is_part_file(name: &[u8]) -> bool {
     name.starts_with(b".") && name.windows(11).any(|w| w == b".xftp-part-")
@@ -1510,4 +1519,17 @@ fn listing(
         push(name, &md);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_size_shrinks_for_small_files() {
+        assert_eq!(record_size_for(1 << 30, 4, 256 * 1024), 256 * 1024);
+        assert_eq!(record_size_for(1_000_000, 16, 256 * 1024), 31_250);
+        assert_eq!(record_size_for(1000, 16, 256 * 1024), 16 * 1024);
+        assert_eq!(record_size_for(0, 0, 4096), 16 * 1024);
+    }
 }
