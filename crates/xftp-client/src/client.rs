@@ -28,7 +28,7 @@ use crate::watchdog::Watchdog;
 pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
 
 /// Chunk size for single-stream copies.
-const CHUNK: usize = 256 * 1024;
+const CHUNK: usize = 1024 * 1024;
 
 /// Largest listing kept in memory: a server that never stops sending a
 /// listing must not exhaust our memory.
