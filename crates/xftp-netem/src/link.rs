@@ -245,7 +245,16 @@ impl Link {
             ])?;
             if let Some(cc) = &spec.congestion_control {
                 let setting = format!("net.ipv4.tcp_congestion_control={cc}");
-                run("ip", &["netns", "exec", n, "sysctl", "-q", "-w", &setting])?;
+                if run("ip", &["netns", "exec", n, "sysctl", "-q", "-w", &setting]).is_err() {
+                    // A namespace may only default to what the host lists in
+                    // tcp_allowed_congestion_control (e.g. reno bbr); a
+                    // route's congctl attribute is not limited that way.
+                    let net = format!("{}/{PREFIX_LEN}", network_of(addr, PREFIX_LEN));
+                    let src = addr.to_string();
+                    ip(&[
+                        "-n", n, "route", "replace", &net, "dev", n, "src", &src, "congctl", cc,
+                    ])?;
+                }
             }
             tuns.push(tun);
         }
@@ -494,6 +503,16 @@ fn random_seed() -> u64 {
     }
 }
 
+/// The network address of `addr` with a `/len` prefix.
+fn network_of(addr: std::net::Ipv4Addr, len: u8) -> std::net::Ipv4Addr {
+    let mask = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
+    std::net::Ipv4Addr::from(u32::from(addr) & mask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,4 +546,14 @@ mod tests {
         s.max_window = Some(0);
         assert!(s.validate().is_err());
     }
+}
+
+/// The network address of `addr` with a `/len` prefix.
+fn network_of(addr: std::net::Ipv4Addr, len: u8) -> std::net::Ipv4Addr {
+    let mask = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
+    std::net::Ipv4Addr::from(u32::from(addr) & mask)
 }
