@@ -547,13 +547,3 @@ mod tests {
         assert!(s.validate().is_err());
     }
 }
-
-/// The network address of `addr` with a `/len` prefix.
-fn network_of(addr: std::net::Ipv4Addr, len: u8) -> std::net::Ipv4Addr {
-    let mask = if len == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(len))
-    };
-    std::net::Ipv4Addr::from(u32::from(addr) & mask)
-}
