@@ -690,6 +690,28 @@ impl Session {
         self.cwd.resolve(arg).map_err(|e| (501, e.to_string()))
     }
 
+    /// Reply with the FTP code and text for a file-system error on `v`.
+    async fn reply_fs(&mut self, v: &VPath, e: &FsError) -> std::io::Result<()> {
+        let (c, t) = fs_reply(e);
+        self.reply(c, format!("{}: {t}.", v.display())).await
+    }
+
+    /// The path of a write command, or `None` after replying: 550 for a
+    /// read-only login, 501 for a path that cannot be resolved.
+    async fn write_target(&mut self, arg: &[u8]) -> std::io::Result<Option<VPath>> {
+        if !self.may_write() {
+            self.deny_write().await?;
+            return Ok(None);
+        }
+        match self.vpath(arg) {
+            Ok(v) => Ok(Some(v)),
+            Err((c, t)) => {
+                self.reply(c, t).await?;
+                Ok(None)
+            }
+        }
+    }
+
     async fn cwd(&mut self, arg: &[u8]) -> std::io::Result<()> {
         let v = match self.vpath(arg) {
             Ok(v) => v,
@@ -705,10 +727,7 @@ impl Session {
                 self.reply(550, format!("{}: Not a directory.", v.display()))
                     .await
             }
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
@@ -786,12 +805,8 @@ impl Session {
     }
 
     async fn dele(&mut self, arg: &[u8]) -> std::io::Result<()> {
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         let r = self.cfg.root.entry(&v).and_then(|p| {
             let md = std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
@@ -802,20 +817,13 @@ impl Session {
         });
         match r {
             Ok(()) => self.reply(250, format!("{} deleted.", v.display())).await,
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
     async fn mkd(&mut self, arg: &[u8]) -> std::io::Result<()> {
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         let r = self
             .cfg
@@ -827,20 +835,13 @@ impl Session {
                 let q = quote(&v.display());
                 self.reply(257, format!("\"{q}\" created.")).await
             }
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
     async fn rmd(&mut self, arg: &[u8]) -> std::io::Result<()> {
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         if v.is_root() {
             return self.reply(550, "Cannot remove the root directory.").await;
@@ -852,20 +853,13 @@ impl Session {
             .and_then(|p| std::fs::remove_dir(&p).map_err(FsError::from_io));
         match r {
             Ok(()) => self.reply(250, format!("{} removed.", v.display())).await,
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
     async fn rnfr(&mut self, arg: &[u8]) -> std::io::Result<()> {
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         if v.is_root() {
             return self.reply(550, "Cannot rename the root directory.").await;
@@ -875,10 +869,7 @@ impl Session {
                 self.rnfr = Some(p);
                 self.reply(350, "Ready for RNTO.").await
             }
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
@@ -886,12 +877,8 @@ impl Session {
         let Some(from) = from else {
             return self.reply(503, "RNTO must come right after RNFR.").await;
         };
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         let r = self
             .cfg
@@ -903,10 +890,7 @@ impl Session {
                 self.reply(250, format!("Renamed to {}.", v.display()))
                     .await
             }
-            Err(e) => {
-                let (c, t) = fs_reply(&e);
-                self.reply(c, format!("{}: {t}.", v.display())).await
-            }
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
@@ -1258,12 +1242,8 @@ impl Session {
 
     async fn store(&mut self, arg: &[u8], append: bool) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
-        if !self.may_write() {
-            return self.deny_write().await;
-        }
-        let v = match self.vpath(arg) {
-            Ok(v) => v,
-            Err((c, t)) => return self.reply(c, t).await,
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
         };
         let target = match self.cfg.root.creatable(&v) {
             Ok(p) => p,
