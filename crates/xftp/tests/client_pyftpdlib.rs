@@ -2,81 +2,13 @@
 //! wrote. Skips with a message when /usr/bin/python3 lacks pyftpdlib, but
 //! fails instead when XFTP_REQUIRE_PEERS=1.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Output};
 
 mod support;
-use support::{sha256_file, write_prng_file};
+use support::{have_pyftpdlib, sha256_file, spawn_logging_server, write_prng_file, Pyftpd, PYTHON};
 
-const PYTHON: &str = "/usr/bin/python3";
 const MIB: u64 = 1024 * 1024;
-
-/// A pyftpdlib server on 127.0.0.1, ended by PID when dropped.
-struct Pyftpd {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Pyftpd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// True when pyftpdlib is there; otherwise skip (or fail under
-/// XFTP_REQUIRE_PEERS=1).
-fn have_pyftpdlib(test: &str) -> bool {
-    let ok = Command::new(PYTHON)
-        .args(["-c", "import pyftpdlib"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("{test}: {PYTHON} cannot import pyftpdlib and XFTP_REQUIRE_PEERS=1 (apt-get install python3-pyftpdlib)");
-        }
-        eprintln!(
-            "SKIP {test}: {PYTHON} cannot import pyftpdlib (apt-get install python3-pyftpdlib)"
-        );
-    }
-    ok
-}
-
-/// Start a process that logs `starting FTP server on 127.0.0.1:PORT` on
-/// stderr; keep draining its stderr so it never blocks on a full pipe.
-fn spawn_logging_server(mut cmd: Command) -> Pyftpd {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pyftpdlib");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.split("starting FTP server on 127.0.0.1:").nth(1) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                if let (Some(tx), Ok(p)) = (tx.take(), port.parse::<u16>()) {
-                    let _ = tx.send(p);
-                }
-            }
-        }
-    });
-    let mut server = Pyftpd { child, port: 0 };
-    server.port = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("pyftpdlib did not report its port within 20 s");
-    server
-}
 
 /// Anonymous, writable pyftpdlib serving `dir`.
 fn pyftpd(dir: &Path) -> Pyftpd {

@@ -4,13 +4,14 @@
 //! connections mean more throughput), `--bufsize`, `--static`, the
 //! parameter cache under a temporary XDG_CACHE_HOME, and `xftp probe`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output};
 
 mod support;
-use support::{serve as serve_with, sha256_file, write_prng_file, Server};
+use support::{
+    have_pyftpdlib, serve as serve_with, sha256_file, spawn_logging_server, write_prng_file,
+    Pyftpd, Server, PYTHON,
+};
 
 /// A test's directories: server root, local side, and a private cache
 /// (XDG_CACHE_HOME of every xftp run, so tests never share the user's).
@@ -424,61 +425,14 @@ fn probe_prints_what_it_measured() {
 
 // ---- a stock server (pyftpdlib) ----
 
-const PYTHON: &str = "/usr/bin/python3";
-
-struct Pyftpd {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Pyftpd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn pyftpd(dir: &Path, test: &str) -> Option<Pyftpd> {
-    let ok = Command::new(PYTHON)
-        .args(["-c", "import pyftpdlib"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("{test}: {PYTHON} cannot import pyftpdlib and XFTP_REQUIRE_PEERS=1");
-        }
-        println!(
-            "SKIP {test}: {PYTHON} cannot import pyftpdlib (apt-get install python3-pyftpdlib)"
-        );
+    if !have_pyftpdlib(test) {
         return None;
     }
-    let mut child = Command::new(PYTHON)
-        .args(["-m", "pyftpdlib", "-i", "127.0.0.1", "-p", "0", "-w", "-d"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pyftpdlib");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.split("starting FTP server on 127.0.0.1:").nth(1) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                if let (Some(tx), Ok(p)) = (tx.take(), port.parse::<u16>()) {
-                    let _ = tx.send(p);
-                }
-            }
-        }
-    });
-    let mut server = Pyftpd { child, port: 0 };
-    server.port = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("pyftpdlib did not report its port");
-    Some(server)
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "pyftpdlib", "-i", "127.0.0.1", "-p", "0", "-w", "-d"])
+        .arg(dir);
+    Some(spawn_logging_server(cmd))
 }
 
 #[test]

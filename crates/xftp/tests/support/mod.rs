@@ -4,6 +4,8 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -75,4 +77,71 @@ pub fn sha256_file(path: &Path) -> [u8; 32] {
     let mut h = Sha256::new();
     std::io::copy(&mut f, &mut h).unwrap();
     h.finalize().into()
+}
+
+/// Debian's pyftpdlib lives in the system Python.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// A pyftpdlib server on 127.0.0.1, ended by PID when dropped.
+pub struct Pyftpd {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Pyftpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// True when pyftpdlib is there; otherwise skip (or fail under
+/// XFTP_REQUIRE_PEERS=1).
+pub fn have_pyftpdlib(test: &str) -> bool {
+    let ok = Command::new(PYTHON)
+        .args(["-c", "import pyftpdlib"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("{test}: {PYTHON} cannot import pyftpdlib and XFTP_REQUIRE_PEERS=1 (apt-get install python3-pyftpdlib)");
+        }
+        eprintln!(
+            "SKIP {test}: {PYTHON} cannot import pyftpdlib (apt-get install python3-pyftpdlib)"
+        );
+    }
+    ok
+}
+
+/// Start a process that logs `starting FTP server on 127.0.0.1:PORT` on
+/// stderr; keep draining its stderr so it never blocks on a full pipe.
+pub fn spawn_logging_server(mut cmd: Command) -> Pyftpd {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pyftpdlib");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("starting FTP server on 127.0.0.1:").nth(1) {
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if let (Some(tx), Ok(p)) = (tx.take(), port.parse::<u16>()) {
+                    let _ = tx.send(p);
+                }
+            }
+        }
+    });
+    let mut server = Pyftpd { child, port: 0 };
+    server.port = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("pyftpdlib did not report its port within 20 s");
+    server
 }
