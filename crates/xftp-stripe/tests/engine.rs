@@ -268,7 +268,10 @@ async fn killed_connection_fails_both_ends() {
         .enumerate()
         .map(|(i, s)| Killer {
             inner: s,
-            left: if i == 2 { 300_000 } else { usize::MAX },
+            // Connection 2 dies within its first block header, whatever
+            // the dynamic scheduler gave it (it may carry a single record,
+            // or only its EOD, so a later kill point was flaky).
+            left: if i == 2 { 10 } else { usize::MAX },
         })
         .collect();
     let src = Arc::new(MemFile::from(data.clone()));
