@@ -54,6 +54,7 @@ fn forced_growth() -> AutoConfig {
             max_streams: 8,
             gain: -1.0,
             queue_delay_min: Duration::from_secs(3600),
+            heavy_queue_min: Duration::from_secs(3600),
             min_epoch: Duration::from_millis(200),
             ..TuneConfig::default()
         },

@@ -49,6 +49,12 @@ pub struct TuneConfig {
     pub queue_delay_min: Duration,
     /// See `queue_delay_min`.
     pub queue_delay_fraction: f64,
+    /// Queueing delay that vetoes growth (more connections would only
+    /// lengthen the queue): the larger of this and `heavy_queue_fraction`
+    /// × floor.
+    pub heavy_queue_min: Duration,
+    /// See `heavy_queue_min`.
+    pub heavy_queue_fraction: f64,
     /// Shortest epoch.
     pub min_epoch: Duration,
     /// Epoch length in RTTs (of the RTT floor).
@@ -66,6 +72,8 @@ impl Default for TuneConfig {
             loss_threshold: 0.002,
             queue_delay_min: Duration::from_millis(3),
             queue_delay_fraction: 0.05,
+            heavy_queue_min: Duration::from_millis(5),
+            heavy_queue_fraction: 0.5,
             min_epoch: Duration::from_millis(300),
             epoch_rtts: 3.0,
             probe_epochs: 8,
@@ -269,7 +277,12 @@ impl Controller {
         // A heavy standing queue vetoes growth (more connections would only
         // lengthen it); a light one is what loss-based TCP always builds.
         let heavy_queue = match (queue, self.floor) {
-            (Some(q), Some(f)) => q > Duration::from_millis(5).max(f.mul_f64(0.5)),
+            (Some(q), Some(f)) => {
+                q > self
+                    .cfg
+                    .heavy_queue_min
+                    .max(f.mul_f64(self.cfg.heavy_queue_fraction))
+            }
             _ => false,
         };
         let little_left = s
