@@ -92,7 +92,7 @@ pub(crate) struct Direction {
     /// Set together with the eventfd, seen even when input never pauses.
     pub stop_flag: Arc<AtomicBool>,
     pub model: LinkModel,
-    pub max_window: Option<u32>,
+    pub window: Option<tcpwin::WindowClamp>,
     pub buf_size: usize,
     /// Batch window (see [`DEFAULT_BATCH`]).
     pub batch: Duration,
@@ -141,8 +141,8 @@ impl Direction {
                 let stamp = held_since.unwrap_or_else(|| self.now());
                 match self.model.offer(len, stamp) {
                     Verdict::Deliver { at } => {
-                        if let Some(w) = self.max_window {
-                            if tcpwin::clamp_tcp_window(&mut buf[..len], w).changed() {
+                        if let Some(w) = self.window.as_mut() {
+                            if w.apply(&mut buf[..len]).changed() {
                                 bump(&self.counters.window_rewrites, 1);
                             }
                         }

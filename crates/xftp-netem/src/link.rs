@@ -88,7 +88,8 @@ pub struct LinkSpec {
     /// Settings from side B to side A.
     pub b_to_a: DirectionSpec,
     /// Largest TCP window any connection may advertise across the link
-    /// (window scaling is removed); `None` leaves TCP alone.
+    /// (up to 65535 window scaling is removed; above, the scaled window is
+    /// lowered); `None` leaves TCP alone.
     pub max_window: Option<u32>,
     /// MTU of both TUN devices.
     pub mtu: u32,
@@ -295,7 +296,7 @@ impl Link {
                 stop: link.stop.raw(),
                 stop_flag: link.stop_flag.clone(),
                 model: LinkModel::new(dir, seed),
-                max_window: spec.max_window,
+                window: spec.max_window.map(crate::tcpwin::WindowClamp::new),
                 buf_size,
                 realtime: spec.realtime,
                 batch: spec.batch,

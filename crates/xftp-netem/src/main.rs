@@ -71,8 +71,9 @@ struct RunArgs {
     /// Seed for loss and bit errors (default: random).
     #[arg(long)]
     seed: Option<u64>,
-    /// Largest TCP window any connection may advertise (window scaling is
-    /// stripped from SYNs); e.g. 65536 or 24576.
+    /// Largest TCP window any connection may advertise, in bytes; e.g.
+    /// 24576 or 196608. Up to 65535 window scaling is stripped from SYNs;
+    /// above, it is kept and the scaled window lowered.
     #[arg(long)]
     max_window: Option<u32>,
     /// MTU of both ends.

@@ -1,8 +1,11 @@
 //! Imposing a maximum TCP window on every connection crossing the link,
-//! without I/O: the window-scale option is replaced by NOPs in SYNs (so no
-//! connection can scale its window) and any advertised window above the
-//! cap is lowered to it. The TCP checksum is patched incrementally
-//! (RFC 1624), so a packet stays valid.
+//! without I/O. Caps up to 65535 bytes are stateless: the window-scale
+//! option is replaced by NOPs in SYNs (so no connection can scale its
+//! window) and any advertised window above the cap is lowered to it.
+//! Larger caps need window scaling, so [`WindowClamp`] keeps it, learns
+//! each connection's shift from its SYN and lowers the scaled window. The
+//! TCP checksum is patched incrementally (RFC 1624), so a packet stays
+//! valid.
 //!
 //! This gives programs without a buffer knob (curl, aria2, ...) the small
 //! windows of old operating systems; a route's `window` attribute does not
@@ -13,6 +16,10 @@ const TCP_SYN: u8 = 0x02;
 const OPT_END: u8 = 0;
 const OPT_NOP: u8 = 1;
 const OPT_WSCALE: u8 = 3;
+const TCP_RST: u8 = 0x04;
+/// Connections remembered per direction before the table is reset (a
+/// connection that outlives a reset is no longer capped).
+const MAX_FLOWS: usize = 1 << 16;
 
 /// What [`clamp_tcp_window`] changed in one packet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,8 +47,94 @@ pub fn clamp_tcp_window(packet: &mut [u8], max_window: u32) -> WindowRewrite {
     };
     rewrite_tcp(
         &mut packet[start..end],
+        true,
         max_window.min(u32::from(u16::MAX)) as u16,
     )
+    .0
+}
+
+/// One direction's window cap, for any size. Up to 65535 bytes it is
+/// [`clamp_tcp_window`]; above, window scaling stays on and each
+/// connection's shift (announced in the SYN of the side whose window the
+/// packets of this direction carry) is remembered, so the advertised
+/// window can be lowered to `max_window >> shift`. A connection whose SYN
+/// was not seen counts as unscaled (at most 65535 bytes, never more than
+/// the cap).
+#[derive(Debug)]
+pub struct WindowClamp {
+    max_window: u32,
+    shifts: std::collections::HashMap<FlowKey, u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FlowKey {
+    src: [u8; 16],
+    dst: [u8; 16],
+    ports: [u8; 4],
+}
+
+impl WindowClamp {
+    /// A cap of `max_window` bytes per connection.
+    pub fn new(max_window: u32) -> Self {
+        WindowClamp {
+            max_window,
+            shifts: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Rewrites one packet of this direction in place.
+    pub fn apply(&mut self, packet: &mut [u8]) -> WindowRewrite {
+        if self.max_window <= u32::from(u16::MAX) {
+            return clamp_tcp_window(packet, self.max_window);
+        }
+        let Some((start, end)) = tcp_bounds(packet) else {
+            return WindowRewrite::default();
+        };
+        let Some(key) = flow_key(packet, start) else {
+            return WindowRewrite::default();
+        };
+        let flags = packet[start + 13];
+        if flags & TCP_SYN != 0 {
+            // The window of a SYN is never scaled: nothing to lower
+            // unless it exceeds the cap, which 16 bits cannot.
+            let (_, shift) = rewrite_tcp(&mut packet[start..end], false, u16::MAX);
+            if self.shifts.len() >= MAX_FLOWS {
+                self.shifts.clear();
+            }
+            // RFC 7323: a shift above 14 is used as 14.
+            self.shifts.insert(key, shift.unwrap_or(0).min(14));
+            return WindowRewrite::default();
+        }
+        let shift = if flags & TCP_RST != 0 {
+            self.shifts.remove(&key).unwrap_or(0)
+        } else {
+            self.shifts.get(&key).copied().unwrap_or(0)
+        };
+        let limit = (self.max_window >> shift).min(u32::from(u16::MAX)) as u16;
+        rewrite_tcp(&mut packet[start..end], false, limit).0
+    }
+}
+
+fn flow_key(packet: &[u8], tcp_start: usize) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        src: [0; 16],
+        dst: [0; 16],
+        ports: [0; 4],
+    };
+    match packet.first()? >> 4 {
+        4 => {
+            key.src[..4].copy_from_slice(packet.get(12..16)?);
+            key.dst[..4].copy_from_slice(packet.get(16..20)?);
+        }
+        6 => {
+            key.src.copy_from_slice(packet.get(8..24)?);
+            key.dst.copy_from_slice(packet.get(24..40)?);
+        }
+        _ => return None,
+    }
+    key.ports
+        .copy_from_slice(packet.get(tcp_start..tcp_start + 4)?);
+    Some(key)
 }
 
 /// Finds the TCP segment of a packet: `start..end` covering the TCP header
@@ -94,12 +187,16 @@ fn tcp_bounds(packet: &[u8]) -> Option<(usize, usize)> {
     Some((start, end))
 }
 
-fn rewrite_tcp(tcp: &mut [u8], max_window: u16) -> WindowRewrite {
+/// Lowers the window field to `max_window`, and in a SYN replaces the
+/// window-scale option by NOPs when `strip_wscale`; returns what changed
+/// and the shift the SYN announced, if any.
+fn rewrite_tcp(tcp: &mut [u8], strip_wscale: bool, max_window: u16) -> (WindowRewrite, Option<u8>) {
     let header_len = usize::from(tcp[12] >> 4) * 4;
     // The checksum field is inside the header and unchanged until the end,
     // so it cancels out of the before/after difference.
     let before = ones_complement_sum(&tcp[..header_len], 0);
     let mut done = WindowRewrite::default();
+    let mut shift = None;
 
     if tcp[13] & TCP_SYN != 0 {
         let mut i = 20;
@@ -114,8 +211,13 @@ fn rewrite_tcp(tcp: &mut [u8], max_window: u16) -> WindowRewrite {
                         break; // malformed options: touch nothing more
                     }
                     if kind == OPT_WSCALE {
-                        tcp[i..i + len].fill(OPT_NOP);
-                        done.wscale_removed = true;
+                        if len == 3 {
+                            shift = Some(tcp[i + 2]);
+                        }
+                        if strip_wscale {
+                            tcp[i..i + len].fill(OPT_NOP);
+                            done.wscale_removed = true;
+                        }
                     }
                     i += len;
                 }
@@ -136,7 +238,7 @@ fn rewrite_tcp(tcp: &mut [u8], max_window: u16) -> WindowRewrite {
         let sum = fold(u32::from(!old) + u32::from(!before) + u32::from(after));
         tcp[16..18].copy_from_slice(&(!sum).to_be_bytes());
     }
-    done
+    (done, shift)
 }
 
 /// The 16-bit one's complement sum of `data` (odd length padded with a
@@ -349,6 +451,49 @@ mod tests {
         let mut bad_doff = ipv4(&tcp_syn(65535, b""));
         bad_doff[32] = 0xf0; // 60-byte header in a 40-byte segment
         assert!(!clamp_tcp_window(&mut bad_doff, 1).changed());
+    }
+
+    fn window_of(p: &[u8]) -> u16 {
+        u16::from_be_bytes([p[34], p[35]])
+    }
+
+    #[test]
+    fn caps_above_64k_keep_scaling_and_lower_the_scaled_window() {
+        let mut clamp = WindowClamp::new(192 * 1024);
+        // The SYN keeps its window-scale option (shift 7) untouched.
+        let mut syn = ipv4(&tcp_syn(64240, b""));
+        let before = syn.clone();
+        assert!(!clamp.apply(&mut syn).changed());
+        assert_eq!(syn, before);
+        // Later segments of that connection: 65535 << 7 is lowered to
+        // 192 KiB >> 7 = 1536 units, with a valid checksum.
+        let mut t = tcp_syn(65535, b"data");
+        t[13] = 0x10;
+        let mut p = ipv4(&t);
+        assert!(clamp.apply(&mut p).window_clamped);
+        assert_eq!(window_of(&p), 1536);
+        assert_eq!(tcp_checksum_ok(&p), Some(true));
+        // A window already below the cap is left alone.
+        let mut t = tcp_syn(1000, b"");
+        t[13] = 0x10;
+        let mut p = ipv4(&t);
+        assert!(!clamp.apply(&mut p).changed());
+        // Another connection (other port) whose SYN was not seen counts as
+        // unscaled: 65535 is under the cap.
+        let mut t = tcp_syn(65535, b"");
+        t[13] = 0x10;
+        t[0] = 0x9d;
+        let mut p = ipv4(&t);
+        assert!(!clamp.apply(&mut p).changed());
+    }
+
+    #[test]
+    fn caps_up_to_64k_behave_like_the_stateless_clamp() {
+        let mut clamp = WindowClamp::new(24 * 1024);
+        let mut a = ipv4(&tcp_syn(64240, b""));
+        let mut b = a.clone();
+        assert_eq!(clamp.apply(&mut a), clamp_tcp_window(&mut b, 24 * 1024));
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -209,6 +209,36 @@ fn max_window_limits_each_stream_to_window_over_rtt() {
     assert!(c.a_to_b.window_rewrites > 0, "no SYN was rewritten");
 }
 
+/// Above 64 KiB the cap keeps window scaling and lowers the scaled window:
+/// one stream gets about W/RTT, well above the unscaled limit and well
+/// below the link.
+#[test]
+fn max_window_above_64k_keeps_scaling() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["iperf3"]) {
+        return;
+    }
+    let window = 192 * 1024u32;
+    let mut spec = LinkSpec::symmetric(unique_name("maxw"), dir(Some(100), 50));
+    spec.max_window = Some(window);
+    let link = Link::start(spec).expect("start link");
+    let model = f64::from(window) * 8.0 / 0.100;
+    let one = iperf3(&link, &["-t", "4", "-O", "1"]);
+    let c = link.stop().expect("stop");
+    eprintln!(
+        "window {window}: 1 stream {:.2} Mbit/s, model {:.2}; {c:?}",
+        one / 1e6,
+        model / 1e6
+    );
+    assert!(
+        (0.6 * model..=1.3 * model).contains(&one),
+        "1 stream: {:.2} Mbit/s, model {:.2}",
+        one / 1e6,
+        model / 1e6
+    );
+    assert!(c.b_to_a.window_rewrites > 0, "no window was lowered");
+}
+
 #[test]
 fn loss_drops_about_the_asked_fraction() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
