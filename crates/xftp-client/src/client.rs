@@ -723,7 +723,19 @@ impl Client {
             .map(|a| a.tune.clone())
             .unwrap_or_default();
         tune.max_streams = tune.max_streams.clamp(1, 64);
-        Controller::new(tune, n)
+        // Starting from the cache's best count: that count is already the
+        // answer of a growth phase, so hold it (probing now and then).
+        let from_cache = self
+            .cfg
+            .auto
+            .as_ref()
+            .is_some_and(|a| a.cached_best.is_some())
+            && matches!(self.start, Some((n0, _, _)) if n0 == n);
+        if from_cache {
+            Controller::settled(tune, n)
+        } else {
+            Controller::new(tune, n)
+        }
     }
 
     fn timeline(&mut self, adaptive: bool, n: u32) -> Timeline {

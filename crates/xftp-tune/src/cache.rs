@@ -91,12 +91,20 @@ impl Cache {
             .unwrap_or_default()
     }
 
-    /// The stream count of the fastest fresh transfer, with its throughput.
+    /// The stream count of the fastest fresh transfer (the smallest count
+    /// within 5 % of the fastest), with its throughput.
     pub fn best(&self, dest: &str, max_age: Duration) -> Option<(u32, f64)> {
-        self.fresh(dest, max_age)
+        let recs: Vec<&PathRecord> = self
+            .fresh(dest, max_age)
             .into_iter()
             .filter(|r| r.throughput_bps > 0.0 && r.streams > 0)
-            .max_by(|a, b| a.throughput_bps.total_cmp(&b.throughput_bps))
+            .collect();
+        let top = recs.iter().map(|r| r.throughput_bps).fold(0.0, f64::max);
+        // Throughput differences of a few percent are noise; of counts
+        // that close to the best, the smallest costs the path least.
+        recs.into_iter()
+            .filter(|r| r.throughput_bps >= top * (1.0 - BEST_WITHIN))
+            .min_by_key(|r| r.streams)
             .map(|r| (r.streams, r.throughput_bps))
     }
 
@@ -138,6 +146,9 @@ impl Cache {
         std::fs::rename(&tmp, path).map_err(err)
     }
 }
+
+/// Records within this fraction of the best throughput count as equal.
+const BEST_WITHIN: f64 = 0.05;
 
 /// The starting number of connections, and why.
 ///
@@ -233,6 +244,19 @@ mod tests {
         assert_eq!(c.best("h:21", day), Some((8, 80e6)));
         assert_eq!(c.rtt("h:21", day), Some(Duration::from_micros(90_000)));
         assert_eq!(c.best("other:21", day), None);
+        // Within 5 % of the best, the smallest count wins.
+        let mut c = c;
+        c.record(
+            "h:21",
+            PathRecord {
+                when: now,
+                rtt_us: 90_000,
+                streams: 6,
+                throughput_bps: 77e6,
+                bytes: 1 << 30,
+            },
+        );
+        assert_eq!(c.best("h:21", day), Some((6, 77e6)));
         // A corrupt file is an empty cache, not an error.
         std::fs::write(&p, b"{not json").unwrap();
         assert_eq!(Cache::load(&p).best("h:21", day), None);

@@ -20,14 +20,21 @@
 //!    without queueing delay is random loss, where more connections help
 //!    (Mathis), so it does not count.
 //! 2. *Grow* — while each step raised goodput by at least `gain`, double N
-//!    (up to the cap). The first step whose gain is smaller stops growth:
-//!    a step that lowered goodput by more than 5 % is undone, a step with a
-//!    small gain is kept.
+//!    (up to the cap); when the last doubling scaled goodput almost
+//!    linearly (`fast_gain`) with no queue at all, quadruple it: the path
+//!    is far from full, and each epoch spent below the right count costs.
+//!    The first step whose gain is smaller stops growth: a step that
+//!    lowered goodput by more than 5 % is undone, a step with a small gain
+//!    is kept.
 //! 3. *Steady* — re-check every epoch; if goodput falls below 60 % of the
 //!    settled level for two epochs without queueing, conditions changed:
 //!    grow again. Every `probe_epochs` quiet epochs, try +25 %.
 //! 4. Never grow when what is left of the transfer would finish within two
 //!    epochs: new connections would spend it in slow start.
+//!
+//! A count known to be good for the path (the cache's best) starts in
+//! *Steady* ([`Controller::settled`]): no growth phase, only the probes
+//! and the reactions of rules 1 and 3.
 //!
 //! The controller has no clock: `Sample::at` carries time.
 
@@ -42,6 +49,9 @@ pub struct TuneConfig {
     pub max_streams: u32,
     /// Relative goodput gain a growth step must bring to continue growing.
     pub gain: f64,
+    /// Relative gain of a doubling (1.0 = linear) above which, with no
+    /// queueing at all, the next step quadruples N instead.
+    pub fast_gain: f64,
     /// Retransmitted/sent segments in an epoch above which loss counts.
     pub loss_threshold: f64,
     /// Queueing delay (RTT minus floor) that marks a standing queue:
@@ -69,6 +79,7 @@ impl Default for TuneConfig {
             min_streams: 1,
             max_streams: 32,
             gain: 0.15,
+            fast_gain: 0.6,
             loss_threshold: 0.002,
             queue_delay_min: Duration::from_millis(3),
             queue_delay_fraction: 0.05,
@@ -167,6 +178,9 @@ pub struct Controller {
     cap: u32,
     phase: Phase,
     floor: Option<Duration>,
+    /// Smallest RTT sampled in the current epoch: a standing queue raises
+    /// it, a passing spike (a loaded host, one burst) does not.
+    epoch_rtt: Option<Duration>,
     epoch_start: Option<Sample>,
     /// (streams, goodput) before the last growth step.
     before: Option<(u32, f64)>,
@@ -192,6 +206,7 @@ impl Controller {
             cap: max,
             phase: Phase::Grow,
             floor: None,
+            epoch_rtt: None,
             epoch_start: None,
             before: None,
             settled: None,
@@ -201,6 +216,15 @@ impl Controller {
             loss_floor: None,
             history: Vec::new(),
         }
+    }
+
+    /// Start with `n` connections known to suit the path (e.g. the cache's
+    /// best for this destination): steady from the first epoch, probing
+    /// upward now and then instead of growing.
+    pub fn settled(cfg: TuneConfig, n: u32) -> Self {
+        let mut c = Controller::new(cfg, n);
+        c.phase = Phase::Steady;
+        c
     }
 
     /// Connections currently wanted.
@@ -235,6 +259,7 @@ impl Controller {
     pub fn on_sample(&mut self, s: Sample) -> Option<Decision> {
         if let Some(r) = s.rtt.filter(|r| !r.is_zero()) {
             self.floor = Some(self.floor.map_or(r, |f| f.min(r)));
+            self.epoch_rtt = Some(self.epoch_rtt.map_or(r, |e| e.min(r)));
         }
         let Some(start) = self.epoch_start else {
             self.epoch_start = Some(s);
@@ -255,7 +280,8 @@ impl Controller {
         } else {
             0.0
         };
-        let queue = match (s.rtt, self.floor) {
+        let epoch_rtt = self.epoch_rtt.take().or(s.rtt);
+        let queue = match (epoch_rtt, self.floor) {
             (Some(r), Some(f)) => Some(r.saturating_sub(f)),
             _ => None,
         };
@@ -289,7 +315,7 @@ impl Controller {
             .remaining
             .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
 
-        let (next, reason) = self.decide(goodput, overflow, heavy_queue, little_left);
+        let (next, reason) = self.decide(goodput, overflow, heavy_queue, queueing, little_left);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
             streams: self.n,
@@ -311,8 +337,8 @@ impl Controller {
         }
     }
 
-    fn grow_target(&self) -> u32 {
-        self.n.saturating_mul(2).min(self.cap).max(self.n)
+    fn grow_target(&self, factor: u32) -> u32 {
+        self.n.saturating_mul(factor).min(self.cap).max(self.n)
     }
 
     fn decide(
@@ -320,9 +346,11 @@ impl Controller {
         g: f64,
         overflow: bool,
         queueing: bool,
+        any_queue: bool,
         little_left: bool,
     ) -> (u32, Reason) {
-        // `queueing` here is the heavy-queue veto on growth.
+        // `queueing` here is the heavy-queue veto on growth; `any_queue`
+        // the light threshold, which only stops fast growth.
         let min = self.cfg.min_streams.max(1);
         if self.hold > 0 {
             self.hold -= 1;
@@ -356,7 +384,14 @@ impl Controller {
                         return (self.n, Reason::NoGain);
                     }
                 }
-                let target = self.grow_target();
+                let linear = self.before.is_some_and(|(n0, g0)| {
+                    g0 > 0.0
+                        && n0 > 0
+                        && g >= g0
+                            * (1.0 + self.cfg.fast_gain * (f64::from(self.n) / f64::from(n0) - 1.0))
+                });
+                let factor = if linear && !any_queue { 4 } else { 2 };
+                let target = self.grow_target(factor);
                 if little_left || target == self.n || queueing {
                     self.phase = Phase::Steady;
                     self.settled = Some(g);
@@ -391,7 +426,7 @@ impl Controller {
                     self.low_epochs = 0;
                     self.phase = Phase::Grow;
                     self.before = Some((self.n, g));
-                    return (self.grow_target(), Reason::Degraded);
+                    return (self.grow_target(2), Reason::Degraded);
                 }
                 if self.quiet_epochs >= self.cfg.probe_epochs {
                     self.quiet_epochs = 0;
@@ -501,6 +536,86 @@ mod tests {
         let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
         assert!(n >= 16, "ended at {n}");
         assert!(mean > 0.85 * 100e6, "mean {mean}");
+    }
+
+    #[test]
+    fn near_linear_growth_with_no_queue_quadruples() {
+        // DS3-class: 45 Mbit/s, 200 ms, 64 KiB windows: one connection gets
+        // 2.6 Mbit/s, the link needs about 17. Epochs are 3 RTTs (0.6 s):
+        // doubling from 2 would need four steps to reach 16 or more; after
+        // one near-linear doubling the controller quadruples.
+        let p = Path {
+            cap_bps: 45e6,
+            rtt: Duration::from_millis(200),
+            window: 65536.0,
+            queue: 1e6,
+            random_loss: 0.0,
+            overflow_penalty: 0.5,
+        };
+        let (_, most, _) = simulate(&p, TuneConfig::default(), 2, 1.8);
+        assert!(most >= 16, "most {most} after 2 decisions");
+        let doubling = TuneConfig {
+            fast_gain: f64::INFINITY,
+            ..TuneConfig::default()
+        };
+        let (_, most, _) = simulate(&p, doubling, 2, 1.8);
+        assert!(most < 16, "doubling alone reached {most}");
+        let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
+        assert!(n >= 16, "ended at {n}");
+        assert!(mean > 0.85 * 45e6, "mean {mean}");
+    }
+
+    #[test]
+    fn rtt_spikes_are_not_a_standing_queue() {
+        // Goodput scales with N; one sample in four shows a 20 ms spike (a
+        // loaded host). Growth must not stop on the spikes.
+        let cfg = TuneConfig {
+            max_streams: 16,
+            ..TuneConfig::default()
+        };
+        let mut c = Controller::new(cfg, 1);
+        let mut bytes = 0u64;
+        for i in 1..=200u64 {
+            bytes += u64::from(c.streams()) * 50_000;
+            let rtt = if i % 4 == 0 { 30 } else { 10 };
+            c.on_sample(Sample {
+                at: Duration::from_millis(50 * i),
+                bytes,
+                rtt: Some(Duration::from_millis(rtt)),
+                ..Sample::default()
+            });
+        }
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_settled_start_does_not_grow_until_it_probes() {
+        // Random loss: growing always seems to help a little; a count that
+        // came from the cache is kept until the periodic probe.
+        let p = Path {
+            cap_bps: 200e6,
+            rtt: Duration::from_millis(100),
+            window: 32e6,
+            queue: 2e6,
+            random_loss: 0.001,
+            overflow_penalty: 0.5,
+        };
+        let cfg = TuneConfig::default();
+        let mut c = Controller::settled(cfg.clone(), 8);
+        let mut bytes = 0f64;
+        for i in 1..=(cfg.probe_epochs * 6) {
+            let (g, rtt, _) = p.step(c.streams());
+            bytes += g / 8.0 * 0.05;
+            c.on_sample(Sample {
+                at: Duration::from_millis(50 * u64::from(i)),
+                bytes: bytes as u64,
+                rtt: Some(rtt),
+                ..Sample::default()
+            });
+        }
+        let h = c.history();
+        assert!(h.len() >= 4, "{h:?}");
+        assert!(h.iter().take(4).all(|s| s.next == 8), "{h:?}");
     }
 
     #[test]
