@@ -130,7 +130,7 @@ async fn bad_connections_are_refused_without_harm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn incomplete_group_times_out_and_is_freed() {
     let cfg = PsockConfig {
-        group_timeout: Duration::from_millis(200),
+        group_timeout: Duration::from_millis(2000),
         ..PsockConfig::default()
     };
     let l = PsockListener::bind("127.0.0.1:0", cfg).await.unwrap();

@@ -4,11 +4,56 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use common::*;
+use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use xftp_stripe::{MemFile, Receiver, SendConfig, Sender};
+
+/// A connection that lets through at most 4 MiB/s.
+struct Paced {
+    inner: TcpStream,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Paced {
+    fn new(inner: TcpStream) -> Self {
+        Paced { inner, sleep: None }
+    }
+}
+
+impl AsyncWrite for Paced {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if let Some(s) = self.sleep.as_mut() {
+            if s.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let chunk = buf.len().min(16 * 1024);
+        let r = Pin::new(&mut self.inner).poll_write(cx, &buf[..chunk]);
+        if let Poll::Ready(Ok(n)) = r {
+            let d = Duration::from_micros(n as u64 * 1_000_000 / (4 << 20));
+            self.sleep = Some(Box::pin(tokio::time::sleep(d)));
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 async fn epsv_port(c: &mut Ctl) -> u16 {
     let r = c.cmd("EPSV", 229).await;
@@ -92,12 +137,14 @@ async fn retr_sheds_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stor_grows() {
     let srv = start(|_| {}).await;
-    let data = pattern(40 << 20, 4);
+    // Paced at 4 MiB/s per connection, so the transfer is still running
+    // when the added connections join, however slow the host.
+    let data = pattern(12 << 20, 4);
     let mut c = Ctl::login(srv.addr).await;
     c.cmd("MODE E", 200).await;
     c.cmd("MULT 1", 200).await;
     let port = epsv_port(&mut c).await;
-    let first = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let first = Paced::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     c.cmd("STOR up", 150).await;
     let cfg = SendConfig {
         record_size: 64 * 1024,
@@ -112,8 +159,10 @@ async fn stor_grows() {
     c.cmd("MULT 3", 200).await;
     for _ in 0..2 {
         sender
-            .add_connection(TcpStream::connect(("127.0.0.1", port)).await.unwrap())
-            .unwrap();
+            .add_connection(Paced::new(
+                TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+            ))
+            .expect("the transfer is still running");
     }
     let rep = sender.finish().await.unwrap();
     c.expect(226).await;

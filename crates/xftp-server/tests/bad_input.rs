@@ -130,7 +130,7 @@ async fn store_into_missing_directory_is_553() {
 
 #[tokio::test]
 async fn idle_control_connection_times_out() {
-    let srv = start(|cfg| cfg.idle_timeout = Duration::from_millis(300)).await;
+    let srv = start(|cfg| cfg.idle_timeout = Duration::from_millis(1500)).await;
     let mut c = Ctl::login(srv.addr).await;
     let r = c.read_reply().await.expect("a 421 before close");
     assert_eq!(r.code, 421);
@@ -142,7 +142,7 @@ async fn idle_control_connection_times_out() {
 
 #[tokio::test]
 async fn data_connection_that_never_arrives_gets_425() {
-    let srv = start(|cfg| cfg.data_timeout = Duration::from_millis(300)).await;
+    let srv = start(|cfg| cfg.data_timeout = Duration::from_millis(1500)).await;
     write(srv.dir.path(), "f", b"data");
     let mut c = Ctl::login(srv.addr).await;
     c.cmd("EPSV", 229).await;

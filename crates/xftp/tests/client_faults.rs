@@ -317,7 +317,7 @@ fn flight_recorder() -> (u16, mpsc::Receiver<(u32, String)>) {
 fn flights(ctl: TcpStream, seen: &mpsc::Sender<(u32, String)>) -> std::io::Result<()> {
     // Quiet time that ends a flight: far longer than the gap between two
     // writes the client issues back to back.
-    ctl.set_read_timeout(Some(Duration::from_millis(300)))?;
+    ctl.set_read_timeout(Some(Duration::from_millis(1000)))?;
     let mut w = ctl.try_clone()?;
     let mut r = BufReader::new(ctl);
     w.write_all(b"220 flight recorder\r\n")?;

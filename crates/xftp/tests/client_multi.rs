@@ -335,7 +335,18 @@ fn killing_one_data_connection_fails_get_and_leaves_nothing() {
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
     let out = xftp(
-        &["get", &url, "-p", "4", "--json", "--timeout", "20"],
+        // Static: each connection carries 4 MiB, so the 1 MiB cut always
+        // happens (a dynamic late joiner could carry less and escape it).
+        &[
+            "get",
+            &url,
+            "-p",
+            "4",
+            "--static",
+            "--json",
+            "--timeout",
+            "20",
+        ],
         &d.local,
     );
     assert!(
@@ -363,7 +374,17 @@ fn killing_one_data_connection_fails_put_at_both_ends() {
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
     let out = xftp(
-        &["put", "k.bin", &url, "-p", "4", "--json", "--timeout", "20"],
+        &[
+            "put",
+            "k.bin",
+            &url,
+            "-p",
+            "4",
+            "--static",
+            "--json",
+            "--timeout",
+            "20",
+        ],
         &d.local,
     );
     assert!(
