@@ -182,7 +182,7 @@ def fig11(rows, out):
 
 def fig6(rows, out):
     # Must match exp_psockets_fig6 in bench/run: 40 Mbit/s bottleneck.
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     cases = list(dict.fromkeys(r["case"] for r in rows))
     x = 0
     ticks, labels = [], []
@@ -191,7 +191,7 @@ def fig6(rows, out):
         start = x
         for r in rs:
             ax.bar(x, float(r["mbit_s"]), color=f"C{i}", alpha=0.75)
-            ax.text(x, float(r["mbit_s"]) + 0.5, f"{r['streams']} conn", ha="center", fontsize=7)
+            ax.text(x, float(r["mbit_s"]) + 0.5, f"{r['streams']}", ha="center", fontsize=6)
             x += 1
         ticks.append((start + x - 1) / 2)
         labels.append(case)
@@ -201,7 +201,7 @@ def fig6(rows, out):
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels)
     ax.set_ylabel("throughput per application (Mbit/s)")
-    ax.set_title("PSockets fig. 6 (reduced): applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=10)
+    ax.set_title("PSockets fig. 6: applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=10)
     ax.set_ylim(0, 45)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
@@ -219,23 +219,117 @@ def mftp6(rows, out):
     for i, n in enumerate(sorted({int(r["streams"]) for r in rows})):
         pts = sorted((int(r["rtt_ms"]), float(r["mbit_s"])) for r in rows if int(r["streams"]) == n)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=f"xftp get -p {n}")
-        ax.plot(fine, [window_model(n, window, t / 1000, rate) / 1e6 for t in fine], color=f"C{i}",
+        # RTT 0 is the namespaces' own, about 0.1 ms.
+        ax.plot(fine, [window_model(n, window, max(t, 0.1) / 1000, rate) / 1e6 for t in fine], color=f"C{i}",
                 linewidth=1, alpha=0.5)
-        ax.plot(rtts, [slow_start_model(size, n, window, t / 1000, rate) / 1e6 for t in rtts], color=f"C{i}",
-                linestyle="--", linewidth=1, alpha=0.5)
+        ax.plot(rtts, [slow_start_model(size, n, window, max(t, 0.1) / 1000, rate) / 1e6 for t in rtts],
+                color=f"C{i}", linestyle="--", linewidth=1, alpha=0.5)
     ax.plot([], [], color="gray", label="model N·W/RTT, capped")
     ax.plot([], [], color="gray", linestyle="--", label=f"with slow start, {size / 1e6:g} MB")
     ax.set_yscale("log")
     ax.set_xlabel("RTT (ms)")
     ax.set_ylabel("throughput (Mbit/s, log)")
-    ax.set_title("MFTP fig. 6 (reduced): 45 Mbit/s, W = 24 KiB", fontsize=10)
+    ax.set_title("MFTP fig. 6: 45 Mbit/s, W = 24 KiB", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof}
+def _ber_loss(ber, size=1500):
+    """Per-packet loss of a bit error rate: 1 - (1 - BER)^(8 x size)."""
+    return 1.0 - (1.0 - ber) ** (8 * size)
+
+
+def _ber_model(n, window, ber, rtt=0.056, rate=15.36e6):
+    per = window_model(1, window, rtt, rate)
+    if ber > 0:
+        per = min(per, mathis_model(1, rtt, _ber_loss(ber), rate))
+    return min(n * per, rate)
+
+
+def _median(xs):
+    xs = sorted(xs)
+    k = len(xs)
+    return (xs[(k - 1) // 2] + xs[k // 2]) / 2
+
+
+def fig12(rows, out):
+    # Must match exp_xftp_fig12 in bench/run (part fig12: N x W = 192 KiB).
+    rows = [r for r in rows if r["part"] == "fig12"]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    bers = sorted({r["ber"] for r in rows}, key=float)
+    ns = sorted({int(r["streams"]) for r in rows})
+    for i, ber in enumerate(bers):
+        c = f"C{i}"
+        label = "error-free" if float(ber) == 0 else f"BER {ber} ({_ber_loss(float(ber)) * 100:.1f} % packets)"
+        xs, meds = [], []
+        for n in ns:
+            vals = [float(r["mbit_s"]) for r in rows
+                    if r["ber"] == ber and int(r["streams"]) == n and r["tool"] == "xftp-get"]
+            if vals:
+                ax.plot([n] * len(vals), vals, marker="o", color=c, linestyle="none", alpha=0.35, markersize=4)
+                xs.append(n)
+                meds.append(_median(vals))
+        ax.plot(xs, meds, marker="o", color=c, label=f"xftp get, {label}")
+        ip = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rows
+                    if r["ber"] == ber and r["tool"] == "iperf3")
+        if ip:
+            ax.plot([p[0] for p in ip], [p[1] for p in ip], marker="s", color=c, linestyle=":", alpha=0.8,
+                    label=f"iperf3 -P N, {label}")
+        ax.plot(ns, [_ber_model(n, 196608 / n, float(ber)) / 1e6 for n in ns], color=c,
+                linestyle="--", linewidth=1, alpha=0.5)
+    ax.plot([], [], color="gray", linestyle="--", label="model N·min(W/RTT, Mathis)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns)
+    ax.set_xticklabels([f"{n}\n{196608 // n // 1024} KiB" for n in ns])
+    ax.set_xlabel("connections N and window W (N·W = 192 KiB)")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title("XFTP fig. 12 (scaled x10): 15.36 Mbit/s, 56 ms RTT, constant N·W", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def table2(rows, out):
+    # Must match exp_xftp_fig12 in bench/run (part table2).
+    rows = [r for r in rows if r["part"] == "table2"]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    ber = float(rows[0]["ber"])
+    totals = sorted({int(r["effective_window"]) for r in rows})
+    for kind, c, pick in (("N x 32 KiB", "C0", lambda r: int(r["streams"]) > 1),
+                          ("one window", "C3", lambda r: int(r["streams"]) == 1)):
+        for tool, m, ls in (("xftp-get", "o", "-"), ("iperf3", "s", ":")):
+            xs, ys = [], []
+            for t in totals:
+                vals = [float(r["mbit_s"]) for r in rows
+                        if int(r["effective_window"]) == t and r["tool"] == tool and pick(r)]
+                if vals:
+                    if tool == "xftp-get":
+                        ax.plot([t / 1024] * len(vals), vals, marker=m, color=c, linestyle="none",
+                                alpha=0.35, markersize=4)
+                    xs.append(t / 1024)
+                    ys.append(_median(vals))
+            if xs:
+                ax.plot(xs, ys, marker=m, color=c, linestyle=ls, label=f"{tool}, {kind}")
+    ax.plot([t / 1024 for t in totals], [_ber_model(t // 32768, 32768, ber) / 1e6 for t in totals],
+            color="C0", linestyle="--", linewidth=1, alpha=0.5, label="model, N x 32 KiB")
+    ax.plot([t / 1024 for t in totals], [_ber_model(1, t, ber) / 1e6 for t in totals],
+            color="C3", linestyle="--", linewidth=1, alpha=0.5, label="model, one window")
+    ax.set_xlabel("total window (KiB)")
+    ax.set_ylabel("throughput (Mbit/s)")
+    ax.set_title(f"MFTP table 2 on the fig. 12 link: BER {rows[0]['ber']} "
+                 f"({_ber_loss(ber) * 100:.1f} % packets), 15.36 Mbit/s, 56 ms", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof, "fig12": fig12, "table2": table2}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
