@@ -521,14 +521,15 @@ impl Client {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let dog = Watchdog::new(self.cfg.data_timeout);
             let meters = MeterSet::new();
+            let socks = Socks::default();
             let conns: Vec<_> = conns
                 .into_iter()
-                .map(|c| adaptive::wrap(&meters, &dog, None, c))
+                .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
                 .collect();
             let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, conns);
             let live = Live {
                 ctl: EngineCtl::Recv(rx.control()),
-                socks: None,
+                socks: Some(socks),
                 meters,
                 dog,
                 grow,

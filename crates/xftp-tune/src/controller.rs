@@ -21,7 +21,7 @@
 //!    (Mathis), so it does not count.
 //! 2. *Grow* — while each step raised goodput by at least `gain`, double N
 //!    (up to the cap); when the last doubling scaled goodput almost
-//!    linearly (`fast_gain`) with no queue at all, quadruple it: the path
+//!    linearly (`fast_gain`) with no queue and no loss, quadruple it: the path
 //!    is far from full, and each epoch spent below the right count costs.
 //!    The first step whose gain is smaller stops growth: a step that
 //!    lowered goodput by more than 5 % is undone, a step with a small gain
@@ -315,7 +315,11 @@ impl Controller {
             .remaining
             .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
 
-        let (next, reason) = self.decide(goodput, overflow, heavy_queue, queueing, little_left);
+        // Fast growth only on a path that shows neither a queue nor loss
+        // above the threshold: a small router queue overflows with almost
+        // no queueing delay, and its losses are the warning.
+        let clean = !queueing && loss <= self.cfg.loss_threshold;
+        let (next, reason) = self.decide(goodput, overflow, heavy_queue, clean, little_left);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
             streams: self.n,
@@ -346,11 +350,11 @@ impl Controller {
         g: f64,
         overflow: bool,
         queueing: bool,
-        any_queue: bool,
+        clean: bool,
         little_left: bool,
     ) -> (u32, Reason) {
-        // `queueing` here is the heavy-queue veto on growth; `any_queue`
-        // the light threshold, which only stops fast growth.
+        // `queueing` here is the heavy-queue veto on growth; `clean` (no
+        // queue, no loss) allows fast growth.
         let min = self.cfg.min_streams.max(1);
         if self.hold > 0 {
             self.hold -= 1;
@@ -390,7 +394,7 @@ impl Controller {
                         && g >= g0
                             * (1.0 + self.cfg.fast_gain * (f64::from(self.n) / f64::from(n0) - 1.0))
                 });
-                let factor = if linear && !any_queue { 4 } else { 2 };
+                let factor = if linear && clean { 4 } else { 2 };
                 let target = self.grow_target(factor);
                 if little_left || target == self.n || queueing {
                     self.phase = Phase::Steady;

@@ -141,30 +141,44 @@ impl Socks {
         }
     }
 
-    /// Sum over the kept sockets: bytes acknowledged, mean smoothed RTT,
-    /// retransmitted and sent segments.
-    fn totals(&self) -> (u64, Option<Duration>, u64, u64) {
+    /// Sum over the kept sockets.
+    fn totals(&self) -> SockTotals {
+        let mut t = SockTotals::default();
         let Ok(v) = self.0.lock() else {
-            return (0, None, 0, 0);
+            return t;
         };
-        let (mut acked, mut retrans, mut segs) = (0u64, 0u64, 0u64);
         let (mut rtt_sum, mut rtt_n) = (Duration::ZERO, 0u32);
         for fd in v.iter() {
             if let Ok(i) = xftp_tune::tcpinfo::read(fd) {
-                acked += i.bytes_acked;
-                retrans += u64::from(i.total_retrans);
-                segs += u64::from(i.segs_out);
+                t.acked += i.bytes_acked;
+                t.received += i.bytes_received;
+                t.retrans += u64::from(i.total_retrans);
+                t.segs += u64::from(i.segs_out);
                 if !i.rtt.is_zero() {
                     rtt_sum += i.rtt;
                     rtt_n += 1;
                 }
             }
         }
-        (acked, (rtt_n > 0).then(|| rtt_sum / rtt_n), retrans, segs)
+        t.rtt = (rtt_n > 0).then(|| rtt_sum / rtt_n);
+        t
     }
 }
 
-/// Meter, keep (when sending) and guard one data connection.
+/// What the kernel says of the kept sockets (0 where it says nothing).
+#[derive(Debug, Default)]
+struct SockTotals {
+    /// Bytes the peer acknowledged (we send).
+    acked: u64,
+    /// Bytes received in order (we receive), read by us or not yet.
+    received: u64,
+    /// Mean smoothed RTT.
+    rtt: Option<Duration>,
+    retrans: u64,
+    segs: u64,
+}
+
+/// Meter, keep and guard one data connection.
 pub(crate) fn wrap(
     meters: &MeterSet,
     dog: &Arc<Watchdog>,
@@ -180,7 +194,10 @@ pub(crate) fn wrap(
 /// A running adaptive transfer.
 pub(crate) struct Live {
     pub ctl: EngineCtl,
-    /// Sending: the sockets whose `TCP_INFO` gives acknowledged bytes.
+    /// The sockets whose `TCP_INFO` gives the bytes the network delivered
+    /// (acknowledged when we send, received when we receive): bytes the
+    /// application wrote or read lag behind by what sits in the socket
+    /// buffers, megabytes on a fat path, and make goodput jump.
     pub socks: Option<Socks>,
     pub meters: MeterSet,
     pub dog: Arc<Watchdog>,
@@ -365,13 +382,16 @@ impl Client {
                         pending.push_back((Pending::Stat, Instant::now()));
                     }
                     let mut bytes = own.bytes;
-                    let (rtt, retrans, segs_out) = if let Some(k) = live.socks.as_ref().filter(|_| sending) {
-                        let (acked, rtt, retrans, segs) = k.totals();
-                        // Kernels without tcpi_bytes_acked report 0.
-                        if acked > 0 {
-                            bytes = acked;
+                    let kernel = live.socks.as_ref().map(Socks::totals);
+                    if let Some(k) = &kernel {
+                        // Kernels without tcpi_bytes_acked/received report 0.
+                        let delivered = if sending { k.acked } else { k.received };
+                        if delivered > 0 {
+                            bytes = delivered;
                         }
-                        (rtt.or(own.rtt), retrans, segs)
+                    }
+                    let (rtt, retrans, segs_out) = if let Some(k) = kernel.filter(|_| sending) {
+                        (k.rtt.or(own.rtt), k.retrans, k.segs)
                     } else if sending {
                         (own.rtt, own.retrans, own.segs_out)
                     } else {
