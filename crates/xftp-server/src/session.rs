@@ -1219,7 +1219,10 @@ impl Session {
                 .await
         } else {
             let meters = MeterSet::new();
-            let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
+            let conns: Vec<_> = conns
+                .into_iter()
+                .map(|c| meters.wrap(live::sending(c)))
+                .collect();
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,

@@ -13,6 +13,37 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+/// Unsent bytes a sending data socket may hold before it stops taking
+/// records.
+///
+/// Without a limit, autotuned send buffers (megabytes each) swallow most
+/// of a file as soon as the first connections open: records are then tied
+/// to a connection long before it can send them (dynamic assignment
+/// degrades to static), and connections added later find no record left
+/// to carry.
+pub const NOTSENT_LOWAT: u32 = 128 * 1024;
+
+/// Set `TCP_NOTSENT_LOWAT` on a socket (see [`NOTSENT_LOWAT`]).
+pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u32) -> std::io::Result<()> {
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the fd is a live socket borrowed for the call; the pointer
+    // and length describe one c_int.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Buffer sizes the kernel reports for a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InForce {

@@ -96,39 +96,13 @@ impl EngineCtl {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Socks(Arc<Mutex<Vec<OwnedFd>>>);
 
-/// Unsent bytes a sending socket may hold before it stops taking records.
-///
-/// Without a limit, autotuned send buffers (megabytes each) swallow most
-/// of a file as soon as the first connections open, and connections added
-/// later find no record left to carry.
-pub const NOTSENT_LOWAT: u32 = 128 * 1024;
-
-fn set_notsent_lowat(s: &TcpStream, bytes: u32) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let v = bytes as libc::c_int;
-    // SAFETY: the fd is a live socket borrowed for the call; the pointer
-    // and length describe one c_int.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 impl Socks {
     /// Keep a duplicate of `s`'s descriptor (closed when the transfer
-    /// ends), and bound its unsent backlog ([`NOTSENT_LOWAT`]).
+    /// ends), and bound its unsent backlog
+    /// ([`xftp_tune::sockbuf::NOTSENT_LOWAT`]).
     pub fn keep(&self, s: &TcpStream) {
-        if let Err(e) = set_notsent_lowat(s, NOTSENT_LOWAT) {
+        if let Err(e) = xftp_tune::sockbuf::set_notsent_lowat(s, xftp_tune::sockbuf::NOTSENT_LOWAT)
+        {
             tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
         }
         match s.as_fd().try_clone_to_owned() {
