@@ -14,11 +14,13 @@
 //! Rules, in order:
 //!
 //! 1. *Overflow* — loss above `loss_threshold` **and** queueing delay above
-//!    `queue_delay_min`: the connections are overflowing a router queue
-//!    (XFTP's β case). Halve N (at least down to the last level that did
-//!    not overflow) and never grow past N−1 again in this transfer. Loss
-//!    without queueing delay is random loss, where more connections help
-//!    (Mathis), so it does not count.
+//!    `queue_delay_min`, right after a growth step or with goodput 10 %
+//!    below the settled level: the connections are overflowing a router
+//!    queue (XFTP's β case). Halve N (at least down to the last level that
+//!    did not overflow) and never grow past N−1 again in this transfer.
+//!    Loss without queueing delay is random loss, where more connections
+//!    help (Mathis), so it does not count; loss and a queue at a steady
+//!    goodput are what loss-based TCP does on a full link at any N.
 //! 2. *Grow* — while each step raised goodput by at least `gain`, double N
 //!    (up to the cap); when the last doubling scaled goodput almost
 //!    linearly (`fast_gain`) with no queue and no loss, quadruple it: the path
@@ -232,10 +234,15 @@ impl Controller {
         self.n
     }
 
-    /// Lower the ceiling (e.g. the server granted fewer).
+    /// Lower the ceiling (e.g. the server granted fewer, or it is too late
+    /// in the transfer to add connections).
     pub fn limit(&mut self, max: u32) {
         self.cap = self.cap.min(max.max(1));
         self.n = self.n.min(self.cap);
+        // The last decision is what was applied, not what was asked.
+        if let Some(last) = self.history.last_mut() {
+            last.next = last.next.min(self.cap);
+        }
     }
 
     /// Every evaluated epoch so far.
@@ -360,7 +367,15 @@ impl Controller {
             self.hold -= 1;
             return (self.n, Reason::Hold);
         }
-        if overflow && self.n > min {
+        // A loss-based TCP that fills a small queue loses packets and keeps
+        // a queue at *any* count that fills the link, the best one
+        // included; so in the steady phase overflow counts only when
+        // goodput fell too. Right after a growth step it always counts.
+        let collapsing = match self.phase {
+            Phase::Grow => true,
+            Phase::Steady => self.settled.is_some_and(|s| g < s * 0.9),
+        };
+        if overflow && collapsing && self.n > min {
             // β rule: turn off half, and stay below the level that overflowed.
             self.cap = self.cap.min(self.n - 1).max(min);
             let half = (self.n / 2).max(min);
@@ -657,6 +672,54 @@ mod tests {
             "ended at {n}, best {best_n}"
         );
         assert!(mean > 0.8 * 1.536e6, "mean {mean}");
+    }
+
+    /// Time (ms), bytes, segments and retransmissions so far.
+    #[derive(Default)]
+    struct Fed(u64, f64, f64, f64);
+
+    /// Feed `epochs` epochs of 300 ms at `bps` with the given loss rate
+    /// and RTT.
+    fn feed(c: &mut Controller, f: &mut Fed, epochs: u64, bps: f64, loss: f64, rtt_ms: u64) {
+        for _ in 0..epochs * 6 {
+            f.0 += 50;
+            f.1 += bps / 8.0 * 0.05;
+            f.2 += bps / 8.0 * 0.05 / 1460.0;
+            f.3 += bps / 8.0 * 0.05 / 1460.0 * loss;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: Some(Duration::from_millis(rtt_ms)),
+                retrans: f.3 as u64,
+                segs_out: f.2 as u64,
+                remaining: None,
+            });
+        }
+    }
+
+    #[test]
+    fn a_full_small_queue_at_steady_goodput_is_not_overflow() {
+        // A count that fills the link: once the queue is full, loss-based
+        // TCP loses packets and keeps a queue, whatever the count; goodput
+        // holds, so the count is kept.
+        let mut c = Controller::settled(TuneConfig::default(), 8);
+        let mut f = Fed::default();
+        feed(&mut c, &mut f, 3, 13e6, 0.0, 56);
+        feed(&mut c, &mut f, 4, 13e6, 0.03, 62);
+        assert!(
+            c.history()
+                .iter()
+                .all(|s| s.reason != Reason::QueueOverflow)
+                && c.streams() >= 8,
+            "{:?}",
+            c.history()
+        );
+        // The same with goodput 30 % down: now the queue costs, halve.
+        let mut c = Controller::settled(TuneConfig::default(), 8);
+        let mut f = Fed::default();
+        feed(&mut c, &mut f, 3, 13e6, 0.0, 56);
+        feed(&mut c, &mut f, 6, 9e6, 0.03, 62);
+        assert!(c.streams() <= 4, "{:?}", c.history());
     }
 
     #[test]

@@ -390,10 +390,23 @@ impl Client {
                         }
                     }
                     let goodput = ctlr.history().last().map_or(0.0, |s| s.goodput_bps);
-                    let decision = decision.filter(|d| {
-                        d.streams <= live.current
-                            || late_growth_is_safe(sample.remaining, goodput)
-                    });
+                    let decision = match decision {
+                        Some(d)
+                            if d.streams > live.current
+                                && !late_growth_is_safe(
+                                    sample.remaining,
+                                    goodput,
+                                    live.current,
+                                    sample.rtt,
+                                ) =>
+                        {
+                            // Too late to grow now, and later too: keep the
+                            // controller (and the timeline) at the real count.
+                            ctlr.limit(live.current);
+                            None
+                        }
+                        d => d,
+                    };
                     if let Some(d) = decision {
                         let m = Cmd::with("MULT", d.streams.to_string());
                         self.ctl.send(&[&m]).await?;
@@ -462,23 +475,38 @@ impl Client {
     }
 }
 
-/// Least payload left for growth to be attempted at all.
-const GROW_MIN_LEFT: u64 = 4 << 20;
+/// Payload a sending connection may hold beyond what is in flight: the
+/// record it is writing (256 KiB by default) and its unsent backlog
+/// ([`xftp_tune::sockbuf::NOTSENT_LOWAT`]), rounded up.
+const COMMITTED_PER_CONN: u64 = 512 << 10;
 
 /// Least time left, at the current goodput, for growth to be attempted.
 const GROW_MIN_SECS: f64 = 1.0;
 
 /// Whether connections may still be added. A connection that arrives after
-/// the sender has committed its EOF block is dropped by the sender, and a
-/// receiver that already counted it fails the transfer (closed before its
-/// EOD), so growth stops well before the end; the controller's own "too
-/// little left" rule usually stops it earlier.
-fn late_growth_is_safe(remaining: Option<u64>, goodput_bps: f64) -> bool {
-    match remaining {
-        None => true,
-        Some(r) if r < GROW_MIN_LEFT => false,
-        Some(r) => goodput_bps <= 0.0 || r as f64 * 8.0 / goodput_bps >= GROW_MIN_SECS,
+/// the sender has handed out its last record (and committed its EOF block)
+/// is dropped by the sender, and a receiver that already counted it fails
+/// the transfer (closed before its EOD). What the sender has handed out
+/// but the receiver not yet received is at most, per connection, the
+/// record being written and the unsent backlog ([`COMMITTED_PER_CONN`]),
+/// plus what is in flight (goodput × RTT). So growth needs more than that
+/// left, with a margin of a second (two RTTs on longer paths); the
+/// controller's own "too little left" rule usually stops it earlier.
+fn late_growth_is_safe(
+    remaining: Option<u64>,
+    goodput_bps: f64,
+    conns: u32,
+    rtt: Option<Duration>,
+) -> bool {
+    let Some(r) = remaining else {
+        return true;
+    };
+    let committed = u64::from(conns.max(1)) * COMMITTED_PER_CONN;
+    if r < 2 * committed {
+        return false;
     }
+    let margin = rtt.map_or(GROW_MIN_SECS, |t| GROW_MIN_SECS.max(2.0 * t.as_secs_f64()));
+    goodput_bps <= 0.0 || (r - committed) as f64 * 8.0 / goodput_bps >= margin
 }
 
 /// Remove and return the oldest entry matching `f`.
@@ -521,12 +549,27 @@ mod tests {
 
     #[test]
     fn no_growth_near_the_end() {
-        assert!(late_growth_is_safe(None, 1e9));
-        assert!(!late_growth_is_safe(Some(1 << 20), 1e6));
+        let rtt = Some(Duration::from_millis(50));
+        assert!(late_growth_is_safe(None, 1e9, 4, rtt));
+        // 1 MiB left on 2 connections: all of it may be handed out.
+        assert!(!late_growth_is_safe(Some(1 << 20), 1e3, 2, rtt));
+        // 2 MiB left on 2 connections at 0.5 Mbit/s (a satellite hop):
+        // half of it cannot have been handed out, and it takes 16 s.
+        assert!(late_growth_is_safe(
+            Some(2 << 20),
+            5e5,
+            2,
+            Some(Duration::from_millis(560))
+        ));
+        // ...but not 2 MiB on 4 connections.
+        assert!(!late_growth_is_safe(Some(2 << 20), 5e5, 4, rtt));
         // 64 MiB at 1 Gbit/s: half a second left.
-        assert!(!late_growth_is_safe(Some(64 << 20), 1e9));
-        assert!(late_growth_is_safe(Some(64 << 20), 1e8));
-        assert!(late_growth_is_safe(Some(8 << 20), 0.0));
+        assert!(!late_growth_is_safe(Some(64 << 20), 1e9, 4, rtt));
+        assert!(late_growth_is_safe(Some(16 << 20), 1e8, 4, rtt));
+        assert!(late_growth_is_safe(Some(8 << 20), 0.0, 4, rtt));
+        // A long RTT asks for two of them.
+        let long = Some(Duration::from_secs(2));
+        assert!(!late_growth_is_safe(Some(16 << 20), 1e8, 4, long));
     }
 
     #[test]
