@@ -243,6 +243,11 @@ impl Controller {
         if let Some(last) = self.history.last_mut() {
             last.next = last.next.min(self.cap);
         }
+        // A growth step that cannot happen is no growth phase to judge.
+        if self.phase == Phase::Grow && self.n >= self.cap {
+            self.phase = Phase::Steady;
+            self.before = None;
+        }
     }
 
     /// Every evaluated epoch so far.
@@ -375,7 +380,9 @@ impl Controller {
             Phase::Grow => true,
             Phase::Steady => self.settled.is_some_and(|s| g < s * 0.9),
         };
-        if overflow && collapsing && self.n > min {
+        // At the very end goodput falls as connections run out of work:
+        // no collapse to react to, and no time for it to matter.
+        if overflow && collapsing && !little_left && self.n > min {
             // β rule: turn off half, and stay below the level that overflowed.
             self.cap = self.cap.min(self.n - 1).max(min);
             let half = (self.n / 2).max(min);

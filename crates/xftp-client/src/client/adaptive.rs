@@ -490,7 +490,8 @@ const GROW_MIN_SECS: f64 = 1.0;
 /// but the receiver not yet received is at most, per connection, the
 /// record being written and the unsent backlog ([`COMMITTED_PER_CONN`]),
 /// plus what is in flight (goodput × RTT). So growth needs more than that
-/// left, with a margin of a second (two RTTs on longer paths); the
+/// left: beyond the committed bytes, a second's worth at the current
+/// goodput (two RTTs' on longer paths); the
 /// controller's own "too little left" rule usually stops it earlier.
 fn late_growth_is_safe(
     remaining: Option<u64>,
@@ -502,7 +503,7 @@ fn late_growth_is_safe(
         return true;
     };
     let committed = u64::from(conns.max(1)) * COMMITTED_PER_CONN;
-    if r < 2 * committed {
+    if r <= committed {
         return false;
     }
     let margin = rtt.map_or(GROW_MIN_SECS, |t| GROW_MIN_SECS.max(2.0 * t.as_secs_f64()));
@@ -553,16 +554,13 @@ mod tests {
         assert!(late_growth_is_safe(None, 1e9, 4, rtt));
         // 1 MiB left on 2 connections: all of it may be handed out.
         assert!(!late_growth_is_safe(Some(1 << 20), 1e3, 2, rtt));
-        // 2 MiB left on 2 connections at 0.5 Mbit/s (a satellite hop):
-        // half of it cannot have been handed out, and it takes 16 s.
-        assert!(late_growth_is_safe(
-            Some(2 << 20),
-            5e5,
-            2,
-            Some(Duration::from_millis(560))
-        ));
-        // ...but not 2 MiB on 4 connections.
-        assert!(!late_growth_is_safe(Some(2 << 20), 5e5, 4, rtt));
+        // Just under 2 MiB left on 2 connections at 0.5 Mbit/s (a
+        // satellite hop): half of it cannot have been handed out, and
+        // that half takes 16 s.
+        let sat = Some(Duration::from_millis(560));
+        assert!(late_growth_is_safe(Some((2 << 20) - 10_000), 5e5, 2, sat));
+        // ...but not on 4 connections.
+        assert!(!late_growth_is_safe(Some((2 << 20) - 10_000), 5e5, 4, sat));
         // 64 MiB at 1 Gbit/s: half a second left.
         assert!(!late_growth_is_safe(Some(64 << 20), 1e9, 4, rtt));
         assert!(late_growth_is_safe(Some(16 << 20), 1e8, 4, rtt));
