@@ -24,7 +24,7 @@ def fig10(rows, out):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes = sorted({int(r["size_bytes"]) for r in rows})
     ns = sorted({int(r["streams"]) for r in rows if r["tool"] == "iperf3"})
-    markers = {"xftp-pipe": "o", "xftp-get": "D", "iperf3": "s"}
+    markers = {"xftp-pipe": "o", "xftp-get": "D", "iperf3": "s", "globus-url-copy": "^"}
     colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
     for i, size in enumerate(sizes):
         c = colors[i % len(colors)]
@@ -36,6 +36,10 @@ def fig10(rows, out):
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=c,
                         linestyle=":" if tool == "iperf3" else "-",
                         label=f"{tool}, {size / 1e6:g} MB")
+        curl = [float(r["mbit_s"]) for r in rows if r["tool"] == "curl" and int(r["size_bytes"]) == size]
+        if curl:
+            ax.plot([1], curl[:1], marker="X", markersize=10, linestyle="none", color=c,
+                    label=f"curl (one connection), {size / 1e6:g} MB")
         auto = [(int(r["streams"]), float(r["mbit_s"])) for r in rows
                 if r["tool"] == "xftp-get-auto" and int(r["size_bytes"]) == size and r["streams"]]
         if auto:
@@ -277,6 +281,14 @@ def fig12(rows, out):
         if ip:
             ax.plot([p[0] for p in ip], [p[1] for p in ip], marker="s", color=c, linestyle=":", alpha=0.8,
                     label=f"iperf3 -P N, {label}")
+        gu = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rows
+                    if r["ber"] == ber and r["tool"] == "globus-url-copy")
+        if gu:
+            ax.plot([p[0] for p in gu], [p[1] for p in gu], marker="^", color=c, linestyle="-.", alpha=0.8,
+                    label=f"globus-url-copy -p N, {label}")
+        cu = [float(r["mbit_s"]) for r in rows if r["ber"] == ber and r["tool"] == "curl"]
+        if cu:
+            ax.plot([1], cu[:1], marker="X", markersize=9, color=c, linestyle="none", label=f"curl, {label}")
         ax.plot(ns, [_ber_model(n, 196608 / n, float(ber)) / 1e6 for n in ns], color=c,
                 linestyle="--", linewidth=1, alpha=0.5)
     ax.plot([], [], color="gray", linestyle="--", label="model N·min(W/RTT, Mathis)")
@@ -301,7 +313,8 @@ def table2(rows, out):
     totals = sorted({int(r["effective_window"]) for r in rows})
     for kind, c, pick in (("N x 32 KiB", "C0", lambda r: int(r["streams"]) > 1),
                           ("one window", "C3", lambda r: int(r["streams"]) == 1)):
-        for tool, m, ls in (("xftp-get", "o", "-"), ("iperf3", "s", ":")):
+        for tool, m, ls in (("xftp-get", "o", "-"), ("iperf3", "s", ":"), ("globus-url-copy", "^", "-."),
+                            ("curl", "X", "--")):
             xs, ys = [], []
             for t in totals:
                 vals = [float(r["mbit_s"]) for r in rows
