@@ -178,6 +178,16 @@ fn big_window_fills_the_bottleneck() {
     );
 }
 
+/// One window-limited stream gets 0.6-1.3 x W/RTT (`model`, bit/s).
+fn near_model(one: f64, model: f64) {
+    assert!(
+        (0.6 * model..=1.3 * model).contains(&one),
+        "1 stream: {:.2} Mbit/s, model {:.2}",
+        one / 1e6,
+        model / 1e6
+    );
+}
+
 #[test]
 fn max_window_limits_each_stream_to_window_over_rtt() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,12 +209,7 @@ fn max_window_limits_each_stream_to_window_over_rtt() {
         eight / 1e6,
         model / 1e6
     );
-    assert!(
-        (0.6 * model..=1.3 * model).contains(&one),
-        "1 stream: {:.2} Mbit/s, model {:.2}",
-        one / 1e6,
-        model / 1e6
-    );
+    near_model(one, model);
     assert!(eight >= 5.0 * one, "8 streams {eight} vs 1 stream {one}");
     assert!(c.a_to_b.window_rewrites > 0, "no SYN was rewritten");
 }
@@ -230,12 +235,7 @@ fn max_window_above_64k_keeps_scaling() {
         one / 1e6,
         model / 1e6
     );
-    assert!(
-        (0.6 * model..=1.3 * model).contains(&one),
-        "1 stream: {:.2} Mbit/s, model {:.2}",
-        one / 1e6,
-        model / 1e6
-    );
+    near_model(one, model);
     assert!(c.b_to_a.window_rewrites > 0, "no window was lowered");
 }
 

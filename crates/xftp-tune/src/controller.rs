@@ -484,6 +484,18 @@ mod tests {
     }
 
     impl Path {
+        /// A deep queue, no random loss: only the windows limit.
+        fn window_limited(cap_bps: f64, rtt_ms: u64, window: f64) -> Path {
+            Path {
+                cap_bps,
+                rtt: Duration::from_millis(rtt_ms),
+                window,
+                queue: 1e6,
+                random_loss: 0.0,
+                overflow_penalty: 0.5,
+            }
+        }
+
         fn step(&self, n: u32) -> (f64, Duration, f64) {
             let bdp = self.cap_bps / 8.0 * self.rtt.as_secs_f64();
             let inflight = n as f64 * self.window;
@@ -551,14 +563,7 @@ mod tests {
     #[test]
     fn window_limited_long_path_grows_to_fill_it() {
         // 100 Mbit/s, 100 ms, 64 KiB windows: one connection gets ~5 Mbit/s.
-        let p = Path {
-            cap_bps: 100e6,
-            rtt: Duration::from_millis(100),
-            window: 65536.0,
-            queue: 1e6,
-            random_loss: 0.0,
-            overflow_penalty: 0.5,
-        };
+        let p = Path::window_limited(100e6, 100, 65536.0);
         let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
         assert!(n >= 16, "ended at {n}");
         assert!(mean > 0.85 * 100e6, "mean {mean}");
@@ -570,14 +575,7 @@ mod tests {
         // 2.6 Mbit/s, the link needs about 17. Epochs are 3 RTTs (0.6 s):
         // doubling from 2 would need four steps to reach 16 or more; after
         // one near-linear doubling the controller quadruples.
-        let p = Path {
-            cap_bps: 45e6,
-            rtt: Duration::from_millis(200),
-            window: 65536.0,
-            queue: 1e6,
-            random_loss: 0.0,
-            overflow_penalty: 0.5,
-        };
+        let p = Path::window_limited(45e6, 200, 65536.0);
         let (_, most, _) = simulate(&p, TuneConfig::default(), 2, 1.8);
         assert!(most >= 16, "most {most} after 2 decisions");
         let doubling = TuneConfig {
