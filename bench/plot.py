@@ -203,7 +203,7 @@ def fig6(rows, out):
     ax.axhline(40, color="black", linewidth=1, alpha=0.5, label="bottleneck 40 Mbit/s")
     ax.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5, label="one connection's window limit W/RTT")
     ax.set_xticks(ticks)
-    ax.set_xticklabels(labels)
+    ax.set_xticklabels([lb.replace(" apps x 8", " x 8 conn") for lb in labels], fontsize=8)
     ax.set_ylabel("throughput per application (Mbit/s)")
     ax.set_title("PSockets fig. 6: applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=10)
     ax.set_ylim(0, 45)
