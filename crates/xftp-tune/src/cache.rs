@@ -147,6 +147,24 @@ impl Cache {
     }
 }
 
+/// The starting count on a path of round-trip time `rtt` with nothing
+/// cached: 2 up to 50 ms, 4 up to 150 ms, 8 beyond.
+///
+/// Each growth step costs an epoch of about 3 RTTs, so a count found one
+/// step late costs more the longer the path (0.6 s at 200 ms), while a
+/// start a step too high costs one epoch before the controller backs off.
+/// And each connection opens in slow start: on a long path N connections
+/// reach a given rate log2(N) RTTs sooner than one.
+pub fn start_for_rtt(rtt: Duration) -> u32 {
+    if rtt < Duration::from_millis(50) {
+        2
+    } else if rtt < Duration::from_millis(150) {
+        4
+    } else {
+        8
+    }
+}
+
 /// Records within this fraction of the best throughput count as equal.
 const BEST_WITHIN: f64 = 0.05;
 
@@ -154,9 +172,9 @@ const BEST_WITHIN: f64 = 0.05;
 ///
 /// MFTP picks N from `Tp = k·N·W'/D` (throughput, window, delay). With a
 /// cached best N for this destination, start there. Without one, a path
-/// whose RTT is under 2 ms is filled by one connection; on a longer path
-/// start from 2 (or, when the per-connection window is known, from enough
-/// connections for the cached or hinted rate) and let the controller grow.
+/// whose RTT is under 2 ms is filled by one connection; a longer path
+/// starts from more the longer it is ([`start_for_rtt`]) and the
+/// controller grows from there.
 pub fn initial_streams(
     rtt: Option<Duration>,
     window: Option<u64>,
@@ -182,17 +200,21 @@ pub fn initial_streams(
             ),
         ),
         Some(r) => {
+            let n = start_for_rtt(r).min(max);
             let per_conn = window.map(|w| w as f64 * 8.0 / r.as_secs_f64());
             let why = match per_conn {
                 Some(pc) => format!(
-                    "RTT {:.1} ms, window {} B: {:.1} Mbit/s per connection; starting at 2 and growing while goodput grows",
+                    "RTT {:.1} ms, window {} B: {:.1} Mbit/s per connection; starting at {n} and growing while goodput grows",
                     r.as_secs_f64() * 1e3,
                     window.unwrap_or(0),
                     pc / 1e6
                 ),
-                None => format!("RTT {:.1} ms: starting at 2 and growing while goodput grows", r.as_secs_f64() * 1e3),
+                None => format!(
+                    "RTT {:.1} ms: starting at {n} and growing while goodput grows",
+                    r.as_secs_f64() * 1e3
+                ),
             };
-            (2.min(max), why)
+            (n, why)
         }
         None => (2.min(max), "RTT unknown: starting at 2".to_string()),
     }
@@ -287,8 +309,20 @@ mod tests {
             1
         );
         assert_eq!(
-            initial_streams(Some(Duration::from_millis(100)), None, None, 32).0,
+            initial_streams(Some(Duration::from_millis(20)), None, None, 32).0,
             2
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_millis(100)), None, None, 32).0,
+            4
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_millis(560)), None, None, 32).0,
+            8
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_millis(560)), None, None, 3).0,
+            3
         );
         assert_eq!(
             initial_streams(Some(Duration::from_millis(100)), None, Some((12, 1e8)), 8).0,

@@ -162,6 +162,27 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn notsent_lowat_is_set() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        set_notsent_lowat(&c, NOTSENT_LOWAT).unwrap();
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a live socket; v and len describe one c_int.
+        let r = unsafe {
+            libc::getsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        assert_eq!(v as u32, NOTSENT_LOWAT);
+    }
+
+    #[tokio::test]
     async fn buffers_apply_before_connect_and_read_back() {
         let l = listen("127.0.0.1:0".parse().unwrap(), Some(200_000)).unwrap();
         let addr = l.local_addr().unwrap();
