@@ -47,6 +47,7 @@
 //! ```
 
 pub mod block;
+mod driver;
 mod io;
 pub mod ranges;
 pub mod reasm;

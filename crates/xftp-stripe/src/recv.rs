@@ -9,9 +9,10 @@ use std::task::{Context, Poll, Waker};
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader, ReadBuf};
 use tokio::sync::{mpsc, Notify};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use crate::block::{BlockHeader, Descriptor, HEADER_LEN};
+use crate::driver::{admit_or_reap, Tasks};
 use crate::ranges::RangeSet;
 use crate::reasm::Reassembly;
 use crate::{StreamStats, StripeError, TransferReport, WriteAt};
@@ -273,15 +274,18 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
 ) -> Result<TransferReport, StripeError> {
-    let mut set = JoinSet::new();
+    let mut set = Tasks::new();
     let mut open = true;
     let result = loop {
         {
+            let st = shared.lock();
+            let (eods, eof) = st.reasm.eod_progress();
             // The completion rule can hold while connections that never
             // carried a block are still open (one added just as the sender
             // sent EOF): they cannot hold data, so stop waiting for them.
-            let st = shared.lock();
-            if st.reasm.is_done() {
+            // With no connection running, decide if nothing more can come.
+            let idle_and_over = set.is_empty() && (eof == Some(eods) || !open);
+            if st.reasm.is_done() || idle_and_over {
                 break st
                     .reasm
                     .finish(shared.expected)
@@ -291,32 +295,9 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
                     });
             }
         }
-        if set.is_empty() {
-            let st = shared.lock();
-            let (eods, eof) = st.reasm.eod_progress();
-            // No connection running: decide if nothing more can come.
-            if eof == Some(eods) || !open {
-                break st
-                    .reasm
-                    .finish(shared.expected)
-                    .map(|total| TransferReport {
-                        bytes: total,
-                        streams: st.stats.clone(),
-                    });
-            }
-        }
-        tokio::select! {
-            c = rx.recv(), if open => match c {
-                Some((idx, s)) => {
-                    set.spawn(conn_task(s, idx, shared.clone()));
-                }
-                None => open = false,
-            },
-            r = set.join_next(), if !set.is_empty() => match r {
-                Some(Ok(Ok(()))) | None => {}
-                Some(Ok(Err(e))) => break Err(e),
-                Some(Err(e)) => break Err(StripeError::Aborted(e.to_string())),
-            },
+        let spawn = |idx, s| conn_task(s, idx, shared.clone());
+        if let Err(e) = admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+            break Err(e);
         }
     };
     let mut st = shared.lock();

@@ -9,9 +9,10 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use crate::block::BlockHeader;
+use crate::driver::{admit_or_reap, Tasks};
 use crate::sched::{Next, Schedule, Scheduler};
 use crate::{ReadAt, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
 
@@ -399,7 +400,7 @@ async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
 ) -> Result<TransferReport, StripeError> {
-    let mut set = JoinSet::new();
+    let mut set = Tasks::new();
     let mut open = true;
     let result = loop {
         if set.is_empty() {
@@ -415,18 +416,9 @@ async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
                 break Err(StripeError::NoConnections);
             }
         }
-        tokio::select! {
-            c = rx.recv(), if open => match c {
-                Some((idx, s)) => {
-                    set.spawn(conn_task(s, idx, shared.clone()));
-                }
-                None => open = false,
-            },
-            r = set.join_next(), if !set.is_empty() => match r {
-                Some(Ok(Ok(()))) | None => {}
-                Some(Ok(Err(e))) => break Err(e),
-                Some(Err(e)) => break Err(StripeError::Aborted(e.to_string())),
-            },
+        let spawn = |idx, s| conn_task(s, idx, shared.clone());
+        if let Err(e) = admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+            break Err(e);
         }
     };
     let mut st = shared.lock();
