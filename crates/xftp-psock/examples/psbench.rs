@@ -69,7 +69,7 @@ async fn main() -> std::io::Result<()> {
             .ok()
             .and_then(|v| v.parse().ok())
         {
-            cfg.record_size = rs;
+            cfg.record_size = Some(rs);
         }
         let mut l = PsockListener::bind("127.0.0.1:0", cfg.clone()).await?;
         let addr = l.local_addr();

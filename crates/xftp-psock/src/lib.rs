@@ -52,8 +52,11 @@ use handshake::Status;
 /// Settings shared by both ends.
 #[derive(Clone, Debug)]
 pub struct PsockConfig {
-    /// Size of the records this side sends (default 128 KiB).
-    pub record_size: u32,
+    /// Size of the records this side sends. `None` (the default) chooses
+    /// by the number of connections N: a quarter of the reorder cap spread
+    /// over N records, between 128 KiB and 4 MiB (see
+    /// [`PsockConfig::send_record`]).
+    pub record_size: Option<u32>,
     /// Cap of the receive reorder buffer in bytes (default 16 MiB). It
     /// must hold at least two of the peer's records.
     pub reorder_cap: usize,
@@ -71,7 +74,7 @@ pub struct PsockConfig {
 impl Default for PsockConfig {
     fn default() -> Self {
         Self {
-            record_size: 128 * 1024,
+            record_size: None,
             reorder_cap: 16 * 1024 * 1024,
             send_buffer: 4 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
@@ -87,7 +90,33 @@ impl PsockConfig {
     pub fn max_peer_record(&self) -> u32 {
         u32::try_from(self.reorder_cap / 2).unwrap_or(u32::MAX)
     }
+
+    /// The record size this side sends on a group of `n` connections.
+    ///
+    /// Without an explicit `record_size`: `reorder_cap / (4·n)` rounded
+    /// down to a power of two, clamped to 128 KiB..4 MiB. One record in
+    /// flight per connection then fills at most a quarter of a reorder
+    /// buffer of our own size (the peer's is assumed alike; it refuses
+    /// records above half its cap), and few connections get large records,
+    /// which halves the per-record cost on fast paths. The receiver hands
+    /// large records to the application in pieces as they arrive, so a big
+    /// record does not delay the stream on a slow connection.
+    pub fn send_record(&self, n: u16) -> u32 {
+        if let Some(r) = self.record_size {
+            return r.max(1);
+        }
+        let per = (self.reorder_cap / (4 * usize::from(n.max(1)))).max(1);
+        let pow2 = 1usize << (usize::BITS - 1 - per.leading_zeros());
+        let r = u32::try_from(pow2.clamp(MIN_AUTO_RECORD, MAX_AUTO_RECORD)).unwrap_or(u32::MAX);
+        r.min(self.max_peer_record()).max(1)
+    }
 }
+
+/// Smallest record chosen automatically: below this the per-record cost
+/// shows on fast paths.
+const MIN_AUTO_RECORD: usize = 128 * 1024;
+/// Largest record chosen automatically.
+const MAX_AUTO_RECORD: usize = 4 * 1024 * 1024;
 
 /// Why setting up or using a parallel stream failed.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +164,39 @@ impl From<PsockError> for std::io::Error {
             PsockError::Io { source, .. } => source,
             PsockError::Timeout => std::io::Error::new(std::io::ErrorKind::TimedOut, e),
             other => std::io::Error::other(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_record_size_follows_the_connection_count() {
+        let cfg = PsockConfig::default(); // 16 MiB reorder cap
+        let kib = |n| cfg.send_record(n) / 1024;
+        assert_eq!(kib(1), 4096);
+        assert_eq!(kib(2), 2048);
+        assert_eq!(kib(3), 1024); // 1.33 MiB rounds down
+        assert_eq!(kib(8), 512);
+        assert_eq!(kib(32), 128);
+        assert_eq!(kib(128), 128);
+        assert_eq!(kib(0), 4096);
+        let small = PsockConfig {
+            reorder_cap: 1 << 20,
+            ..PsockConfig::default()
+        };
+        assert_eq!(small.send_record(1), 256 * 1024);
+        assert_eq!(small.send_record(4), 128 * 1024);
+        let fixed = PsockConfig {
+            record_size: Some(65536),
+            ..PsockConfig::default()
+        };
+        assert_eq!(fixed.send_record(1), 65536);
+        // Every automatic choice is acceptable to a peer of the same size.
+        for n in 1..=u16::MAX {
+            assert!(cfg.send_record(n) <= cfg.max_peer_record());
         }
     }
 }

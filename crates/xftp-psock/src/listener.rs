@@ -188,7 +188,7 @@ async fn handshake(
     let reply = Reply {
         status: Status::Ok,
         version,
-        record_size: cfg.record_size,
+        record_size: reply_record(cfg, &hello),
     };
     if let Err(e) = s.write_all(&reply.encode()).await {
         // The client is gone: its group can never complete.
@@ -219,12 +219,24 @@ async fn handshake(
     };
     if let Some(p) = complete {
         let conns: Vec<TcpStream> = p.slots.into_iter().flatten().flatten().collect();
-        let stream = PsockStream::from_group(conns, hello.session, cfg, p.record_size);
+        let own = reply_record(cfg, &hello);
+        let stream = PsockStream::from_group(conns, hello.session, cfg, own, p.record_size);
         if inner.ready.send(stream).await.is_err() {
             return Err(PsockError::Closed);
         }
     }
     Ok(())
+}
+
+/// The record size the listener sends with. Chosen automatically, it is
+/// no larger than the connector's own records: the connector sized those
+/// for its reorder buffer, whose size the listener does not know.
+fn reply_record(cfg: &PsockConfig, hello: &Hello) -> u32 {
+    let own = cfg.send_record(hello.count);
+    match cfg.record_size {
+        Some(_) => own,
+        None => own.min(hello.record_size.max(1)),
+    }
 }
 
 /// Reserve `hello.index` in its group; the group's generation, or why not.

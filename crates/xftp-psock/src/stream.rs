@@ -75,7 +75,7 @@ impl PsockStream {
                 session,
                 index,
                 count: n,
-                record_size: cfg.record_size,
+                record_size: cfg.send_record(n),
             };
             let timeout = cfg.handshake_timeout;
             set.spawn(async move {
@@ -106,11 +106,13 @@ impl PsockStream {
             conns[index as usize] = Some(s);
         }
         let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
+        let own = cfg.send_record(n);
         Ok(Self::from_group(
             conns,
             session,
             cfg,
-            peer_record.unwrap_or(cfg.record_size),
+            own,
+            peer_record.unwrap_or(own),
         ))
     }
 
@@ -119,12 +121,13 @@ impl PsockStream {
         conns: Vec<TcpStream>,
         session: SessionId,
         cfg: &PsockConfig,
+        own_record: u32,
         peer_record: u32,
     ) -> Self {
         let n = conns.len();
         let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(TcpStream::into_split).unzip();
         Self {
-            tx: Sender::stream(w, cfg.record_size, cfg.send_buffer),
+            tx: Sender::stream(w, own_record, cfg.send_buffer),
             rx: Receiver::stream(r, peer_record, cfg.reorder_cap),
             session,
             n,

@@ -253,7 +253,7 @@ async fn dropping_either_end_never_hangs_the_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_connection_bounds_the_reorder_buffer_and_resumes() {
     let cfg = PsockConfig {
-        record_size: 32 * 1024,
+        record_size: Some(32 * 1024),
         reorder_cap: 1024 * 1024,
         ..PsockConfig::default()
     };

@@ -19,6 +19,11 @@ use crate::{StreamStats, StripeError, TransferReport, WriteAt};
 
 /// Largest piece of a block read into memory at once when writing a file.
 const FILE_CHUNK: usize = 256 * 1024;
+/// Stream mode: the received part of a record is handed to the reader
+/// once this much is in (or at the record's end) ...
+const PUBLISH: usize = 1024 * 1024;
+/// ... or, when the socket has nothing more for now, once this much is in.
+const PUBLISH_DRY: usize = 64 * 1024;
 /// Read buffer per connection: headers are small, so batch the syscalls.
 const READ_BUF: usize = 64 * 1024;
 
@@ -399,23 +404,48 @@ async fn conn_task<S: AsyncRead + Unpin>(
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
                 let mut b = BytesMut::with_capacity(count as usize);
-                while b.len() < count as usize {
+                // Offset of the first byte of `b` not yet handed over.
+                let mut at = offset;
+                let mut left = count as usize;
+                // Hand the received part of a record over as it arrives:
+                // whenever a large piece is in, and whenever the socket runs
+                // dry, so the reader is not held up for a whole record on a
+                // slow connection. `split` keeps the remaining capacity: no
+                // copy, no new allocation.
+                let publish = |b: &mut BytesMut, at: &mut u64, left: &mut usize| {
+                    let piece = b.split().freeze();
+                    let len = piece.len();
+                    let mut st = sh.lock();
+                    if let Some(ro) = st.reorder.as_mut() {
+                        ro.map.insert(*at, piece);
+                    }
+                    st.wake_app();
+                    *at += len as u64;
+                    *left -= len;
+                };
+                while left > 0 {
                     // Reads straight into the record, no zeroing pass; large
                     // reads bypass the BufReader once it is empty.
-                    let want = count as usize - b.len();
-                    let n = r
-                        .read_buf(&mut (&mut b).limit(want))
-                        .await
-                        .map_err(closed)?;
+                    let want = left - b.len();
+                    let n = match poll_once(r.read_buf(&mut (&mut b).limit(want))).await {
+                        Some(n) => n.map_err(closed)?,
+                        None => {
+                            if b.len() >= PUBLISH_DRY {
+                                publish(&mut b, &mut at, &mut left);
+                            }
+                            let want = left - b.len();
+                            r.read_buf(&mut (&mut b).limit(want))
+                                .await
+                                .map_err(closed)?
+                        }
+                    };
                     if n == 0 {
                         return Err(StripeError::ClosedBeforeEod { conn: idx });
                     }
+                    if b.len() == left || b.len() >= PUBLISH {
+                        publish(&mut b, &mut at, &mut left);
+                    }
                 }
-                let mut st = sh.lock();
-                if let Some(ro) = st.reorder.as_mut() {
-                    ro.map.insert(offset, b.freeze());
-                }
-                st.wake_app();
             }
             if sh.file.is_none() {
                 block_stored(&sh, idx, count);
@@ -506,4 +536,17 @@ pub async fn recv_file<S: AsyncRead + Unpin + Send + 'static>(
     expected: Option<u64>,
 ) -> Result<TransferReport, StripeError> {
     Receiver::file(dst, expected, conns).finish().await
+}
+
+/// Poll `f` once: its output if it is ready now, `None` if it would wait.
+/// Dropping the future afterwards is fine for cancel-safe reads.
+async fn poll_once<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match f.as_mut().poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await
 }

@@ -475,3 +475,45 @@ async fn late_unused_connection_is_ignored() {
         drop(keep);
     }
 }
+
+/// Ordered stream: the part of a large record that has arrived is readable
+/// before the rest of the record is sent (a slow connection does not hold
+/// the reader up for a whole record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_reader_gets_a_partial_record_before_the_rest_arrives() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use xftp_stripe::block::BlockHeader;
+    use xftp_stripe::Receiver;
+    let record = 4 << 20;
+    let (mut tx, rx) = tokio::io::duplex(1 << 20);
+    let r = Receiver::stream(vec![rx], record, 16 << 20);
+    let data = pattern(record as usize, 3);
+    tx.write_all(&BlockHeader::data(0, u64::from(record)).encode())
+        .await
+        .unwrap();
+    let first = 300 * 1024;
+    tx.write_all(&data[..first]).await.unwrap();
+    let mut got = vec![0u8; first];
+    let mut reader = ReadStream(r);
+    tokio::time::timeout(Duration::from_secs(10), reader.read_exact(&mut got))
+        .await
+        .expect("the first part of the record was not delivered before the rest was sent")
+        .unwrap();
+    assert_eq!(got, data[..first]);
+    tx.write_all(&data[first..]).await.unwrap();
+    let mut rest = vec![0u8; data.len() - first];
+    reader.read_exact(&mut rest).await.unwrap();
+    assert_eq!(rest, data[first..]);
+}
+
+struct ReadStream(xftp_stripe::Receiver<DuplexStream>);
+
+impl AsyncRead for ReadStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.0.poll_read(cx, buf)
+    }
+}
