@@ -69,7 +69,7 @@ def psock2(rows, out):
     fig, ax = plt.subplots(figsize=(7.5, 5))
     styles = {"xftp-pipe": ("o", "tab:blue", "-"), "xftp-get": ("D", "tab:orange", "-"),
               "globus-url-copy": ("^", "tab:purple", "-"), "iperf3": ("s", "tab:green", ":")}
-    ns = sorted({int(r["streams"]) for r in rows})
+    ns = sorted({int(r["streams"]) for r in rows if r["tool"] != "xftp-get-auto"})
     size = max(int(r["bytes"]) for r in rows)
     for tool, (m, c, ls) in styles.items():
         pts = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rows if r["tool"] == tool)
@@ -77,8 +77,17 @@ def psock2(rows, out):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=c, linestyle=ls, label=tool)
     curl = [float(r["mbit_s"]) for r in rows if r["tool"] == "curl"]
     if curl:
-        ax.plot([1], curl[:1], marker="*", markersize=13, color="tab:red", linestyle="none",
+        ax.plot([1], curl[:1], marker="X", markersize=11, color="tab:red", linestyle="none",
                 label="curl (one connection)")
+    for r in rows:
+        if r["tool"] == "xftp-get-auto":
+            y = float(r["mbit_s"])
+            ax.axhline(y, color="black", linestyle=(0, (1, 3)), linewidth=1.2)
+            if r["streams"]:
+                ax.plot([int(r["streams"])], [y], marker="*", markersize=14, color="black", markerfacecolor="gold",
+                        linestyle="none")
+            ax.plot([], [], marker="*", markersize=12, color="black", markerfacecolor="gold", linestyle=(0, (1, 3)),
+                    label=f"xftp get -p auto (ended with {r['streams'] or '?'} connections)")
     ax.plot(ns, [window_model(n, window, rtt, rate) / 1e6 for n in ns], color="black",
             linewidth=1, alpha=0.5, label="model N·W/RTT, capped")
     ax.plot(ns, [slow_start_model(size, n, window, rtt, rate) / 1e6 for n in ns], color="black",
