@@ -270,7 +270,7 @@ def _median(xs):
 def fig12(rows, out):
     # Must match exp_xftp_fig12 in bench/run (part fig12: N x W = 192 KiB).
     rows = [r for r in rows if r["part"] == "fig12"]
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     bers = sorted({r["ber"] for r in rows}, key=float)
     ns = sorted({int(r["streams"]) for r in rows})
     for i, ber in enumerate(bers):
@@ -298,9 +298,19 @@ def fig12(rows, out):
         cu = [float(r["mbit_s"]) for r in rows if r["ber"] == ber and r["tool"] == "curl"]
         if cu:
             ax.plot([1], cu[:1], marker="X", markersize=9, color=c, linestyle="none", label=f"curl, {label}")
+        au = sorted((int(r["streams"]), float(r["mbit_s"]), r.get("final_streams", "")) for r in rows
+                    if r["ber"] == ber and r["tool"] == "xftp-get-auto")
+        if au:
+            ax.plot([a[0] for a in au], [a[1] for a in au], marker="*", markersize=13, color=c, linestyle="none",
+                    markeredgecolor="black", markeredgewidth=0.5,
+                    label=f"xftp -p auto on the link of W = 192 KiB / N, {label}")
+            for x, y, f in au:
+                ax.annotate(f or "?", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7, color=c)
         ax.plot(ns, [_ber_model(n, 196608 / n, float(ber)) / 1e6 for n in ns], color=c,
                 linestyle="--", linewidth=1, alpha=0.5)
     ax.plot([], [], color="gray", linestyle="--", label="model N·min(W/RTT, Mathis)")
+    if any(r["tool"] == "xftp-get-auto" for r in rows):
+        ax.plot([], [], linestyle="none", label="(number by a star: connections -p auto ended with)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ns)
     ax.set_xticklabels([f"{n}\n{196608 // n // 1024} KiB" for n in ns])
@@ -309,7 +319,7 @@ def fig12(rows, out):
     ax.set_title("XFTP fig. 12 (scaled x10): 15.36 Mbit/s, 56 ms RTT, constant N·W", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
@@ -317,7 +327,7 @@ def fig12(rows, out):
 def table2(rows, out):
     # Must match exp_xftp_fig12 in bench/run (part table2).
     rows = [r for r in rows if r["part"] == "table2"]
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     ber = float(rows[0]["ber"])
     totals = sorted({int(r["effective_window"]) for r in rows})
     for kind, c, pick in (("N x 32 KiB", "C0", lambda r: int(r["streams"]) > 1),
@@ -336,6 +346,22 @@ def table2(rows, out):
                     ys.append(_median(vals))
             if xs:
                 ax.plot(xs, ys, marker=m, color=c, linestyle=ls, label=f"{tool}, {kind}")
+    for r in rows:
+        if r["tool"] != "xftp-get-auto":
+            continue
+        fin = r.get("final_streams", "") or "?"
+        if int(r["streams"]) > 1:
+            ax.axhline(float(r["mbit_s"]), color="C0", linestyle=(0, (1, 3)), linewidth=1.5,
+                       label=f"xftp -p auto on the 32 KiB link (ended with {fin})")
+        else:
+            t = int(r["effective_window"])
+            ax.plot([t / 1024], [float(r["mbit_s"])], marker="*", markersize=13, color="C3", linestyle="none",
+                    markeredgecolor="black", markeredgewidth=0.5)
+            ax.annotate(fin, (t / 1024, float(r["mbit_s"])), textcoords="offset points", xytext=(6, 4),
+                        fontsize=7, color="C3")
+    if any(r["tool"] == "xftp-get-auto" and int(r["streams"]) == 1 for r in rows):
+        ax.plot([], [], marker="*", markersize=11, color="C3", linestyle="none",
+                label="xftp -p auto on the one-window link (number: connections it ended with)")
     ax.plot([t / 1024 for t in totals], [_ber_model(t // 32768, 32768, ber) / 1e6 for t in totals],
             color="C0", linestyle="--", linewidth=1, alpha=0.5, label="model, N x 32 KiB")
     ax.plot([t / 1024 for t in totals], [_ber_model(1, t, ber) / 1e6 for t in totals],
@@ -346,7 +372,7 @@ def table2(rows, out):
                  f"({_ber_loss(ber) * 100:.1f} % packets), 15.36 Mbit/s, 56 ms", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
