@@ -165,30 +165,60 @@ def autoprof(rows, out):
     fig.savefig(out, dpi=90)
 
 
+# Marker, line style and label of each tool in the comparison plots.
+TOOL_STYLE = {
+    "xftp-get": ("o", "-", "xftp get -p N"),
+    "iperf3": ("s", ":", "iperf3 -P N (memory to memory)"),
+    "globus-url-copy": ("^", "-.", "globus-url-copy -p N"),
+    "curl": ("X", "none", "curl (one connection)"),
+    "xftp-get-auto": ("*", "none", "xftp -p auto (at the N it ended with)"),
+}
+
+
+def _tool_legend(ax, tools, extra=(), **kw):
+    """Legend entries for the tools (gray markers) plus EXTRA handles."""
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color="gray", marker=TOOL_STYLE[t][0], linestyle=TOOL_STYLE[t][1]
+                      if TOOL_STYLE[t][1] != "none" else "none", markersize=8 if t != "xftp-get-auto" else 12,
+                      label=TOOL_STYLE[t][2]) for t in tools]
+    ax.legend(handles=list(extra) + handles, **kw)
+
+
 def fig11(rows, out):
     # Must match exp_xftp_fig11 in bench/run.
     rate, rtt = 15.36e6, 0.056
     size = int(rows[0]["bytes"])
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    markers = ["o", "s", "D", "^", "v"]
-    for i, w in enumerate(sorted({int(r["window"]) for r in rows})):
-        pts = sorted((int(r["effective_window"]), float(r["mbit_s"]), r["streams"]) for r in rows
-                     if int(r["window"]) == w)
-        ax.plot([p[0] / 1024 for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
-                linestyle="none", markersize=8, label=f"W = {w // 1024} KiB, N = " + ",".join(p[2] for p in pts))
-    ew = sorted({int(r["effective_window"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    from matplotlib.patches import Patch
+    windows = sorted({int(r["window"]) for r in rows})
+    tools = [t for t in TOOL_STYLE if any(r["tool"] == t for r in rows)]
+    for i, w in enumerate(windows):
+        c = f"C{i}"
+        for tool in tools:
+            m, ls, _ = TOOL_STYLE[tool]
+            pts = sorted((int(r["effective_window"]), float(r["mbit_s"])) for r in rows
+                         if int(r["window"]) == w and r["tool"] == tool and r["streams"])
+            if not pts:
+                continue
+            ax.plot([p[0] / 1024 for p in pts], [p[1] for p in pts], marker=m,
+                    linestyle=ls, color=c, alpha=0.8,
+                    markersize=13 if tool == "xftp-get-auto" else 7,
+                    markerfacecolor="none" if tool in ("iperf3", "globus-url-copy") else c)
+    ew = sorted({int(r["effective_window"]) for r in rows if r["effective_window"] not in ("", "0")})
     xs = [ew[0] * k / 20 for k in range(20, int(20 * ew[-1] / ew[0]) + 1)]
-    ax.plot([x / 1024 for x in xs], [window_model(1, x, rtt, rate) / 1e6 for x in xs], color="black",
-            linewidth=1, alpha=0.5, label="model min(N·W/RTT, rate)")
-    ax.plot([x / 1024 for x in ew], [slow_start_model(size, 1, x, rtt, rate) / 1e6 for x in ew], color="black",
-            linestyle="--", linewidth=1, alpha=0.5, label="with slow start (one window N·W), 5 MB")
+    model, = ax.plot([x / 1024 for x in xs], [window_model(1, x, rtt, rate) / 1e6 for x in xs], color="black",
+                     linewidth=1, alpha=0.5, label="model min(N·W/RTT, rate)")
+    slow, = ax.plot([x / 1024 for x in ew], [slow_start_model(size, 1, x, rtt, rate) / 1e6 for x in ew],
+                    color="black", linestyle="--", linewidth=1, alpha=0.5,
+                    label=f"with slow start (one window N·W), {size / 1e6:g} MB")
+    wins = [Patch(color=f"C{i}", label=f"W = {w // 1024} KiB") for i, w in enumerate(windows)]
     ax.set_xscale("log", base=2)
     ax.set_xlabel("effective window N·W (KiB)")
     ax.set_ylabel("throughput (Mbit/s)")
-    ax.set_title("XFTP fig. 11 (scaled x10): 15.36 Mbit/s, 56 ms RTT, queue 100p, 5 MB", fontsize=10)
+    ax.set_title(f"XFTP fig. 11 (scaled x10): 15.36 Mbit/s, 56 ms RTT, queue 100p, {size / 1e6:g} MB", fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _tool_legend(ax, tools, wins + [model, slow], fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
