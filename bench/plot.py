@@ -259,14 +259,26 @@ def mftp6(rows, out):
     fig, ax = plt.subplots(figsize=(7.5, 5))
     rtts = sorted({int(r["rtt_ms"]) for r in rows})
     fine = [rtts[0] + (rtts[-1] - rtts[0]) * k / 100 for k in range(101)]
-    for i, n in enumerate(sorted({int(r["streams"]) for r in rows})):
-        pts = sorted((int(r["rtt_ms"]), float(r["mbit_s"])) for r in rows if int(r["streams"]) == n)
+    fixed = [r for r in rows if r["tool"] == "xftp-get"]
+    for i, n in enumerate(sorted({int(r["streams"]) for r in fixed})):
+        pts = sorted((int(r["rtt_ms"]), float(r["mbit_s"])) for r in fixed if int(r["streams"]) == n)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=f"xftp get -p {n}")
         # RTT 0 is the namespaces' own, about 0.1 ms.
         ax.plot(fine, [window_model(n, window, max(t, 0.1) / 1000, rate) / 1e6 for t in fine], color=f"C{i}",
                 linewidth=1, alpha=0.5)
         ax.plot(rtts, [slow_start_model(size, n, window, max(t, 0.1) / 1000, rate) / 1e6 for t in rtts],
                 color=f"C{i}", linestyle="--", linewidth=1, alpha=0.5)
+    auto = sorted((int(r["rtt_ms"]), float(r["mbit_s"]), r["streams"]) for r in rows if r["tool"] == "xftp-get-auto")
+    if auto:
+        ax.plot([a[0] for a in auto], [a[1] for a in auto], marker="*", markersize=13, color="black",
+                markerfacecolor="gold", linestyle="-", linewidth=1.5,
+                label="xftp get -p auto (number: connections it ended with)")
+        for x, y, f in auto:
+            ax.annotate(f or "?", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    curl = sorted((int(r["rtt_ms"]), float(r["mbit_s"])) for r in rows if r["tool"] == "curl")
+    if curl:
+        ax.plot([c[0] for c in curl], [c[1] for c in curl], marker="X", markersize=8, color="gray",
+                linestyle=":", label="curl (one connection)")
     ax.plot([], [], color="gray", label="model N·W/RTT, capped")
     ax.plot([], [], color="gray", linestyle="--", label=f"with slow start, {size / 1e6:g} MB")
     ax.set_yscale("log")
@@ -274,9 +286,59 @@ def mftp6(rows, out):
     ax.set_ylabel("throughput (Mbit/s, log)")
     ax.set_title("MFTP fig. 6: 45 Mbit/s, W = 24 KiB", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+
+
+def mftp6tools(rows, out):
+    # Must match exp_mftp_fig6 in bench/run: one panel per RTT, every tool against N.
+    rate, window = 45e6, 24576
+    size = int(rows[0]["bytes"])
+    rtts = sorted({int(r["rtt_ms"]) for r in rows})
+    cols = min(3, len(rtts))
+    nrows = (len(rtts) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.5 * nrows), squeeze=False)
+    colors = {"xftp-get": "tab:orange", "iperf3": "tab:green", "globus-url-copy": "tab:purple",
+              "curl": "tab:red", "xftp-get-auto": "black"}
+    tools = [t for t in TOOL_STYLE if any(r["tool"] == t for r in rows)]
+    for k, rtt in enumerate(rtts):
+        ax = axes[k // cols][k % cols]
+        rs = [r for r in rows if int(r["rtt_ms"]) == rtt and r["streams"]]
+        ns = sorted({int(r["streams"]) for r in rs if r["tool"] == "xftp-get"})
+        for tool in tools:
+            m, ls, _ = TOOL_STYLE[tool]
+            pts = sorted((int(r["streams"]), float(r["mbit_s"])) for r in rs if r["tool"] == tool)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, linestyle=ls, color=colors[tool],
+                        markersize=12 if tool == "xftp-get-auto" else 6,
+                        markerfacecolor="gold" if tool == "xftp-get-auto" else colors[tool])
+        if ns:
+            t = max(rtt, 0.1) / 1000
+            ax.plot(ns, [window_model(n, window, t, rate) / 1e6 for n in ns], color="black", linewidth=1,
+                    alpha=0.4)
+            ax.plot(ns, [slow_start_model(size, n, window, t, rate) / 1e6 for n in ns], color="black",
+                    linestyle="--", linewidth=1, alpha=0.4)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ns)
+            ax.set_xticklabels([str(n) for n in ns])
+        ax.set_title(f"RTT {rtt} ms" if rtt else "RTT 0 (namespaces' own)", fontsize=10)
+        ax.set_xlabel("connections N")
+        ax.set_ylabel("Mbit/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    for k in range(len(rtts), nrows * cols):
+        axes[k // cols][k % cols].axis("off")
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=colors[t], marker=TOOL_STYLE[t][0], linestyle=TOOL_STYLE[t][1],
+                      markerfacecolor="gold" if t == "xftp-get-auto" else colors[t],
+                      markersize=11 if t == "xftp-get-auto" else 6, label=TOOL_STYLE[t][2]) for t in tools]
+    handles += [Line2D([], [], color="black", alpha=0.4, label="model N·W/RTT, capped"),
+                Line2D([], [], color="black", alpha=0.4, linestyle="--", label=f"with slow start, {size / 1e6:g} MB")]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle("MFTP fig. 6 link (45 Mbit/s, W = 24 KiB): tools against N at each RTT", fontsize=11)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    fig.savefig(out, dpi=100)
 
 
 def _ber_loss(ber, size=1500):
@@ -407,7 +469,7 @@ def table2(rows, out):
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof, "fig12": fig12, "table2": table2}
+KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "mftp6tools": mftp6tools, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof, "fig12": fig12, "table2": table2}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:
