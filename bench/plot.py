@@ -224,30 +224,70 @@ def fig11(rows, out):
 
 
 def fig6(rows, out):
-    # Must match exp_psockets_fig6 in bench/run: 40 Mbit/s bottleneck.
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    cases = list(dict.fromkeys(r["case"] for r in rows))
+    # Must match exp_psockets_fig6 in bench/run: 40 Mbit/s bottleneck. Left: k
+    # applications of 8 connections (xftp send/recv and iperf3 side by side);
+    # right: one 8-connection (or -p auto) application beside one connection.
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
+    colors = {"xftp-pipe": "C0", "iperf3": "C2", "globus-url-copy": "C4", "xftp-get": "C1",
+              "xftp-get-auto": "gold", "curl": "C3"}
+    tools_seen = []
+    kapps = [r for r in rows if " apps x 8" in r["case"]]
+    ks = sorted({int(r["case"].split()[0]) for r in kapps})
+    x = 0
+    ticks = []
+    for k in ks:
+        start = x
+        for tool in ("xftp-pipe", "iperf3"):
+            rs = [r for r in kapps if int(r["case"].split()[0]) == k and r["tool"] == tool]
+            for r in rs:
+                ax.bar(x, float(r["mbit_s"]), color=colors[tool], alpha=0.8)
+                x += 1
+            if rs:
+                tools_seen.append(tool)
+                x += 0.3
+        ax.plot([start - 0.4, x - 0.9], [40 / k] * 2, color="black", linewidth=1.5)
+        ticks.append((start + x - 1.3) / 2)
+        x += 1
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{k} x 8" for k in ks], fontsize=8)
+    ax.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5)
+    ax.set_xlabel("applications x connections")
+    ax.set_ylabel("throughput per application (Mbit/s)")
+    ax.set_title("k applications of 8 connections each (bars: one per application)", fontsize=10)
+    ax.set_ylim(0, 45)
+    ax.grid(alpha=0.3, axis="y")
     x = 0
     ticks, labels = [], []
-    for i, case in enumerate(cases):
+    pairs = [c for c in dict.fromkeys(r["case"] for r in rows) if " apps x 8" not in c]
+    for case in pairs:
         rs = [r for r in rows if r["case"] == case]
         start = x
         for r in rs:
-            ax.bar(x, float(r["mbit_s"]), color=f"C{i}", alpha=0.75)
-            ax.text(x, float(r["mbit_s"]) + 0.5, f"{r['streams']}", ha="center", fontsize=6)
+            y = float(r["mbit_s"])
+            bx.bar(x, y, color=colors.get(r["tool"], "gray"), alpha=0.8, edgecolor="black", linewidth=0.5)
+            bx.text(x, y + 0.5, f"{r['streams'] or '?'} conn\n{r['share_pct']} %", ha="center", fontsize=6)
+            tools_seen.append(r["tool"])
             x += 1
         ticks.append((start + x - 1) / 2)
-        labels.append(case)
-        x += 1
-    ax.axhline(40, color="black", linewidth=1, alpha=0.5, label="bottleneck 40 Mbit/s")
-    ax.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5, label="one connection's window limit W/RTT")
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([lb.replace(" apps x 8", " x 8 conn") for lb in labels], fontsize=8)
-    ax.set_ylabel("throughput per application (Mbit/s)")
-    ax.set_title("PSockets fig. 6: applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=10)
-    ax.set_ylim(0, 45)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+        labels.append(case.replace(" beside 1", "\nbeside 1").replace(" (", "\n("))
+        x += 0.8
+    bx.set_xticks(ticks)
+    bx.set_xticklabels(labels, fontsize=7)
+    bx.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5)
+    bx.set_title("one application beside one single-connection transfer\n(text: connections, share of the pair)",
+                 fontsize=10)
+    bx.set_ylim(0, 45)
+    bx.grid(alpha=0.3, axis="y")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    names = {"xftp-pipe": "xftp send/recv", "iperf3": "iperf3 (memory to memory)", "globus-url-copy":
+             "globus-url-copy -p 8", "xftp-get": "xftp get -p 8", "xftp-get-auto": "xftp get -p auto",
+             "curl": "curl (one connection)"}
+    handles = [Patch(color=colors[t], alpha=0.8, label=names[t]) for t in dict.fromkeys(tools_seen)]
+    handles += [Line2D([], [], color="black", linewidth=1.5, label="fair share 40/k (left)"),
+                Line2D([], [], color="black", linestyle="--", alpha=0.5, label="one connection's window limit W/RTT")]
+    bx.legend(handles=handles, fontsize=7, loc="upper right")
+    fig.suptitle("PSockets fig. 6: applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
