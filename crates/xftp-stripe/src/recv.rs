@@ -21,7 +21,7 @@ use crate::{StreamStats, StripeError, TransferReport, WriteAt};
 const FILE_CHUNK: usize = 256 * 1024;
 /// Stream mode: the received part of a record is handed to the reader
 /// once this much is in (or at the record's end) ...
-const PUBLISH: usize = 1024 * 1024;
+const PUBLISH: usize = 256 * 1024;
 /// ... or, when the socket has nothing more for now, once this much is in.
 const PUBLISH_DRY: usize = 64 * 1024;
 /// Read buffer per connection: headers are small, so batch the syscalls.
