@@ -14,11 +14,15 @@ echo "# cc=$(cat /proc/sys/net/ipv4/tcp_congestion_control) cores=$(nproc)" >&2
 i=0
 while [ "$i" -lt "$REPEATS" ]; do
     "$BIN" tcp "$BYTES"
-    # 128 KiB is the library default (sized for long fat links, where the
-    # reorder cap must hold about N records); 1 MiB is cheaper per byte.
-    for rs in 131072 1048576; do
+    # "auto" is the library default (4 MiB records on one connection,
+    # 128 KiB on more); 1 MiB on every N for comparison.
+    for rs in auto 1048576; do
         for n in 1 4 16 128; do
-            PSBENCH_RECORD=$rs "$BIN" psock "$n" "$BYTES" | sed "s/^{/{\"record\":$rs,/"
+            if [ "$rs" = auto ]; then
+                "$BIN" psock "$n" "$BYTES" | sed 's/^{/{"record":"auto",/'
+            else
+                PSBENCH_RECORD=$rs "$BIN" psock "$n" "$BYTES" | sed "s/^{/{\"record\":$rs,/"
+            fi
         done
     done
     i=$((i + 1))
