@@ -14,7 +14,7 @@ echo "# cc=$(cat /proc/sys/net/ipv4/tcp_congestion_control) cores=$(nproc)" >&2
 i=0
 while [ "$i" -lt "$REPEATS" ]; do
     "$BIN" tcp "$BYTES"
-    # "auto" is the library default (4 MiB records on one connection,
+    # "auto" is the library default (1 MiB records on one connection,
     # 128 KiB on more); 1 MiB on every N for comparison.
     for rs in auto 1048576; do
         for n in 1 4 16 128; do

@@ -53,7 +53,7 @@ use handshake::Status;
 #[derive(Clone, Debug)]
 pub struct PsockConfig {
     /// Size of the records this side sends. `None` (the default) chooses
-    /// by the number of connections: up to 4 MiB on one, 128 KiB on more
+    /// by the number of connections: up to 1 MiB on one, 128 KiB on more
     /// (see [`PsockConfig::send_record`]).
     pub record_size: Option<u32>,
     /// Cap of the receive reorder buffer in bytes (default 16 MiB). It
@@ -94,7 +94,7 @@ impl PsockConfig {
     ///
     /// Without an explicit `record_size`: 128 KiB on two or more
     /// connections, and on one connection a quarter of the reorder cap
-    /// (a power of two, at most 4 MiB).
+    /// (a power of two, at most 1 MiB).
     ///
     /// A record costs a hand-off at each end, so larger records are
     /// cheaper on fast paths; but a transfer over several connections ends
@@ -122,7 +122,7 @@ impl PsockConfig {
 /// Automatic record size on two or more connections.
 const MULTI_RECORD: usize = 128 * 1024;
 /// Largest automatic record size on one connection.
-const SINGLE_RECORD_MAX: usize = 4 * 1024 * 1024;
+const SINGLE_RECORD_MAX: usize = 1024 * 1024;
 
 /// Why setting up or using a parallel stream failed.
 #[derive(Debug, thiserror::Error)]
@@ -182,8 +182,8 @@ mod tests {
     fn automatic_record_size_is_large_only_on_one_connection() {
         let cfg = PsockConfig::default(); // 16 MiB reorder cap
         let kib = |n| cfg.send_record(n) / 1024;
-        assert_eq!(kib(1), 4096);
-        assert_eq!(kib(0), 4096);
+        assert_eq!(kib(1), 1024);
+        assert_eq!(kib(0), 1024);
         assert_eq!(kib(2), 128);
         assert_eq!(kib(128), 128);
         let small = PsockConfig {

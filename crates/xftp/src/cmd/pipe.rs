@@ -32,7 +32,7 @@ pub struct Endpoint {
     #[arg(short = 'p', long = "parallel", value_name = "N", default_value_t = 4,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: u16,
-    /// Record size in bytes sent on the connections (default: 4 MiB on
+    /// Record size in bytes sent on the connections (default: 1 MiB on
     /// one connection, 128 KiB on more).
     #[arg(long, value_name = "BYTES",
           value_parser = clap::value_parser!(u32).range(1..=(8 << 20)))]
