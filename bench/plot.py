@@ -276,7 +276,8 @@ def fig6(rows, out):
     bx.axhline(8.74, color="black", linestyle="--", linewidth=1, alpha=0.5)
     bx.set_title("one application beside one single-connection transfer\n(text: connections, share of the pair)",
                  fontsize=10)
-    bx.set_ylim(0, 45)
+    # Headroom above the bars for the legend.
+    bx.set_ylim(0, 62)
     bx.grid(alpha=0.3, axis="y")
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -286,7 +287,7 @@ def fig6(rows, out):
     handles = [Patch(color=colors[t], alpha=0.8, label=names[t]) for t in dict.fromkeys(tools_seen)]
     handles += [Line2D([], [], color="black", linewidth=1.5, label="fair share 40/k (left)"),
                 Line2D([], [], color="black", linestyle="--", alpha=0.5, label="one connection's window limit W/RTT")]
-    bx.legend(handles=handles, fontsize=7, loc="upper right")
+    bx.legend(handles=handles, fontsize=7, loc="upper center", ncol=2)
     fig.suptitle("PSockets fig. 6: applications sharing 40 Mbit/s, 60 ms, W = 64 KiB", fontsize=11)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
