@@ -21,7 +21,7 @@ def read(path):
 def fig10(rows, out):
     # Must match exp_xftp_fig10 in bench/run.
     rate, rtt, window = 15.36e6, 0.056, 24576
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     sizes = sorted({int(r["size_bytes"]) for r in rows})
     ns = sorted({int(r["streams"]) for r in rows if r["tool"] == "iperf3"})
     markers = {"xftp-pipe": "o", "xftp-get": "D", "iperf3": "s", "globus-url-copy": "^"}
@@ -58,7 +58,8 @@ def fig10(rows, out):
                  + (f"\n{note}" if note else ""), fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # Outside the axes: inside, it covers the points at N = 12-16.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
