@@ -185,10 +185,11 @@ async fn handshake(
         Ok(g) => g,
         Err(status) => return refuse(s, status).await,
     };
+    let own = reply_record(cfg, &hello);
     let reply = Reply {
         status: Status::Ok,
         version,
-        record_size: reply_record(cfg, &hello),
+        record_size: own,
     };
     if let Err(e) = s.write_all(&reply.encode()).await {
         // The client is gone: its group can never complete.
@@ -219,7 +220,6 @@ async fn handshake(
     };
     if let Some(p) = complete {
         let conns: Vec<TcpStream> = p.slots.into_iter().flatten().flatten().collect();
-        let own = reply_record(cfg, &hello);
         let stream = PsockStream::from_group(conns, hello.session, cfg, own, p.record_size);
         if inner.ready.send(stream).await.is_err() {
             return Err(PsockError::Closed);
@@ -235,7 +235,8 @@ fn reply_record(cfg: &PsockConfig, hello: &Hello) -> u32 {
     let own = cfg.send_record(hello.count);
     match cfg.record_size {
         Some(_) => own,
-        None => own.min(hello.record_size.max(1)),
+        // Never 0: `Hello::decode` refuses a zero record size.
+        None => own.min(hello.record_size),
     }
 }
 

@@ -67,6 +67,7 @@ impl PsockStream {
             .next()
             .ok_or(PsockError::Invalid("address resolves to nothing"))?;
         let session = SessionId::random().map_err(PsockError::io("reading /dev/urandom"))?;
+        let own = cfg.send_record(n);
         let mut set = JoinSet::new();
         for index in 0..n {
             let hello = Hello {
@@ -75,7 +76,7 @@ impl PsockStream {
                 session,
                 index,
                 count: n,
-                record_size: cfg.send_record(n),
+                record_size: own,
             };
             let timeout = cfg.handshake_timeout;
             set.spawn(async move {
@@ -106,7 +107,6 @@ impl PsockStream {
             conns[index as usize] = Some(s);
         }
         let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
-        let own = cfg.send_record(n);
         Ok(Self::from_group(
             conns,
             session,

@@ -404,24 +404,23 @@ async fn conn_task<S: AsyncRead + Unpin>(
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
                 let mut b = BytesMut::with_capacity(count as usize);
-                // Offset of the first byte of `b` not yet handed over.
-                let mut at = offset;
+                // Bytes of the record not yet handed over; the first of
+                // them is at `offset + count - left`.
                 let mut left = count as usize;
                 // Hand the received part of a record over as it arrives:
                 // whenever a large piece is in, and whenever the socket runs
                 // dry, so the reader is not held up for a whole record on a
                 // slow connection. `split` keeps the remaining capacity: no
                 // copy, no new allocation.
-                let publish = |b: &mut BytesMut, at: &mut u64, left: &mut usize| {
+                let publish = |b: &mut BytesMut, left: &mut usize| {
+                    let at = offset + count - *left as u64;
                     let piece = b.split().freeze();
-                    let len = piece.len();
+                    *left -= piece.len();
                     let mut st = sh.lock();
                     if let Some(ro) = st.reorder.as_mut() {
-                        ro.map.insert(*at, piece);
+                        ro.map.insert(at, piece);
                     }
                     st.wake_app();
-                    *at += len as u64;
-                    *left -= len;
                 };
                 while left > 0 {
                     // Reads straight into the record, no zeroing pass; large
@@ -431,7 +430,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
                         Some(n) => n.map_err(closed)?,
                         None => {
                             if b.len() >= PUBLISH_DRY {
-                                publish(&mut b, &mut at, &mut left);
+                                publish(&mut b, &mut left);
                             }
                             let want = left - b.len();
                             r.read_buf(&mut (&mut b).limit(want))
@@ -443,7 +442,7 @@ async fn conn_task<S: AsyncRead + Unpin>(
                         return Err(StripeError::ClosedBeforeEod { conn: idx });
                     }
                     if b.len() == left || b.len() >= PUBLISH {
-                        publish(&mut b, &mut at, &mut left);
+                        publish(&mut b, &mut left);
                     }
                 }
             }
