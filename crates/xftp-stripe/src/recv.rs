@@ -337,16 +337,24 @@ async fn conn_task<S: AsyncRead + Unpin>(
             StripeError::io(Some(idx), &e)
         }
     };
-    // A connection that closes before its first byte carried nothing: it
-    // joined after the sender had finished. The EOF count still decides
-    // whether every connection the sender used has ended.
+    // A connection that ends before its first byte carried nothing: it
+    // joined after the sender had finished, and was closed (FIN) or, still
+    // queued on a listener the sender closed, reset. The EOF count still
+    // decides whether every connection the sender used has ended: if this
+    // one was used, the count cannot be met and the transfer fails.
     // Only for files: an ordered stream (psock) uses each connection in
     // both directions, and there a silent close is the peer going away.
     if sh.file.is_some() {
         match r.fill_buf().await {
             Ok([]) => return sh.lock().reasm.on_unused(idx),
             Ok(_) => {}
-            Err(e) => return Err(StripeError::io(Some(idx), &e)),
+            Err(e) => {
+                tracing::debug!(
+                    conn = idx,
+                    "data connection failed before its first byte: {e}"
+                );
+                return sh.lock().reasm.on_unused(idx);
+            }
         }
     }
     loop {

@@ -476,6 +476,39 @@ async fn late_unused_connection_is_ignored() {
     }
 }
 
+/// A connection the sender never used may also die with a reset before
+/// its first byte (the sender's listener closed with it still queued):
+/// that carried nothing either, and the EOF count still decides. The
+/// reset arrives while the transfer is still running.
+#[tokio::test]
+async fn unused_connection_reset_before_its_first_byte_is_ignored() {
+    let data = pattern(2 << 20, 11);
+    let (tx, mut rx) = tcp_pairs(2).await;
+    let (far, near) = tcp_pairs(1).await;
+    rx.extend(near);
+    for f in far {
+        // Linger 0: close with RST instead of FIN.
+        socket2::SockRef::from(&f)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(f);
+    }
+    let dst = Arc::new(MemFile::default());
+    let recv = Receiver::file(dst.clone(), Some(data.len() as u64), rx);
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    let (sent, got) = tokio::join!(
+        send_file(src, data.len() as u64, tx, &cfg),
+        tokio::time::timeout(Duration::from_secs(20), recv.finish())
+    );
+    let got = got.expect("receiver must not hang").unwrap();
+    assert_eq!(got.bytes, sent.unwrap().bytes);
+    assert_eq!(dst.to_vec(), data);
+}
+
 /// Ordered stream: the part of a large record that has arrived is readable
 /// before the rest of the record is sent (a slow connection does not hold
 /// the reader up for a whole record).
