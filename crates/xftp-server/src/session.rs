@@ -1422,6 +1422,9 @@ impl Session {
     }
 }
 
+/// See [`record_size_for`].
+const GROWTH_ROOM: usize = 8;
+
 #[derive(Debug, Clone, Copy)]
 enum ListKind {
     List,
@@ -1433,8 +1436,11 @@ enum ListKind {
 /// configured size, but small enough that every connection gets about two
 /// records (a 1 MB file over 16 connections would otherwise use only 4 of
 /// them), and never under 16 KiB, where headers and wake-ups start to cost.
+/// At least [`GROWTH_ROOM`] connections are assumed: a client choosing its
+/// count as it goes (`-p auto`) may raise it, and connections it adds
+/// help only while records are left to hand out.
 fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
-    let per = len / (2 * n.max(1) as u64);
+    let per = len / (2 * n.max(GROWTH_ROOM) as u64);
     per.clamp(16 * 1024, u64::from(configured.max(16 * 1024))) as u32
 }
 
@@ -1511,6 +1517,9 @@ mod tests {
     #[test]
     fn record_size_shrinks_for_small_files() {
         assert_eq!(record_size_for(1 << 30, 4, 256 * 1024), 256 * 1024);
+        // Room for a client that grows to 8 connections.
+        assert_eq!(record_size_for(2 << 20, 4, 256 * 1024), 128 * 1024);
+        assert_eq!(record_size_for(2 << 20, 1, 256 * 1024), 128 * 1024);
         assert_eq!(record_size_for(1_000_000, 16, 256 * 1024), 31_250);
         assert_eq!(record_size_for(1000, 16, 256 * 1024), 16 * 1024);
         assert_eq!(record_size_for(0, 0, 4096), 16 * 1024);

@@ -172,3 +172,40 @@ async fn stor_grows() {
         "content differs"
     );
 }
+
+/// Connections added after the sender handed out its last record carry
+/// nothing: the sender closes them (or its listener, closed at the end,
+/// resets them), and the download completes, whole, over the first one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retr_latecomers_after_the_last_record_are_harmless() {
+    let srv = start(|_| {}).await;
+    // Small enough to sit in the first connection's socket buffers at once.
+    let data = pattern(100_000, 5);
+    write(srv.dir.path(), "small", &data);
+    for round in 0..5 {
+        let mut c = Ctl::login(srv.addr).await;
+        c.cmd("MODE E", 200).await;
+        c.cmd("MULT 1", 200).await;
+        let port = epsv_port(&mut c).await;
+        let mut conns = vec![TcpStream::connect(("127.0.0.1", port)).await.unwrap()];
+        c.cmd("RETR small", 150).await;
+        c.cmd("MULT 3", 200).await;
+        for _ in 0..2 {
+            // Refused once the transfer is over and the listener gone.
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)).await {
+                conns.push(s);
+            }
+        }
+        let dst = Arc::new(MemFile::default());
+        let rep = tokio::time::timeout(
+            Duration::from_secs(20),
+            Receiver::file(dst.clone(), Some(data.len() as u64), conns).finish(),
+        )
+        .await
+        .expect("the receiver must not wait for unused connections")
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        c.expect(226).await;
+        assert!(dst.to_vec() == data, "round {round}: content differs");
+        assert_eq!(rep.bytes, data.len() as u64);
+    }
+}

@@ -389,24 +389,6 @@ impl Client {
                             log_step(s);
                         }
                     }
-                    let goodput = ctlr.history().last().map_or(0.0, |s| s.goodput_bps);
-                    let decision = match decision {
-                        Some(d)
-                            if d.streams > live.current
-                                && !late_growth_is_safe(
-                                    sample.remaining,
-                                    goodput,
-                                    live.current,
-                                    sample.rtt,
-                                ) =>
-                        {
-                            // Too late to grow now, and later too: keep the
-                            // controller (and the timeline) at the real count.
-                            ctlr.limit(live.current);
-                            None
-                        }
-                        d => d,
-                    };
                     if let Some(d) = decision {
                         let m = Cmd::with("MULT", d.streams.to_string());
                         self.ctl.send(&[&m]).await?;
@@ -475,41 +457,6 @@ impl Client {
     }
 }
 
-/// Payload a sending connection may hold beyond what is in flight: the
-/// record it is writing (256 KiB by default) and its unsent backlog
-/// ([`xftp_tune::sockbuf::NOTSENT_LOWAT`]), rounded up.
-const COMMITTED_PER_CONN: u64 = 512 << 10;
-
-/// Least time left, at the current goodput, for growth to be attempted.
-const GROW_MIN_SECS: f64 = 1.0;
-
-/// Whether connections may still be added. A connection that arrives after
-/// the sender has handed out its last record (and committed its EOF block)
-/// is dropped by the sender, and a receiver that already counted it fails
-/// the transfer (closed before its EOD). What the sender has handed out
-/// but the receiver not yet received is at most, per connection, the
-/// record being written and the unsent backlog ([`COMMITTED_PER_CONN`]),
-/// plus what is in flight (goodput × RTT). So growth needs more than that
-/// left: beyond the committed bytes, a second's worth at the current
-/// goodput (two RTTs' on longer paths); the
-/// controller's own "too little left" rule usually stops it earlier.
-fn late_growth_is_safe(
-    remaining: Option<u64>,
-    goodput_bps: f64,
-    conns: u32,
-    rtt: Option<Duration>,
-) -> bool {
-    let Some(r) = remaining else {
-        return true;
-    };
-    let committed = u64::from(conns.max(1)) * COMMITTED_PER_CONN;
-    if r <= committed {
-        return false;
-    }
-    let margin = rtt.map_or(GROW_MIN_SECS, |t| GROW_MIN_SECS.max(2.0 * t.as_secs_f64()));
-    goodput_bps <= 0.0 || (r - committed) as f64 * 8.0 / goodput_bps >= margin
-}
-
 /// Remove and return the oldest entry matching `f`.
 fn take(q: &mut VecDeque<(Pending, Instant)>, f: impl Fn(Pending) -> bool) -> Option<Pending> {
     let i = q.iter().position(|p| f(p.0))?;
@@ -547,28 +494,6 @@ pub(crate) fn timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn no_growth_near_the_end() {
-        let rtt = Some(Duration::from_millis(50));
-        assert!(late_growth_is_safe(None, 1e9, 4, rtt));
-        // 1 MiB left on 2 connections: all of it may be handed out.
-        assert!(!late_growth_is_safe(Some(1 << 20), 1e3, 2, rtt));
-        // Just under 2 MiB left on 2 connections at 0.5 Mbit/s (a
-        // satellite hop): half of it cannot have been handed out, and
-        // that half takes 16 s.
-        let sat = Some(Duration::from_millis(560));
-        assert!(late_growth_is_safe(Some((2 << 20) - 10_000), 5e5, 2, sat));
-        // ...but not on 4 connections.
-        assert!(!late_growth_is_safe(Some((2 << 20) - 10_000), 5e5, 4, sat));
-        // 64 MiB at 1 Gbit/s: half a second left.
-        assert!(!late_growth_is_safe(Some(64 << 20), 1e9, 4, rtt));
-        assert!(late_growth_is_safe(Some(16 << 20), 1e8, 4, rtt));
-        assert!(late_growth_is_safe(Some(8 << 20), 0.0, 4, rtt));
-        // A long RTT asks for two of them.
-        let long = Some(Duration::from_secs(2));
-        assert!(!late_growth_is_safe(Some(16 << 20), 1e8, 4, long));
-    }
 
     #[test]
     fn replies_are_told_apart_by_code() {
