@@ -55,6 +55,7 @@ fn forced_growth() -> AutoConfig {
             gain: -1.0,
             queue_delay_min: Duration::from_secs(3600),
             heavy_queue_min: Duration::from_secs(3600),
+            heavy_loss: f64::INFINITY,
             min_epoch: Duration::from_millis(200),
             ..TuneConfig::default()
         },

@@ -67,6 +67,10 @@ pub struct TuneConfig {
     pub heavy_queue_min: Duration,
     /// See `heavy_queue_min`.
     pub heavy_queue_fraction: f64,
+    /// Retransmitted/sent segments in an epoch that veto growth whatever
+    /// the queueing delay (also 3 × the lowest loss rate seen, so a path
+    /// with that much random loss can still grow).
+    pub heavy_loss: f64,
     /// Shortest epoch.
     pub min_epoch: Duration,
     /// Epoch length in RTTs (of the RTT floor).
@@ -87,6 +91,7 @@ impl Default for TuneConfig {
             queue_delay_fraction: 0.05,
             heavy_queue_min: Duration::from_millis(5),
             heavy_queue_fraction: 0.5,
+            heavy_loss: 0.01,
             min_epoch: Duration::from_millis(300),
             epoch_rtts: 3.0,
             probe_epochs: 8,
@@ -131,6 +136,8 @@ pub enum Reason {
     Probe,
     /// Too little left to be worth new connections.
     TooLittleLeft,
+    /// Heavy loss: a full queue, however short; no growth.
+    HeavyLoss,
     /// Waiting after a reduction for the queue to drain.
     Hold,
 }
@@ -323,6 +330,11 @@ impl Controller {
             }
             _ => false,
         };
+        // A router queue much shorter than the RTT overflows long before
+        // the queueing delay shows against a long RTT (8 packets at T1 rate
+        // are 62 ms against 560): one segment in a hundred lost says the
+        // same, and no random-loss path worth striping loses that much.
+        let heavy_loss = loss > self.cfg.heavy_loss.max(3.0 * floor);
         let little_left = s
             .remaining
             .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
@@ -331,7 +343,12 @@ impl Controller {
         // above the threshold: a small router queue overflows with almost
         // no queueing delay, and its losses are the warning.
         let clean = !queueing && loss <= self.cfg.loss_threshold;
-        let (next, reason) = self.decide(goodput, overflow, heavy_queue, clean, little_left);
+        let veto = match (heavy_queue, heavy_loss) {
+            (true, _) => Some(Reason::NoGain),
+            (false, true) => Some(Reason::HeavyLoss),
+            (false, false) => None,
+        };
+        let (next, reason) = self.decide(goodput, overflow, veto, clean, little_left);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
             streams: self.n,
@@ -361,12 +378,12 @@ impl Controller {
         &mut self,
         g: f64,
         overflow: bool,
-        queueing: bool,
+        veto: Option<Reason>,
         clean: bool,
         little_left: bool,
     ) -> (u32, Reason) {
-        // `queueing` here is the heavy-queue veto on growth; `clean` (no
-        // queue, no loss) allows fast growth.
+        // `veto` (a heavy queue or heavy loss, with its reason) stops
+        // growth; `clean` (no queue, no loss) allows fast growth.
         let min = self.cfg.min_streams.max(1);
         if self.hold > 0 {
             self.hold -= 1;
@@ -418,14 +435,14 @@ impl Controller {
                 });
                 let factor = if linear && clean { 4 } else { 2 };
                 let target = self.grow_target(factor);
-                if little_left || target == self.n || queueing {
+                if little_left || target == self.n || veto.is_some() {
                     self.phase = Phase::Steady;
                     self.settled = Some(g);
                     self.before = None;
                     let why = if little_left {
                         Reason::TooLittleLeft
                     } else {
-                        Reason::NoGain
+                        veto.unwrap_or(Reason::NoGain)
                     };
                     return (self.n, why);
                 }
@@ -436,7 +453,7 @@ impl Controller {
                 let settled = self.settled.get_or_insert(g);
                 let low = g < *settled * 0.6;
                 *settled = 0.75 * *settled + 0.25 * g;
-                if low && !queueing {
+                if low && veto.is_none() {
                     self.low_epochs += 1;
                 } else {
                     self.low_epochs = 0;
@@ -453,6 +470,9 @@ impl Controller {
                     self.phase = Phase::Grow;
                     self.before = Some((self.n, g));
                     return (self.grow_target(2), Reason::Degraded);
+                }
+                if let Some(why) = veto {
+                    return (self.n, why);
                 }
                 if self.quiet_epochs >= self.cfg.probe_epochs {
                     self.quiet_epochs = 0;
@@ -725,6 +745,35 @@ mod tests {
         feed(&mut c, &mut f, 3, 13e6, 0.0, 56);
         feed(&mut c, &mut f, 6, 9e6, 0.03, 62);
         assert!(c.streams() <= 4, "{:?}", c.history());
+    }
+
+    #[test]
+    fn heavy_loss_stops_growth_before_the_queue_shows() {
+        // Satellite-like at a tenth of the RTT: 8 packets of queue are
+        // 6 ms against 56 ms, below the queueing threshold, but the step
+        // to 8 connections loses 8 % of its segments: stop there, and do
+        // not probe upward while the loss lasts.
+        let mut c = Controller::new(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        // The epoch starts at the first sample.
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 1, 1.7e6, 0.0, 56);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        feed(&mut c, &mut f, 1, 3.9e6, 0.085, 57);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        assert_eq!(
+            c.history().last().map(|s| s.reason),
+            Some(Reason::HeavyLoss)
+        );
+        feed(&mut c, &mut f, 20, 9e6, 0.05, 57);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        // The same gains without the loss: growth goes on.
+        let mut c = Controller::new(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 1, 1.7e6, 0.0, 56);
+        feed(&mut c, &mut f, 1, 3.9e6, 0.0, 57);
+        assert!(c.streams() > 8, "{:?}", c.history());
     }
 
     #[test]
