@@ -32,7 +32,9 @@
 //!    settled level for two epochs without queueing, conditions changed:
 //!    grow again. Every `probe_epochs` quiet epochs, try +25 %.
 //! 4. Never grow when what is left of the transfer would finish within two
-//!    epochs: new connections would spend it in slow start.
+//!    epochs and two RTTs: new connections would arrive too late (the MULT
+//!    exchange and their handshake take two RTTs) and spend the rest in
+//!    slow start.
 //!
 //! A count known to be good for the path (the cache's best) starts in
 //! *Steady* ([`Controller::settled`]): no growth phase, only the probes
@@ -335,9 +337,13 @@ impl Controller {
         // are 62 ms against 560): one segment in a hundred lost says the
         // same, and no random-loss path worth striping loses that much.
         let heavy_loss = loss > self.cfg.heavy_loss.max(3.0 * floor);
+        // New connections carry data only about two RTTs after the
+        // decision (the MULT exchange, then their handshake).
+        let arrive = self.floor.map_or(0.0, |f| 2.0 * f.as_secs_f64());
+        let worth = 2.0 * self.epoch_len().as_secs_f64() + arrive;
         let little_left = s
             .remaining
-            .is_some_and(|rem| (rem as f64 * 8.0) < goodput * 2.0 * self.epoch_len().as_secs_f64());
+            .is_some_and(|rem| (rem as f64 * 8.0) < goodput * worth);
 
         // Fast growth only on a path that shows neither a queue nor loss
         // above the threshold: a small router queue overflows with almost
@@ -829,6 +835,32 @@ mod tests {
             c.history().last().map(|s| s.reason),
             Some(Reason::TooLittleLeft)
         );
+    }
+
+    #[test]
+    fn growth_must_pay_for_the_two_rtts_new_connections_take() {
+        // 100 ms RTT: epochs of 300 ms, new connections carry data from
+        // 200 ms after the decision. 0.7 s of the transfer left is more
+        // than two epochs but less than two epochs and two RTTs.
+        for (left_s, grows) in [(0.7, false), (0.9, true)] {
+            let mut c = Controller::new(TuneConfig::default(), 4);
+            let bps = 8e6;
+            let mut bytes = 0u64;
+            let mut d = None;
+            for i in 0..=7u64 {
+                if i > 0 {
+                    bytes += (bps / 8.0 * 0.05) as u64;
+                }
+                d = d.or(c.on_sample(Sample {
+                    at: Duration::from_millis(50 * i),
+                    bytes,
+                    rtt: Some(Duration::from_millis(100)),
+                    remaining: Some((bps / 8.0 * left_s) as u64),
+                    ..Sample::default()
+                }));
+            }
+            assert_eq!(d.is_some(), grows, "{left_s} s left: {:?}", c.history());
+        }
     }
 
     #[test]
