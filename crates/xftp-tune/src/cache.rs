@@ -165,14 +165,23 @@ pub fn start_for_rtt(rtt: Duration) -> u32 {
     }
 }
 
+/// RTT under which one autotuned connection fills the path: the kernel's
+/// windows of megabytes fill 10 Gbit/s at 5 ms. The handshake's one RTT
+/// sample also reads jitter of a millisecond or two.
+pub const SHORT_PATH: Duration = Duration::from_millis(5);
+
+/// The same with a window fixed by `--bufsize`.
+pub const SHORT_PATH_WINDOWED: Duration = Duration::from_millis(2);
+
 /// Records within this fraction of the best throughput count as equal.
 const BEST_WITHIN: f64 = 0.05;
 
 /// The starting number of connections, and why.
 ///
 /// MFTP picks N from `Tp = k·N·W'/D` (throughput, window, delay). With a
-/// cached best N for this destination, start there. Without one, a path
-/// whose RTT is under 2 ms is filled by one connection; a longer path
+/// cached best N for this destination, start there. Without one, a short
+/// path is filled by one connection ([`SHORT_PATH`], or
+/// [`SHORT_PATH_WINDOWED`] with a fixed window); a longer path
 /// starts from more the longer it is ([`start_for_rtt`]) and the
 /// controller grows from there.
 pub fn initial_streams(
@@ -191,8 +200,13 @@ pub fn initial_streams(
             ),
         );
     }
+    let short = if window.is_some() {
+        SHORT_PATH_WINDOWED
+    } else {
+        SHORT_PATH
+    };
     match rtt {
-        Some(r) if r < Duration::from_millis(2) => (
+        Some(r) if r < short => (
             1,
             format!(
                 "RTT {:.2} ms: one connection fills a short path",
@@ -307,6 +321,15 @@ mod tests {
         assert_eq!(
             initial_streams(Some(Duration::from_micros(300)), None, None, 32).0,
             1
+        );
+        // A jittery handshake sample of a 1 ms path.
+        assert_eq!(
+            initial_streams(Some(Duration::from_micros(2800)), None, None, 32).0,
+            1
+        );
+        assert_eq!(
+            initial_streams(Some(Duration::from_micros(2800)), Some(65536), None, 32).0,
+            2
         );
         assert_eq!(
             initial_streams(Some(Duration::from_millis(20)), None, None, 32).0,
