@@ -167,6 +167,14 @@ pub struct Client {
     buf_in_force: Option<InForce>,
     /// The controller of the last adaptive transfer.
     last_controller: Option<Controller>,
+    /// The connections asked for when the server refused MULT.
+    mult_refused: Option<u32>,
+    /// GridFTP parallelism in force for RETR (`OPTS RETR Parallelism`),
+    /// once negotiated; `Some(1)` when it was refused.
+    gridftp_retr: Option<u32>,
+    /// The greeting names GridFTP: worth reading the login's replies
+    /// before the first transfer to learn whether to use its parallelism.
+    greets_gridftp: bool,
 }
 
 /// A login sent but whose replies are not read yet.
@@ -218,6 +226,10 @@ impl Client {
         if r.code != 220 {
             return Err(unexpected(&greet, &r));
         }
+        let greets_gridftp = r
+            .lines
+            .iter()
+            .any(|l| l.to_ascii_lowercase().contains("gridftp"));
         Ok(Client {
             ctl,
             cfg,
@@ -233,6 +245,9 @@ impl Client {
             buf_reply: None,
             buf_in_force: None,
             last_controller: None,
+            mult_refused: None,
+            gridftp_retr: None,
+            greets_gridftp,
         })
     }
 
@@ -466,6 +481,7 @@ impl Client {
                 }
             } else if r.is_failure() {
                 self.granted = 1;
+                self.mult_refused = Some(want);
                 self.notices
                     .push("server does not support MULT; using 1 connection".into());
                 return Ok(true);
@@ -508,6 +524,9 @@ impl Client {
         let tmp = temp_next_to(local)?;
         let start = Instant::now();
         self.auto_prelude().await?;
+        if let Some(n) = self.gridftp_parallel().await? {
+            return self.download_gridftp(remote, local, tmp, start, n).await;
+        }
         let c_size = Cmd::with("SIZE", remote);
         let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
@@ -842,6 +861,170 @@ impl Client {
         let c = Cmd::bare("QUIT");
         let _ = self.send(&[&c]).await;
         self.ctl.shutdown().await;
+    }
+
+    // ---- GridFTP parallelism ----
+
+    /// Against a GridFTP server (no MULT; FEAT lists SPAS or SPOR) when
+    /// more than one connection was asked for: switch to MODE E and ask
+    /// for that many with `OPTS RETR Parallelism=n,n,n;`, as
+    /// globus-url-copy does. The server then opens the connections to our
+    /// port (in MODE E the sender connects). Returns the count, or `None`
+    /// to go on with one connection.
+    async fn gridftp_parallel(&mut self) -> Result<Option<u32>> {
+        if self.gridftp_retr == Some(1) {
+            return Ok(None);
+        }
+        if self.cfg.data_mode == DataMode::Mprt {
+            return Ok(None);
+        }
+        let unsettled = self.pending_login.is_some() || self.pending_prelude.is_some();
+        if unsettled {
+            // Reading the login's replies now costs a round trip (the
+            // transfer's first commands would have gone with them), so
+            // only where the greeting says GridFTP.
+            if !self.greets_gridftp {
+                return Ok(None);
+            }
+            self.settle().await?;
+        }
+        let Some(want) = self.mult_refused.filter(|&w| w > 1) else {
+            return Ok(None);
+        };
+        if self.gridftp_retr.is_some() {
+            return self.enter_gridftp_parallel(want).await;
+        }
+        let feat = match self.features.clone() {
+            Some(f) => f,
+            None => self.features().await?,
+        };
+        if !feat.gridftp {
+            self.gridftp_retr = Some(1);
+            return Ok(None);
+        }
+        self.enter_gridftp_parallel(want).await
+    }
+
+    /// `MODE E` and `OPTS RETR Parallelism` for one download (each GridFTP
+    /// download switches back to `MODE S` afterwards, so listings and
+    /// uploads stay in stream mode).
+    async fn enter_gridftp_parallel(&mut self, want: u32) -> Result<Option<u32>> {
+        let mode = Cmd::with("MODE", "E");
+        let opts = Cmd::with("OPTS", format!("RETR Parallelism={want},{want},{want};"));
+        self.send(&[&mode, &opts]).await?;
+        let (rm, ro) = (self.ctl.read_reply().await?, self.ctl.read_reply().await?);
+        for (c, r) in [(&mode, &rm), (&opts, &ro)] {
+            if !r.is_success() && !r.is_failure() {
+                return Err(unexpected(c, r));
+            }
+        }
+        let n = if rm.is_success() && ro.is_success() {
+            if self.gridftp_retr.is_none() {
+                self.notices
+                    .retain(|m| !m.starts_with("server does not support MULT"));
+                self.notices.push(format!(
+                    "GridFTP server: {want} parallel connections (OPTS RETR Parallelism) for downloads"
+                ));
+            }
+            want
+        } else {
+            if rm.is_success() {
+                self.leave_mode_e().await?;
+            }
+            tracing::info!(
+                "GridFTP parallelism refused: {} {} / {} {}",
+                rm.code,
+                reply_text(&rm),
+                ro.code,
+                reply_text(&ro)
+            );
+            1
+        };
+        self.gridftp_retr = Some(n);
+        Ok((n > 1).then_some(n))
+    }
+
+    /// Back to stream mode after a GridFTP parallel download.
+    async fn leave_mode_e(&mut self) -> Result<()> {
+        let c = Cmd::with("MODE", "S");
+        self.send(&[&c]).await?;
+        self.ctl.expect(&c, &[200]).await?;
+        Ok(())
+    }
+
+    /// RETR from a GridFTP server with `n` parallel connections: announce
+    /// a port, accept the server's connections as they come (it may open
+    /// fewer than asked) and let the MODE E EOF count decide the end.
+    async fn download_gridftp(
+        &mut self,
+        remote: &str,
+        local: &Path,
+        tmp: tempfile::NamedTempFile,
+        start: Instant,
+        n: u32,
+    ) -> Result<TransferReport> {
+        let listener = self.listen().await?;
+        let addr = listener.local_addr().map_err(ClientError::DataIo)?;
+        let c_size = Cmd::with("SIZE", remote);
+        let size_reply = self.announce_port(addr, Some(&c_size)).await?;
+        let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        let c_retr = Cmd::with("RETR", remote);
+        self.ctl.send(&[&c_retr]).await?;
+        self.expect_preliminary(&c_retr).await?;
+        let (peer, t) = (self.ctl.peer().ip(), self.cfg.data_timeout);
+        let first = accept_from(&listener, peer, t).await?;
+        self.note_buffers(std::slice::from_ref(&first));
+        let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+        let dog = Watchdog::new(self.cfg.data_timeout);
+        let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, vec![dog.guard(first)]);
+        let ctl = rx.control();
+        let more = async {
+            for _ in 1..n {
+                match accept_from(&listener, peer, t).await {
+                    Ok(s) => {
+                        if ctl.add_connection(dog.guard(s)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!("no more GridFTP data connections: {e}");
+                        break;
+                    }
+                }
+            }
+            // The transfer decides when it is over, not this loop.
+            std::future::pending::<std::convert::Infallible>().await
+        };
+        let report = tokio::select! {
+            r = rx.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
+            never = more => match never {},
+        };
+        self.expect_complete(&c_retr).await?;
+        self.leave_mode_e().await?;
+        let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
+        let bytes: u64 = per_stream.iter().sum();
+        if let Some(exp) = expected {
+            if exp != bytes {
+                return Err(ClientError::ShortTransfer {
+                    expected: exp,
+                    got: bytes,
+                });
+            }
+        }
+        finish_temp(tmp, local)?;
+        let used = per_stream.len() as u32;
+        self.start = Some((
+            n,
+            format!("GridFTP server without MULT: OPTS RETR Parallelism={n}"),
+            false,
+        ));
+        let timeline = self.timeline(false, used);
+        Ok(TransferReport {
+            bytes,
+            per_stream_bytes: per_stream,
+            elapsed: start.elapsed(),
+            timeline: Some(timeline),
+        })
     }
 
     // ---- data connections ----

@@ -1,6 +1,7 @@
 //! Interop: `xftp get/put/ls` against globus-gridftp-server used as a plain
 //! FTP server (a second stock server nobody here wrote). It refuses MULT,
-//! so `-p 4` must fall back to one connection. Skips with a message when the
+//! so `-p 4` uses GridFTP's own parallelism for downloads and one
+//! connection for uploads. Skips with a message when the
 //! server is missing or we are not root (its anonymous user needs setuid),
 //! but fails instead when XFTP_REQUIRE_PEERS=1.
 
@@ -152,15 +153,38 @@ fn gridftp_server_as_a_stock_ftp_server() {
         }
     }
 
-    // A multi-stream request against a server without MULT.
-    let url = format!("{base}/f1048583.bin");
+    // A multi-stream download from a server without MULT: GridFTP's own
+    // parallelism (MODE E, OPTS RETR Parallelism, the server connects).
+    let big = "big.bin";
+    write_prng_file(&srv.join(big), 6 * 1024 * 1024 + 3, 77);
+    let url = format!("{base}/{big}");
     let out = xftp(&["get", &url, "m.bin", "-p", "4", "--json"], &local);
     let j = ok_json(&out, "get -p 4");
-    assert_eq!(j["streams"], 1);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("does not support MULT"));
+    assert_eq!(j["streams"], 4, "{j}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("GridFTP server: 4 parallel"), "{stderr}");
+    assert!(!stderr.contains("does not support MULT"), "{stderr}");
     assert_eq!(
         sha256_file(&local.join("m.bin")),
-        sha256_file(&srv.join("f1048583.bin"))
+        sha256_file(&srv.join(big))
+    );
+    // Uploads stay on one connection.
+    let out = xftp(
+        &[
+            "put",
+            "m.bin",
+            &format!("{base}/up-m.bin"),
+            "-p",
+            "4",
+            "--json",
+        ],
+        &local,
+    );
+    let j = ok_json(&out, "put -p 4");
+    assert_eq!(j["streams"], 1, "{j}");
+    assert_eq!(
+        sha256_file(&srv.join("up-m.bin")),
+        sha256_file(&srv.join(big))
     );
 
     // Listing, and a missing file.
@@ -174,4 +198,51 @@ fn gridftp_server_as_a_stock_ftp_server() {
     let out = xftp(&["get", &format!("{base}/missing.bin")], &local);
     assert!(!out.status.success());
     assert!(!local.join("missing.bin").exists());
+}
+
+/// One session of the library: a parallel GridFTP download switches the
+/// session to MODE E and back, so a listing, a second download and an
+/// upload that follow still work.
+#[test]
+fn gridftp_parallel_download_leaves_the_session_usable() {
+    if !usable("gridftp_parallel_download_leaves_the_session_usable") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let srv = tmp.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).unwrap();
+    write_prng_file(&srv.join("a.bin"), 3 * 1024 * 1024 + 1, 91);
+    let want = sha256_file(&srv.join("a.bin"));
+    let server = start(&tmp.path().join("gridftp.log"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = xftp_client::ClientConfig {
+            streams: 3,
+            ..xftp_client::ClientConfig::default()
+        };
+        let mut c = xftp_client::Client::connect("127.0.0.1", server.port, cfg)
+            .await
+            .unwrap();
+        c.login_pipelined(None, None).await.unwrap();
+        let remote = format!("{}/a.bin", srv.display());
+        for round in 0..2 {
+            let dst = tmp.path().join(format!("got{round}"));
+            let r = c.download(&remote, &dst).await.unwrap();
+            assert_eq!(r.per_stream_bytes.len(), 3, "round {round}");
+            assert_eq!(sha256_file(&dst), want, "round {round}");
+            let listing = c.list(Some(&srv.display().to_string())).await.unwrap();
+            assert!(
+                String::from_utf8_lossy(&listing).contains("a.bin"),
+                "round {round}: {}",
+                String::from_utf8_lossy(&listing)
+            );
+        }
+        let up = format!("{}/up.bin", srv.display());
+        let r = c.upload(&tmp.path().join("got0"), &up).await.unwrap();
+        assert_eq!(r.bytes, 3 * 1024 * 1024 + 1);
+        c.quit().await;
+    });
+    assert_eq!(sha256_file(&srv.join("up.bin")), want);
 }
