@@ -132,6 +132,24 @@ mod tests {
                 .collect(),
         );
         assert!(!features(&stock).mult && !features(&stock).mode_e);
+        assert!(!features(&ours).gridftp && !features(&stock).gridftp);
+        // globus-gridftp-server's FEAT (abridged).
+        let gridftp = Reply::multi(
+            211,
+            [
+                "Extensions supported",
+                " MLST Type*;Size*;Modify*;",
+                " SPAS",
+                " SPOR",
+                " PASV AllowDelayed;",
+                "End.",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
+        let g = features(&gridftp);
+        assert!(g.gridftp && !g.mult, "{g:?}");
         assert_eq!(
             features(&r(500, "FEAT not understood")),
             Features::default()
