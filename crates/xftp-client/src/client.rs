@@ -525,7 +525,12 @@ impl Client {
         let start = Instant::now();
         self.auto_prelude().await?;
         if let Some(n) = self.gridftp_parallel().await? {
-            return self.download_gridftp(remote, local, tmp, start, n).await;
+            let r = self.download_gridftp(remote, local, tmp, start, n).await;
+            if r.is_err() {
+                // Best effort: leave the session in stream mode.
+                let _ = self.leave_mode_e().await;
+            }
+            return r;
         }
         let c_size = Cmd::with("SIZE", remote);
         let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;

@@ -198,6 +198,15 @@ fn gridftp_server_as_a_stock_ftp_server() {
     let out = xftp(&["get", &format!("{base}/missing.bin")], &local);
     assert!(!out.status.success());
     assert!(!local.join("missing.bin").exists());
+    // The same through the parallel path: a clear failure, no file.
+    let out = xftp(&["get", &format!("{base}/missing.bin"), "-p", "4"], &local);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("RETR"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!local.join("missing.bin").exists());
 }
 
 /// One session of the library: a parallel GridFTP download switches the
