@@ -576,23 +576,8 @@ impl Client {
             self.expect_complete(&c_retr).await?;
             v
         };
-        let bytes: u64 = per_stream.iter().sum();
-        if let Some(exp) = expected {
-            if exp != bytes {
-                return Err(ClientError::ShortTransfer {
-                    expected: exp,
-                    got: bytes,
-                });
-            }
-        }
-        finish_temp(tmp, local)?;
         let timeline = self.timeline(adaptive, n);
-        Ok(TransferReport {
-            bytes,
-            per_stream_bytes: per_stream,
-            elapsed: start.elapsed(),
-            timeline: Some(timeline),
-        })
+        complete_download(per_stream, expected, tmp, local, start, timeline)
     }
 
     /// Upload `local` to `remote`. The bytes sent must equal the local
@@ -1007,29 +992,13 @@ impl Client {
         self.expect_complete(&c_retr).await?;
         self.leave_mode_e().await?;
         let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
-        let bytes: u64 = per_stream.iter().sum();
-        if let Some(exp) = expected {
-            if exp != bytes {
-                return Err(ClientError::ShortTransfer {
-                    expected: exp,
-                    got: bytes,
-                });
-            }
-        }
-        finish_temp(tmp, local)?;
-        let used = per_stream.len() as u32;
         self.start = Some((
             n,
             format!("GridFTP server without MULT: OPTS RETR Parallelism={n}"),
             false,
         ));
-        let timeline = self.timeline(false, used);
-        Ok(TransferReport {
-            bytes,
-            per_stream_bytes: per_stream,
-            elapsed: start.elapsed(),
-            timeline: Some(timeline),
-        })
+        let timeline = self.timeline(false, per_stream.len() as u32);
+        complete_download(per_stream, expected, tmp, local, start, timeline)
     }
 
     // ---- data connections ----
@@ -1343,6 +1312,34 @@ impl Client {
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
+}
+
+/// The end of a download: the bytes must match the announced size; then
+/// the temporary file takes the target's name.
+fn complete_download(
+    per_stream: Vec<u64>,
+    expected: Option<u64>,
+    tmp: tempfile::NamedTempFile,
+    local: &Path,
+    start: Instant,
+    timeline: Timeline,
+) -> Result<TransferReport> {
+    let bytes: u64 = per_stream.iter().sum();
+    if let Some(exp) = expected {
+        if exp != bytes {
+            return Err(ClientError::ShortTransfer {
+                expected: exp,
+                got: bytes,
+            });
+        }
+    }
+    finish_temp(tmp, local)?;
+    Ok(TransferReport {
+        bytes,
+        per_stream_bytes: per_stream,
+        elapsed: start.elapsed(),
+        timeline: Some(timeline),
+    })
 }
 
 /// A stalled connection surfaces as a timeout; the rest keeps the engine's words.
