@@ -169,9 +169,14 @@ pub struct Client {
     last_controller: Option<Controller>,
     /// The connections asked for when the server refused MULT.
     mult_refused: Option<u32>,
-    /// GridFTP parallelism in force for RETR (`OPTS RETR Parallelism`),
-    /// once negotiated; `Some(1)` when it was refused.
-    gridftp_retr: Option<u32>,
+    /// Whether the server is a GridFTP server (FEAT lists SPAS or SPOR),
+    /// once known.
+    gridftp: Option<bool>,
+    /// The GridFTP server refused `OPTS RETR Parallelism` (or MODE E):
+    /// downloads use one connection.
+    gridftp_retr_refused: bool,
+    /// The user was told about GridFTP parallelism.
+    gridftp_told: bool,
     /// The greeting names GridFTP: worth reading the login's replies
     /// before the first transfer to learn whether to use its parallelism.
     greets_gridftp: bool,
@@ -246,7 +251,9 @@ impl Client {
             buf_in_force: None,
             last_controller: None,
             mult_refused: None,
-            gridftp_retr: None,
+            gridftp: None,
+            gridftp_retr_refused: false,
+            gridftp_told: false,
             greets_gridftp,
         })
     }
@@ -595,6 +602,35 @@ impl Client {
         let len = meta.len();
         let start = Instant::now();
         self.auto_prelude().await?;
+        let Some(n) = self.gridftp_upload().await? else {
+            return self.upload_body(file, len, local, remote, start).await;
+        };
+        // One upload with n connections in MODE E, then back to MODE S.
+        let plain = (self.granted, self.mode_e);
+        (self.granted, self.mode_e) = (n, true);
+        let r = self.upload_body(file, len, local, remote, start).await;
+        (self.granted, self.mode_e) = plain;
+        match r {
+            Ok(rep) => {
+                self.leave_mode_e().await?;
+                Ok(rep)
+            }
+            Err(e) => {
+                let _ = self.leave_mode_e().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The transfer part of [`Client::upload`].
+    async fn upload_body(
+        &mut self,
+        file: std::fs::File,
+        len: u64,
+        local: &Path,
+        remote: &str,
+        start: Instant,
+    ) -> Result<TransferReport> {
         let (_, setup) = self.prepare_data(false, None).await?;
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
@@ -855,17 +891,10 @@ impl Client {
 
     // ---- GridFTP parallelism ----
 
-    /// Against a GridFTP server (no MULT; FEAT lists SPAS or SPOR) when
-    /// more than one connection was asked for: switch to MODE E and ask
-    /// for that many with `OPTS RETR Parallelism=n,n,n;`, as
-    /// globus-url-copy does. The server then opens the connections to our
-    /// port (in MODE E the sender connects). Returns the count, or `None`
-    /// to go on with one connection.
-    async fn gridftp_parallel(&mut self) -> Result<Option<u32>> {
-        if self.gridftp_retr == Some(1) {
-            return Ok(None);
-        }
-        if self.cfg.data_mode == DataMode::Mprt {
+    /// The connections to use with a GridFTP server (no MULT; FEAT lists
+    /// SPAS or SPOR) when more than one was asked for; `None` otherwise.
+    async fn gridftp_want(&mut self) -> Result<Option<u32>> {
+        if self.gridftp == Some(false) || self.cfg.data_mode == DataMode::Mprt {
             return Ok(None);
         }
         let unsettled = self.pending_login.is_some() || self.pending_prelude.is_some();
@@ -881,18 +910,69 @@ impl Client {
         let Some(want) = self.mult_refused.filter(|&w| w > 1) else {
             return Ok(None);
         };
-        if self.gridftp_retr.is_some() {
-            return self.enter_gridftp_parallel(want).await;
+        if self.gridftp.is_none() {
+            let feat = match self.features.clone() {
+                Some(f) => f,
+                None => self.features().await?,
+            };
+            self.gridftp = Some(feat.gridftp);
         }
-        let feat = match self.features.clone() {
-            Some(f) => f,
-            None => self.features().await?,
-        };
-        if !feat.gridftp {
-            self.gridftp_retr = Some(1);
+        Ok((self.gridftp == Some(true)).then_some(want))
+    }
+
+    /// Tell the user once that GridFTP parallelism is in use.
+    fn tell_gridftp(&mut self, n: u32) {
+        if !self.gridftp_told {
+            self.gridftp_told = true;
+            self.notices
+                .retain(|m| !m.starts_with("server does not support MULT"));
+            self.notices.push(format!(
+                "GridFTP server: {n} parallel connections in MODE E (OPTS RETR Parallelism for downloads)"
+            ));
+        }
+    }
+
+    /// For a download from a GridFTP server: switch to MODE E and ask for
+    /// more connections with `OPTS RETR Parallelism=n,n,n;`, as
+    /// globus-url-copy does. The server then opens the connections to our
+    /// port (in MODE E the sender connects). Returns the count, or `None`
+    /// to go on with one connection.
+    async fn gridftp_parallel(&mut self) -> Result<Option<u32>> {
+        if self.gridftp_retr_refused {
             return Ok(None);
         }
-        self.enter_gridftp_parallel(want).await
+        match self.gridftp_want().await? {
+            Some(want) => self.enter_gridftp_parallel(want).await,
+            None => Ok(None),
+        }
+    }
+
+    /// For an upload to a GridFTP server in passive mode: MODE E, so that
+    /// the client, the sender, opens as many connections as it likes and
+    /// announces their number in its EOF block.
+    async fn gridftp_upload(&mut self) -> Result<Option<u32>> {
+        if self.cfg.data_mode != DataMode::Passive {
+            return Ok(None);
+        }
+        let Some(want) = self.gridftp_want().await? else {
+            return Ok(None);
+        };
+        let mode = Cmd::with("MODE", "E");
+        self.send(&[&mode]).await?;
+        let r = self.ctl.read_reply().await?;
+        if r.is_success() {
+            self.tell_gridftp(want);
+            Ok(Some(want))
+        } else if r.is_failure() {
+            tracing::info!(
+                "GridFTP server refused MODE E: {} {}",
+                r.code,
+                reply_text(&r)
+            );
+            Ok(None)
+        } else {
+            Err(unexpected(&mode, &r))
+        }
     }
 
     /// `MODE E` and `OPTS RETR Parallelism` for one download (each GridFTP
@@ -909,15 +989,10 @@ impl Client {
             }
         }
         let n = if rm.is_success() && ro.is_success() {
-            if self.gridftp_retr.is_none() {
-                self.notices
-                    .retain(|m| !m.starts_with("server does not support MULT"));
-                self.notices.push(format!(
-                    "GridFTP server: {want} parallel connections (OPTS RETR Parallelism) for downloads"
-                ));
-            }
+            self.tell_gridftp(want);
             want
         } else {
+            self.gridftp_retr_refused = true;
             if rm.is_success() {
                 self.leave_mode_e().await?;
             }
@@ -930,7 +1005,6 @@ impl Client {
             );
             1
         };
-        self.gridftp_retr = Some(n);
         Ok((n > 1).then_some(n))
     }
 
@@ -1208,8 +1282,21 @@ impl Client {
     }
 
     /// 226/250 after a transfer.
+    /// Preliminary replies before it are skipped: GridFTP servers send
+    /// performance markers (112) and restart markers (111) during MODE E
+    /// transfers.
     async fn expect_complete(&mut self, c: &Cmd) -> Result<()> {
-        self.ctl.expect(c, &[226, 250]).await.map(|_| ())
+        loop {
+            let r = self.ctl.read_reply().await?;
+            if r.is_preliminary() {
+                tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
+                continue;
+            }
+            return match r.code {
+                226 | 250 => Ok(()),
+                _ => Err(unexpected(c, &r)),
+            };
+        }
     }
 
     async fn recv_plain<W: tokio::io::AsyncWrite + Unpin>(

@@ -1,7 +1,7 @@
 //! Interop: `xftp get/put/ls` against globus-gridftp-server used as a plain
 //! FTP server (a second stock server nobody here wrote). It refuses MULT,
-//! so `-p 4` uses GridFTP's own parallelism for downloads and one
-//! connection for uploads. Skips with a message when the
+//! so `-p 4` uses GridFTP's own parallelism (MODE E; OPTS RETR
+//! Parallelism for downloads). Skips with a message when the
 //! server is missing or we are not root (its anonymous user needs setuid),
 //! but fails instead when XFTP_REQUIRE_PEERS=1.
 
@@ -168,7 +168,8 @@ fn gridftp_server_as_a_stock_ftp_server() {
         sha256_file(&local.join("m.bin")),
         sha256_file(&srv.join(big))
     );
-    // Uploads stay on one connection.
+    // An upload over 4 connections in MODE E (the client, the sender,
+    // connects; the server may send 112 performance markers before 226).
     let out = xftp(
         &[
             "put",
@@ -181,7 +182,7 @@ fn gridftp_server_as_a_stock_ftp_server() {
         &local,
     );
     let j = ok_json(&out, "put -p 4");
-    assert_eq!(j["streams"], 1, "{j}");
+    assert_eq!(j["streams"], 4, "{j}");
     assert_eq!(
         sha256_file(&srv.join("up-m.bin")),
         sha256_file(&srv.join(big))
@@ -209,9 +210,9 @@ fn gridftp_server_as_a_stock_ftp_server() {
     assert!(!local.join("missing.bin").exists());
 }
 
-/// One session of the library: a parallel GridFTP download switches the
-/// session to MODE E and back, so a listing, a second download and an
-/// upload that follow still work.
+/// One session of the library: a parallel GridFTP download or upload
+/// switches the session to MODE E and back, so listings, a second
+/// download and an upload that follow still work.
 #[test]
 fn gridftp_parallel_download_leaves_the_session_usable() {
     if !usable("gridftp_parallel_download_leaves_the_session_usable") {
@@ -251,6 +252,10 @@ fn gridftp_parallel_download_leaves_the_session_usable() {
         let up = format!("{}/up.bin", srv.display());
         let r = c.upload(&tmp.path().join("got0"), &up).await.unwrap();
         assert_eq!(r.bytes, 3 * 1024 * 1024 + 1);
+        assert_eq!(r.per_stream_bytes.len(), 3);
+        // Still in stream mode: a listing after the upload works.
+        let listing = c.list(Some(&srv.display().to_string())).await.unwrap();
+        assert!(String::from_utf8_lossy(&listing).contains("up.bin"));
         c.quit().await;
     });
     assert_eq!(sha256_file(&srv.join("up.bin")), want);
