@@ -28,6 +28,11 @@ pub struct TcpInfo {
     pub bytes_acked: u64,
     /// Bytes received (0 on old kernels).
     pub bytes_received: u64,
+    /// Data segments the peer has acknowledged or selectively
+    /// acknowledged, retransmissions counted once (0 on kernels before
+    /// 4.18). Unlike `bytes_acked` it does not jump when a retransmission
+    /// fills a hole.
+    pub delivered: u32,
 }
 
 // Offsets into struct tcp_info (include/uapi/linux/tcp.h); stable ABI,
@@ -42,7 +47,8 @@ const OFF_BYTES_ACKED: usize = 120;
 const OFF_BYTES_RECEIVED: usize = 128;
 const OFF_SEGS_OUT: usize = 136;
 const OFF_SEGS_IN: usize = 140;
-const OFF_MIN_RTT: usize = 152;
+const OFF_MIN_RTT: usize = 148;
+const OFF_DELIVERED: usize = 192;
 
 fn u32_at(b: &[u8], off: usize) -> u32 {
     b.get(off..off + 4)
@@ -71,6 +77,7 @@ pub fn decode(b: &[u8]) -> TcpInfo {
         segs_in: u32_at(b, OFF_SEGS_IN),
         bytes_acked: u64_at(b, OFF_BYTES_ACKED),
         bytes_received: u64_at(b, OFF_BYTES_RECEIVED),
+        delivered: u32_at(b, OFF_DELIVERED),
     }
 }
 
@@ -137,5 +144,35 @@ mod tests {
         assert!(i.snd_mss > 0 && i.snd_cwnd > 0, "{i:?}");
         assert!(i.bytes_acked >= 10_000, "{i:?}");
         assert!(i.segs_out >= 10, "{i:?}");
+        assert!(i.delivered >= 10, "{i:?}");
+        assert!(
+            i.min_rtt > Duration::ZERO && i.min_rtt <= i.rtt + i.rttvar,
+            "{i:?}"
+        );
+    }
+
+    /// A socket that only sends has received no data segments: the field
+    /// after `min_rtt` (`data_segs_in`) is 0 there, so reading the wrong
+    /// one shows.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn min_rtt_of_a_sending_socket() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        c.write_all(&[7u8; 5000]).unwrap();
+        let mut b = [0u8; 5000];
+        s.read_exact(&mut b).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let i = loop {
+            let i = read(&c).unwrap();
+            if i.bytes_acked >= 5000 || std::time::Instant::now() > deadline {
+                break i;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(i.bytes_acked >= 5000, "{i:?}");
+        assert!(i.min_rtt > Duration::ZERO, "{i:?}");
     }
 }
