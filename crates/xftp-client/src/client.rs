@@ -1066,12 +1066,13 @@ impl Client {
         self.expect_complete(&c_retr).await?;
         self.leave_mode_e().await?;
         let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
-        self.start = Some((
+        let timeline = adaptive::timeline(
             n,
             format!("GridFTP server without MULT: OPTS RETR Parallelism={n}"),
-            false,
-        ));
-        let timeline = self.timeline(false, per_stream.len() as u32);
+            None,
+            per_stream.len() as u32,
+            self.ctl.rtt(),
+        );
         complete_download(per_stream, expected, tmp, local, start, timeline)
     }
 

@@ -104,50 +104,37 @@ mod tests {
         assert_eq!(mult_granted(&r(200, "4 granted"), 8), None);
     }
 
+    /// A 211 FEAT reply with these lines.
+    fn feat(lines: &[&str]) -> Reply {
+        Reply::multi(211, lines.iter().map(|s| s.to_string()).collect())
+    }
+
     #[test]
     fn feat_parsing() {
-        let ours = Reply::multi(
-            211,
-            [
-                "Extensions supported:",
-                " EPSV",
-                " MULT",
-                " MODE E",
-                " SIZE",
-                "End",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        );
+        let ours = feat(&[
+            "Extensions supported:",
+            " EPSV",
+            " MULT",
+            " MODE E",
+            " SIZE",
+            "End",
+        ]);
         let f = features(&ours);
         assert!(f.mult && f.mode_e && !f.mprt, "{f:?}");
         assert_eq!(f.lines, ["EPSV", "MULT", "MODE E", "SIZE"]);
         // A stock server: no MULT, no MODE E; a refusal lists nothing.
-        let stock = Reply::multi(
-            211,
-            ["Features:", " EPSV", " MODE Z", "End"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        );
+        let stock = feat(&["Features:", " EPSV", " MODE Z", "End"]);
         assert!(!features(&stock).mult && !features(&stock).mode_e);
         assert!(!features(&ours).gridftp && !features(&stock).gridftp);
         // globus-gridftp-server's FEAT (abridged).
-        let gridftp = Reply::multi(
-            211,
-            [
-                "Extensions supported",
-                " MLST Type*;Size*;Modify*;",
-                " SPAS",
-                " SPOR",
-                " PASV AllowDelayed;",
-                "End.",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        );
+        let gridftp = feat(&[
+            "Extensions supported",
+            " MLST Type*;Size*;Modify*;",
+            " SPAS",
+            " SPOR",
+            " PASV AllowDelayed;",
+            "End.",
+        ]);
         let g = features(&gridftp);
         assert!(g.gridftp && !g.mult, "{g:?}");
         assert_eq!(

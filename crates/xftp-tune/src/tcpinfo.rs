@@ -122,13 +122,20 @@ mod tests {
         assert_eq!(decode(&[1, 2, 3]), TcpInfo::default());
     }
 
+    /// A connected loopback pair: (client, server side).
+    #[cfg(target_os = "linux")]
+    fn loopback_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn loopback_connection_has_an_rtt() {
         use std::io::{Read, Write};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
+        let (mut c, mut s) = loopback_pair();
         for _ in 0..10 {
             c.write_all(&[0u8; 1000]).unwrap();
             let mut b = [0u8; 1000];
@@ -158,9 +165,7 @@ mod tests {
     #[test]
     fn min_rtt_of_a_sending_socket() {
         use std::io::{Read, Write};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut s, _) = l.accept().unwrap();
+        let (mut c, mut s) = loopback_pair();
         c.write_all(&[7u8; 5000]).unwrap();
         let mut b = [0u8; 5000];
         s.read_exact(&mut b).unwrap();

@@ -107,19 +107,25 @@ fn ok_json(out: &Output, what: &str) -> serde_json::Value {
     serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
 }
 
+/// A temporary directory with `srv/` inside, both open to the server's
+/// anonymous user (nobody), who reads and writes there.
+fn served_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let srv = tmp.path().join("srv");
+    std::fs::create_dir(&srv).unwrap();
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).unwrap();
+    (tmp, srv)
+}
+
 #[test]
 fn gridftp_server_as_a_stock_ftp_server() {
     if !usable("gridftp_server_as_a_stock_ftp_server") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    // The anonymous user (nobody) reads and writes here.
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let srv = tmp.path().join("srv");
+    let (tmp, srv) = served_dir();
     let local = tmp.path().join("local");
-    std::fs::create_dir(&srv).unwrap();
     std::fs::create_dir(&local).unwrap();
-    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).unwrap();
     let server = start(&tmp.path().join("gridftp.log"));
     // GridFTP paths are absolute: ftp://host:port//abs/path.
     let base = format!("ftp://127.0.0.1:{}/{}", server.port, srv.display());
@@ -218,11 +224,7 @@ fn gridftp_parallel_download_leaves_the_session_usable() {
     if !usable("gridftp_parallel_download_leaves_the_session_usable") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let srv = tmp.path().join("srv");
-    std::fs::create_dir(&srv).unwrap();
-    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (tmp, srv) = served_dir();
     write_prng_file(&srv.join("a.bin"), 3 * 1024 * 1024 + 1, 91);
     let want = sha256_file(&srv.join("a.bin"));
     let server = start(&tmp.path().join("gridftp.log"));
