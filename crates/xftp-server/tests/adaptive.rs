@@ -189,7 +189,19 @@ async fn retr_latecomers_after_the_last_record_are_harmless() {
         let port = epsv_port(&mut c).await;
         let mut conns = vec![TcpStream::connect(("127.0.0.1", port)).await.unwrap()];
         c.cmd("RETR small", 150).await;
-        c.cmd("MULT 3", 200).await;
+        // The file fits in the socket buffers, so the transfer may end
+        // before the server reads MULT: then 226 comes first and MULT is
+        // answered after it (a grant for the next transfer).
+        c.send_raw(b"MULT 3\r\n").await;
+        let first = c.read_reply().await.expect("a reply to MULT or RETR");
+        let finished_first = match first.code {
+            200 => false,
+            226 => {
+                c.expect(200).await;
+                true
+            }
+            _ => panic!("round {round}: unexpected reply {first}"),
+        };
         for _ in 0..2 {
             // Refused once the transfer is over and the listener gone.
             if let Ok(s) = TcpStream::connect(("127.0.0.1", port)).await {
@@ -204,7 +216,9 @@ async fn retr_latecomers_after_the_last_record_are_harmless() {
         .await
         .expect("the receiver must not wait for unused connections")
         .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        c.expect(226).await;
+        if !finished_first {
+            c.expect(226).await;
+        }
         assert!(dst.to_vec() == data, "round {round}: content differs");
         assert_eq!(rep.bytes, data.len() as u64);
     }
