@@ -1088,7 +1088,10 @@ impl Session {
                             return Ok(Outcome::Aborted);
                         } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
                             let text = match &live {
-                                Some(lv) => xftp_tune::meter::format_progress(&lv.meters.totals()),
+                                Some(lv) => {
+                                    lv.meters.refresh();
+                                    xftp_tune::meter::format_progress(&lv.meters.totals())
+                                }
                                 None => format!("Transfer in progress: {} bytes.", progress.load(Ordering::Relaxed)),
                             };
                             self.reply(213, text).await?;

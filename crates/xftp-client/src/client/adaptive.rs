@@ -125,6 +125,7 @@ impl Socks {
         for fd in v.iter() {
             if let Ok(i) = xftp_tune::tcpinfo::read(fd) {
                 t.acked += i.bytes_acked;
+                t.delivered += i.delivered_bytes();
                 t.received += i.bytes_received;
                 t.retrans += u64::from(i.total_retrans);
                 t.segs += u64::from(i.segs_out);
@@ -142,8 +143,11 @@ impl Socks {
 /// What the kernel says of the kept sockets (0 where it says nothing).
 #[derive(Debug, Default)]
 struct SockTotals {
-    /// Bytes the peer acknowledged (we send).
+    /// Bytes the peer acknowledged in order (we send).
     acked: u64,
+    /// Bytes the peer acknowledged in order or selectively (we send): does
+    /// not jump when a retransmission fills a hole.
+    delivered: u64,
     /// Bytes received in order (we receive), read by us or not yet.
     received: u64,
     /// Mean smoothed RTT.
@@ -189,6 +193,22 @@ impl Live {
         matches!(self.ctl, EngineCtl::Send(_))
     }
 }
+
+/// Where the samples of a download come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Waiting for the first progress line (it tells which).
+    Unknown,
+    /// The server's progress lines: what its sockets' peers (our sockets)
+    /// acknowledged, on the server's clock, one sample per reply.
+    Server,
+    /// Our own sockets and clock, every tick.
+    Own,
+}
+
+/// Give up waiting for a server's first delivered byte after this long
+/// (its kernel may not report acknowledged bytes at all).
+const SERVER_SILENT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pending {
@@ -265,6 +285,15 @@ impl Client {
         let mut adapt = true;
         let peer = self.ctl.peer().ip();
         let sending = live.sending();
+        // A download is judged by what the server's sockets say our
+        // sockets acknowledged, if it says: what our sockets received *in
+        // order* jumps when a retransmission fills a hole (an epoch read
+        // 300 Mbit/s on a 200 Mbit/s link).
+        let mut source = if sending {
+            Source::Own
+        } else {
+            Source::Unknown
+        };
         let reply_timeout = self.cfg.reply_timeout;
         loop {
             if data.is_some() && final_seen && pending.is_empty() {
@@ -302,10 +331,31 @@ impl Client {
                         Kind::Stat => {
                             take(&mut pending, |p| p == Pending::Stat);
                             match parse_progress(r.lines.first().map_or("", |s| s.as_str())) {
-                                Some(t) if r.code == 213 => server = Some(t),
+                                Some(t) if r.code == 213 => {
+                                    if source == Source::Unknown {
+                                        source = match t.at {
+                                            Some(_) if t.delivered > 0 => Source::Server,
+                                            Some(at) if at < SERVER_SILENT => Source::Unknown,
+                                            _ => Source::Own,
+                                        };
+                                    }
+                                    if let (Source::Server, Some(at), None, true) = (source, t.at, &data, adapt) {
+                                        let sample = Sample {
+                                            at,
+                                            bytes: t.delivered,
+                                            rtt: t.rtt,
+                                            retrans: t.retrans,
+                                            segs_out: t.segs_out,
+                                            remaining: live.total.map(|n| n.saturating_sub(t.delivered)),
+                                        };
+                                        self.feed(&mut ctlr, sample, &mut pending).await?;
+                                    }
+                                    server = Some(t);
+                                }
                                 _ => {
                                     tracing::info!("server answers STAT without progress ({} {}); using our own meters", r.code, reply_text(&r));
                                     stat_ok = false;
+                                    source = Source::Own;
                                 }
                             }
                         }
@@ -355,11 +405,18 @@ impl Client {
                         self.ctl.send(&[&Cmd::bare("STAT")]).await?;
                         pending.push_back((Pending::Stat, Instant::now()));
                     }
+                    if source != Source::Own {
+                        continue;
+                    }
                     let mut bytes = own.bytes;
                     let kernel = live.socks.as_ref().map(Socks::totals);
                     if let Some(k) = &kernel {
                         // Kernels without tcpi_bytes_acked/received report 0.
-                        let delivered = if sending { k.acked } else { k.received };
+                        let delivered = if sending {
+                            if k.delivered > 0 { k.delivered } else { k.acked }
+                        } else {
+                            k.received
+                        };
                         if delivered > 0 {
                             bytes = delivered;
                         }
@@ -382,23 +439,34 @@ impl Client {
                         segs_out,
                         remaining: live.total.map(|t| t.saturating_sub(bytes)),
                     };
-                    let before = ctlr.history().len();
-                    let decision = ctlr.on_sample(sample);
-                    if ctlr.history().len() > before {
-                        if let (Some(s), Some(_)) = (ctlr.history().last(), decision) {
-                            log_step(s);
-                        }
-                    }
-                    if let Some(d) = decision {
-                        let m = Cmd::with("MULT", d.streams.to_string());
-                        self.ctl.send(&[&m]).await?;
-                        pending.push_back((Pending::Mult(d.streams), Instant::now()));
-                    }
+                    self.feed(&mut ctlr, sample, &mut pending).await?;
                 }
             }
         }
         self.last_controller = Some(ctlr);
         data.ok_or_else(|| ClientError::Stripe("transfer ended without a report".into()))
+    }
+
+    /// Give the controller one sample; a decision goes out as `MULT n`.
+    async fn feed(
+        &mut self,
+        ctlr: &mut Controller,
+        sample: Sample,
+        pending: &mut VecDeque<(Pending, Instant)>,
+    ) -> Result<()> {
+        let before = ctlr.history().len();
+        let decision = ctlr.on_sample(sample);
+        if ctlr.history().len() > before {
+            if let (Some(s), Some(_)) = (ctlr.history().last(), decision) {
+                log_step(s);
+            }
+        }
+        if let Some(d) = decision {
+            let m = Cmd::with("MULT", d.streams.to_string());
+            self.ctl.send(&[&m]).await?;
+            pending.push_back((Pending::Mult(d.streams), Instant::now()));
+        }
+        Ok(())
     }
 
     /// Apply a grant of `g` connections: open more, or retire our newest
