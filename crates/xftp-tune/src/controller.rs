@@ -44,6 +44,10 @@
 
 use std::time::Duration;
 
+/// An epoch ends at the first sample at least this share of its length
+/// after its start.
+const EPOCH_SLACK: f64 = 0.9;
+
 /// Knobs; the defaults are documented in docs/tuning.md.
 #[derive(Debug, Clone)]
 pub struct TuneConfig {
@@ -287,7 +291,10 @@ impl Controller {
             return None;
         };
         let dt = s.at.saturating_sub(start.at);
-        if dt < self.epoch_len() {
+        // Samples come at their own pace (every 100 ms, or one per STAT
+        // reply, about an RTT apart): close the epoch at the sample that
+        // nearly reaches its length rather than one interval later.
+        if dt < self.epoch_len().mul_f64(EPOCH_SLACK) {
             return None;
         }
         self.epoch_start = Some(s);
@@ -600,15 +607,16 @@ mod tests {
         // DS3-class: 45 Mbit/s, 200 ms, 64 KiB windows: one connection gets
         // 2.6 Mbit/s, the link needs about 17. Epochs are 3 RTTs (0.6 s):
         // doubling from 2 would need four steps to reach 16 or more; after
-        // one near-linear doubling the controller quadruples.
+        // one near-linear doubling the controller quadruples. 1.5 s: two
+        // decisions (epochs end at the sample 0.9 epochs on).
         let p = Path::window_limited(45e6, 200, 65536.0);
-        let (_, most, _) = simulate(&p, TuneConfig::default(), 2, 1.8);
+        let (_, most, _) = simulate(&p, TuneConfig::default(), 2, 1.5);
         assert!(most >= 16, "most {most} after 2 decisions");
         let doubling = TuneConfig {
             fast_gain: f64::INFINITY,
             ..TuneConfig::default()
         };
-        let (_, most, _) = simulate(&p, doubling, 2, 1.8);
+        let (_, most, _) = simulate(&p, doubling, 2, 1.5);
         assert!(most < 16, "doubling alone reached {most}");
         let (n, _, mean) = simulate(&p, TuneConfig::default(), 2, 30.0);
         assert!(n >= 16, "ended at {n}");
@@ -835,6 +843,27 @@ mod tests {
             c.history().last().map(|s| s.reason),
             Some(Reason::TooLittleLeft)
         );
+    }
+
+    #[test]
+    fn an_epoch_ends_at_the_sample_that_nearly_reaches_its_length() {
+        // 200 ms RTT: epochs of 600 ms. Samples one per STAT reply, about
+        // 300 ms apart and a little early: the epoch must close at the
+        // second one, not a whole interval later.
+        let mut c = Controller::new(TuneConfig::default(), 8);
+        let mut decided = None;
+        for (i, at) in [0u64, 299, 598, 897].into_iter().enumerate() {
+            let d = c.on_sample(Sample {
+                at: Duration::from_millis(at),
+                bytes: at * 1_000,
+                rtt: Some(Duration::from_millis(200)),
+                ..Sample::default()
+            });
+            if d.is_some() && decided.is_none() {
+                decided = Some(i);
+            }
+        }
+        assert_eq!(decided, Some(2), "{:?}", c.history());
     }
 
     #[test]
