@@ -294,6 +294,9 @@ impl Client {
         } else {
             Source::Unknown
         };
+        // A server sample with nothing acknowledged yet, kept until the
+        // source is known: the start of the first epoch.
+        let mut first: Option<Sample> = None;
         let reply_timeout = self.cfg.reply_timeout;
         loop {
             if data.is_some() && final_seen && pending.is_empty() {
@@ -332,22 +335,29 @@ impl Client {
                             take(&mut pending, |p| p == Pending::Stat);
                             match parse_progress(r.lines.first().map_or("", |s| s.as_str())) {
                                 Some(t) if r.code == 213 => {
+                                    tracing::debug!("progress: {}", reply_text(&r));
+                                    let sample = t.at.map(|at| Sample {
+                                        at,
+                                        bytes: t.delivered,
+                                        rtt: t.rtt,
+                                        retrans: t.retrans,
+                                        segs_out: t.segs_out,
+                                        remaining: live.total.map(|n| n.saturating_sub(t.delivered)),
+                                    });
                                     if source == Source::Unknown {
                                         source = match t.at {
                                             Some(_) if t.delivered > 0 => Source::Server,
                                             Some(at) if at < SERVER_SILENT => Source::Unknown,
                                             _ => Source::Own,
                                         };
+                                        if source == Source::Unknown && first.is_none() {
+                                            first = sample;
+                                        }
                                     }
-                                    if let (Source::Server, Some(at), None, true) = (source, t.at, &data, adapt) {
-                                        let sample = Sample {
-                                            at,
-                                            bytes: t.delivered,
-                                            rtt: t.rtt,
-                                            retrans: t.retrans,
-                                            segs_out: t.segs_out,
-                                            remaining: live.total.map(|n| n.saturating_sub(t.delivered)),
-                                        };
+                                    if let (Source::Server, Some(sample), None, true) = (source, sample, &data, adapt) {
+                                        if let Some(f) = first.take() {
+                                            self.feed(&mut ctlr, f, &mut pending).await?;
+                                        }
                                         self.feed(&mut ctlr, sample, &mut pending).await?;
                                     }
                                     server = Some(t);
