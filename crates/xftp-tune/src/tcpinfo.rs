@@ -18,7 +18,6 @@ pub struct TcpInfo {
     pub snd_cwnd: u32,
     /// Sender MSS.
     pub snd_mss: u32,
-
     /// Segments selectively acknowledged, not yet acknowledged in order.
     pub sacked: u32,
     /// Segments retransmitted over the connection's life.
@@ -89,7 +88,6 @@ pub fn decode(b: &[u8]) -> TcpInfo {
         rcv_rtt: us(OFF_RCV_RTT),
         snd_cwnd: u32_at(b, OFF_SND_CWND),
         snd_mss: u32_at(b, OFF_SND_MSS),
-
         sacked: u32_at(b, OFF_SACKED),
         total_retrans: u32_at(b, OFF_TOTAL_RETRANS),
         segs_out: u32_at(b, OFF_SEGS_OUT),
