@@ -30,10 +30,15 @@ impl Drop for Server {
 }
 
 async fn server() -> Server {
+    server_with(|_| {}).await
+}
+
+async fn server_with(tweak: impl FnOnce(&mut xftp_server::Config)) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = xftp_server::Config::new(dir.path()).unwrap();
     cfg.anonymous = true;
     cfg.anonymous_write = true;
+    tweak(&mut cfg);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let stop = CancellationToken::new();
@@ -258,12 +263,13 @@ async fn upload_grows_mid_transfer_and_keeps_every_byte() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn download_grows_mid_transfer_and_keeps_every_byte() {
-    let srv = server().await;
+/// Download a 12 MiB file from `srv` through the throttle in passive mode
+/// and check it arrived intact; returns the report and the number of data
+/// connections the proxy carried.
+async fn throttled_download(srv: &Server, seed: u8) -> (xftp_client::TransferReport, usize) {
     let count = Arc::new(AtomicUsize::new(0));
     let port = throttle::start(srv.port, 2_000_000, count.clone());
-    let data = pattern(12 << 20, 2);
+    let data = pattern(12 << 20, seed);
     std::fs::write(srv.dir.path().join("down.bin"), &data).unwrap();
     let local = tempfile::tempdir().unwrap();
     let mut c = client(port, DataMode::Passive).await;
@@ -272,11 +278,36 @@ async fn download_grows_mid_transfer_and_keeps_every_byte() {
         .await
         .unwrap();
     c.quit().await;
-    check_grew(&r, data.len() as u64, "download");
-    assert_eq!(count.load(Ordering::SeqCst), r.per_stream_bytes.len());
+    assert_eq!(r.bytes, data.len() as u64);
     assert!(
         std::fs::read(local.path().join("down.bin")).unwrap() == data,
         "downloaded content differs"
+    );
+    (r, count.load(Ordering::SeqCst))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_grows_mid_transfer_and_keeps_every_byte() {
+    let srv = server().await;
+    let (r, carried) = throttled_download(&srv, 2).await;
+    check_grew(&r, r.bytes, "download");
+    assert_eq!(carried, r.per_stream_bytes.len());
+}
+
+/// A download opens the connections it asks for together with `MULT`,
+/// before the grant. The server grants 3 of the 4 asked: the one it never
+/// takes waits on its passive port, carries nothing, and is reset when the
+/// transfer ends, which must neither lose a byte nor fail the transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_keeps_every_byte_when_granted_fewer_than_it_opened() {
+    let srv = server_with(|cfg| cfg.max_streams = 3).await;
+    let (r, _) = throttled_download(&srv, 4).await;
+    let used = r.per_stream_bytes.iter().filter(|&&b| b > 0).count();
+    assert_eq!(used, 3, "{:?} {:?}", r.per_stream_bytes, r.timeline);
+    assert!(
+        r.per_stream_bytes.len() > used,
+        "no connection was opened ahead of the grant: {:?}",
+        r.per_stream_bytes
     );
 }
 

@@ -356,9 +356,9 @@ impl Client {
                                     }
                                     if let (Source::Server, Some(sample), None, true) = (source, sample, &data, adapt) {
                                         if let Some(f) = first.take() {
-                                            self.feed(&mut ctlr, f, &mut pending).await?;
+                                            self.feed(&mut ctlr, f, &mut pending, &mut live, &mut adds, peer).await?;
                                         }
-                                        self.feed(&mut ctlr, sample, &mut pending).await?;
+                                        self.feed(&mut ctlr, sample, &mut pending, &mut live, &mut adds, peer).await?;
                                     }
                                     server = Some(t);
                                 }
@@ -449,7 +449,7 @@ impl Client {
                         segs_out,
                         remaining: live.total.map(|t| t.saturating_sub(bytes)),
                     };
-                    self.feed(&mut ctlr, sample, &mut pending).await?;
+                    self.feed(&mut ctlr, sample, &mut pending, &mut live, &mut adds, peer).await?;
                 }
             }
         }
@@ -458,11 +458,24 @@ impl Client {
     }
 
     /// Give the controller one sample; a decision goes out as `MULT n`.
+    ///
+    /// A download in passive mode opens the new connections at once, with
+    /// the `MULT`: the server's kernel completes their handshakes on the
+    /// passive port while the command is on its way, and the server takes
+    /// them from there when it grants, a round trip sooner than connecting
+    /// after the 200. One the server never takes (a smaller grant, a
+    /// refusal) carries nothing and is reset when the transfer ends, which
+    /// a receiver ignores (docs/protocol.md). An upload waits for the
+    /// grant: records written to a connection the server never takes
+    /// would be lost.
     async fn feed(
         &mut self,
         ctlr: &mut Controller,
         sample: Sample,
         pending: &mut VecDeque<(Pending, Instant)>,
+        live: &mut Live,
+        adds: &mut JoinSet<Result<Option<usize>>>,
+        peer: IpAddr,
     ) -> Result<()> {
         let before = ctlr.history().len();
         let decision = ctlr.on_sample(sample);
@@ -475,6 +488,10 @@ impl Client {
             let m = Cmd::with("MULT", d.streams.to_string());
             self.ctl.send(&[&m]).await?;
             pending.push_back((Pending::Mult(d.streams), Instant::now()));
+            if d.streams > live.current && !live.sending() && matches!(live.grow, Grow::Passive(_))
+            {
+                self.apply_grant(live, d.streams, adds, peer);
+            }
         }
         Ok(())
     }
