@@ -3,7 +3,7 @@
 //! read them without owning the sockets.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,12 @@ pub struct Meter {
 struct State {
     info: Option<TcpInfo>,
     fd: Option<RawFd>,
+    /// A duplicate taken when a sending connection was dropped with data
+    /// still unacknowledged: the kernel goes on delivering it, and what
+    /// it delivers is goodput (a closed sender's count would otherwise
+    /// stop short, and the end of a transfer read as a stall). Closed when
+    /// everything is acknowledged or the set is dropped.
+    kept: Option<OwnedFd>,
 }
 
 impl Meter {
@@ -42,8 +48,8 @@ impl Meter {
             born: Instant::now(),
             last_us: AtomicU64::new(0),
             state: Mutex::new(State {
-                info: None,
                 fd: Some(fd),
+                ..State::default()
             }),
         }
     }
@@ -65,15 +71,32 @@ impl Meter {
     /// Read `TCP_INFO` again if the connection is still open; with
     /// `close`, for the last time.
     fn refresh(&self, close: bool) {
-        if let Ok(mut g) = self.state.lock() {
-            if let Some(fd) = g.fd {
-                if let Ok(i) = tcpinfo::read(&Fd(fd)) {
-                    g.info = Some(i);
+        let Ok(mut g) = self.state.lock() else {
+            return;
+        };
+        let Some(fd) = g.fd else {
+            return;
+        };
+        if let Ok(i) = tcpinfo::read(&Fd(fd)) {
+            g.info = Some(i);
+        }
+        // In flight: sent data not yet acknowledged (a receiver's own FIN
+        // alone leaves `bytes_acked` at 0).
+        let in_flight = g.info.is_some_and(|i| i.unacked > 0 && i.bytes_acked > 0);
+        if close && g.kept.is_none() {
+            g.fd = None;
+            if in_flight {
+                // SAFETY: `close` comes from `Metered::drop`, which owns
+                // the open descriptor `fd` until it returns.
+                let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+                if let Ok(dup) = borrowed.try_clone_to_owned() {
+                    g.fd = Some(dup.as_raw_fd());
+                    g.kept = Some(dup);
                 }
             }
-            if close {
-                g.fd = None;
-            }
+        } else if g.kept.is_some() && !in_flight {
+            g.fd = None;
+            g.kept = None;
         }
     }
 
@@ -400,5 +423,42 @@ mod tests {
         assert!(delivered_all(&t), "{t:?}");
         set.refresh();
         assert_eq!(set.totals().delivered, t.delivered);
+    }
+
+    /// A sender lets go of its connection with most of the data still
+    /// unacknowledged (the peer has not read it, and its window is
+    /// small): the kernel delivers it afterwards, and the count follows.
+    #[tokio::test]
+    async fn delivered_counts_what_a_dropped_sender_still_delivers() {
+        let l = crate::sockbuf::listen("127.0.0.1:0".parse().unwrap(), Some(16 << 10)).unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        crate::sockbuf::apply(&c, 4 << 20).unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let set = MeterSet::new();
+        let mut m = set.wrap(c);
+        m.write_all(&vec![7u8; LEN as usize]).await.unwrap();
+        m.shutdown().await.unwrap();
+        drop(m);
+        let before = set.totals().delivered;
+        assert!(
+            before < LEN / 2,
+            "the peer could not have taken it all: {before}"
+        );
+        let mut s = s;
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got.len() as u64, LEN);
+        let mut t = set.totals();
+        for _ in 0..100 {
+            set.refresh();
+            t = set.totals();
+            if delivered_all(&t) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(delivered_all(&t), "{t:?}");
     }
 }

@@ -18,6 +18,8 @@ pub struct TcpInfo {
     pub snd_cwnd: u32,
     /// Sender MSS.
     pub snd_mss: u32,
+    /// Segments sent and not yet acknowledged in order.
+    pub unacked: u32,
     /// Segments selectively acknowledged, not yet acknowledged in order.
     pub sacked: u32,
     /// Segments retransmitted over the connection's life.
@@ -53,6 +55,7 @@ impl TcpInfo {
 // Offsets into struct tcp_info (include/uapi/linux/tcp.h); stable ABI,
 // fields are only ever appended.
 const OFF_SND_MSS: usize = 16;
+const OFF_UNACKED: usize = 24;
 const OFF_SACKED: usize = 28;
 const OFF_RTT: usize = 68;
 const OFF_RTTVAR: usize = 72;
@@ -88,6 +91,7 @@ pub fn decode(b: &[u8]) -> TcpInfo {
         rcv_rtt: us(OFF_RCV_RTT),
         snd_cwnd: u32_at(b, OFF_SND_CWND),
         snd_mss: u32_at(b, OFF_SND_MSS),
+        unacked: u32_at(b, OFF_UNACKED),
         sacked: u32_at(b, OFF_SACKED),
         total_retrans: u32_at(b, OFF_TOTAL_RETRANS),
         segs_out: u32_at(b, OFF_SEGS_OUT),
@@ -152,6 +156,7 @@ mod tests {
         b[120..128].copy_from_slice(&1_000_000u64.to_ne_bytes()); // bytes_acked
         let i = decode(&b);
         assert_eq!(i.delivered_bytes(), 1_000_000 + 3 * 1448);
+        assert_eq!(i.unacked, 40);
         assert_eq!(TcpInfo::default().delivered_bytes(), 0);
     }
 
