@@ -125,7 +125,8 @@ pub struct Sample {
     pub retrans: u64,
     /// Segments sent so far (all data connections); 0 if unknown.
     pub segs_out: u64,
-    /// Bytes still to move, if known.
+    /// Bytes no connection has taken yet (all that added connections
+    /// could carry), if known.
     pub remaining: Option<u64>,
 }
 

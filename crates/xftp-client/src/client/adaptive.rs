@@ -342,7 +342,9 @@ impl Client {
                                         rtt: t.rtt,
                                         retrans: t.retrans,
                                         segs_out: t.segs_out,
-                                        remaining: live.total.map(|n| n.saturating_sub(t.delivered)),
+                                        // What the server has not yet written:
+                                        // all a new connection could carry.
+                                        remaining: live.total.map(|n| n.saturating_sub(t.bytes)),
                                     });
                                     if source == Source::Unknown {
                                         source = match t.at {
@@ -447,7 +449,10 @@ impl Client {
                         rtt,
                         retrans,
                         segs_out,
-                        remaining: live.total.map(|t| t.saturating_sub(bytes)),
+                        // What no connection has taken yet, when we send.
+                        remaining: live
+                            .total
+                            .map(|t| t.saturating_sub(if sending { own.bytes } else { bytes })),
                     };
                     self.feed(&mut ctlr, sample, &mut pending, &mut live, &mut adds, peer).await?;
                 }
