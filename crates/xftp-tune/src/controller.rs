@@ -209,6 +209,8 @@ pub struct Controller {
     before: Option<(u32, f64)>,
     settled: Option<f64>,
     low_epochs: u32,
+    /// Steady epochs in a row with overflow and goodput 10 % down.
+    collapse_epochs: u32,
     quiet_epochs: u32,
     /// Epochs left in which no decision is taken after a reduction (the
     /// queue drains; losses counted then belong to the old count).
@@ -234,6 +236,7 @@ impl Controller {
             before: None,
             settled: None,
             low_epochs: 0,
+            collapse_epochs: 0,
             quiet_epochs: 0,
             hold: 0,
             loss_floor: None,
@@ -417,9 +420,22 @@ impl Controller {
         // a queue at *any* count that fills the link, the best one
         // included; so in the steady phase overflow counts only when
         // goodput fell too. Right after a growth step it always counts.
+        // One epoch below is a loss-based TCP's sawtooth on a small queue
+        // (Reno halving on one drop); two in a row are a collapse.
         let collapsing = match self.phase {
-            Phase::Grow => true,
-            Phase::Steady => self.settled.is_some_and(|s| g < s * 0.9),
+            Phase::Grow => {
+                self.collapse_epochs = 0;
+                true
+            }
+            Phase::Steady => {
+                let low = self.settled.is_some_and(|s| g < s * 0.9);
+                self.collapse_epochs = if low && overflow {
+                    self.collapse_epochs + 1
+                } else {
+                    0
+                };
+                self.collapse_epochs >= 2
+            }
         };
         // At the very end goodput falls as connections run out of work:
         // no collapse to react to, and no time for it to matter.
@@ -432,6 +448,7 @@ impl Controller {
             self.settled = None;
             self.before = None;
             self.quiet_epochs = 0;
+            self.collapse_epochs = 0;
             self.hold = 2;
             return (half.min(back).max(min), Reason::QueueOverflow);
         }
@@ -770,6 +787,24 @@ mod tests {
         feed(&mut c, &mut f, 3, 13e6, 0.0, 56);
         feed(&mut c, &mut f, 6, 9e6, 0.03, 62);
         assert!(c.streams() <= 4, "{:?}", c.history());
+    }
+
+    #[test]
+    fn one_dip_of_a_sawtooth_is_not_a_collapse() {
+        // Four Reno connections on an 8-packet queue (satellite-x10): an
+        // epoch with a drop, the queue and goodput half down, then back.
+        // Halving on that one epoch lost a fifth of the transfer's rate.
+        let mut c = Controller::settled(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        // The epoch starts at the first sample.
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 3, 10e6, 0.0, 61);
+        feed(&mut c, &mut f, 1, 4.8e6, 0.023, 66);
+        feed(&mut c, &mut f, 2, 10e6, 0.0, 61);
+        assert_eq!(c.streams(), 4, "{:?}", c.history());
+        // Two such epochs in a row are a collapse: halve.
+        feed(&mut c, &mut f, 2, 4.8e6, 0.023, 66);
+        assert_eq!(c.streams(), 2, "{:?}", c.history());
     }
 
     #[test]
