@@ -392,15 +392,9 @@ mod tests {
         (LEN..LEN + LEN / 10).contains(&t.delivered)
     }
 
-    /// What the peer received is read from the kernel on demand and once
-    /// more when the connection is dropped, not only when data is written
-    /// (the I/O path's sample of the first write saw nothing delivered).
-    #[tokio::test]
-    async fn delivered_is_refreshed_on_demand_and_at_drop() {
-        let set = MeterSet::new();
-        let m = metered_send(&set).await;
-        // Everything read was acknowledged before the reader saw EOF; give
-        // the ACK a moment on a loaded host.
+    /// Refresh `set` until it says everything was delivered, or 1 s has
+    /// passed (an ACK can lag on a loaded host); returns the last totals.
+    async fn refreshed_until_all_delivered(set: &MeterSet) -> Totals {
         let mut t = set.totals();
         for _ in 0..100 {
             set.refresh();
@@ -410,6 +404,19 @@ mod tests {
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        t
+    }
+
+    /// What the peer received is read from the kernel on demand and once
+    /// more when the connection is dropped, not only when data is written
+    /// (the I/O path's sample of the first write saw nothing delivered).
+    #[tokio::test]
+    async fn delivered_is_refreshed_on_demand_and_at_drop() {
+        let set = MeterSet::new();
+        let m = metered_send(&set).await;
+        // Everything read was acknowledged before the reader saw EOF; give
+        // the ACK a moment on a loaded host.
+        let t = refreshed_until_all_delivered(&set).await;
         assert!(delivered_all(&t), "{t:?}");
         assert!(t.at.is_some());
         drop(m);
@@ -450,15 +457,7 @@ mod tests {
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.unwrap();
         assert_eq!(got.len() as u64, LEN);
-        let mut t = set.totals();
-        for _ in 0..100 {
-            set.refresh();
-            t = set.totals();
-            if delivered_all(&t) {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let t = refreshed_until_all_delivered(&set).await;
         assert!(delivered_all(&t), "{t:?}");
     }
 }

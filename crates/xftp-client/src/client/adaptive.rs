@@ -124,7 +124,6 @@ impl Socks {
         let (mut rtt_sum, mut rtt_n) = (Duration::ZERO, 0u32);
         for fd in v.iter() {
             if let Ok(i) = xftp_tune::tcpinfo::read(fd) {
-                t.acked += i.bytes_acked;
                 t.delivered += i.delivered_bytes();
                 t.received += i.bytes_received;
                 t.retrans += u64::from(i.total_retrans);
@@ -143,8 +142,6 @@ impl Socks {
 /// What the kernel says of the kept sockets (0 where it says nothing).
 #[derive(Debug, Default)]
 struct SockTotals {
-    /// Bytes the peer acknowledged in order (we send).
-    acked: u64,
     /// Bytes the peer acknowledged in order or selectively (we send): does
     /// not jump when a retransmission fills a hole.
     delivered: u64,
@@ -412,7 +409,6 @@ impl Client {
                             });
                         }
                     }
-                    let own = live.meters.totals();
                     if !sending && stat_ok && !pending.iter().any(|p| p.0 == Pending::Stat) {
                         self.ctl.send(&[&Cmd::bare("STAT")]).await?;
                         pending.push_back((Pending::Stat, Instant::now()));
@@ -420,12 +416,13 @@ impl Client {
                     if source != Source::Own {
                         continue;
                     }
+                    let own = live.meters.totals();
                     let mut bytes = own.bytes;
                     let kernel = live.socks.as_ref().map(Socks::totals);
                     if let Some(k) = &kernel {
                         // Kernels without tcpi_bytes_acked/received report 0.
                         let delivered = if sending {
-                            if k.delivered > 0 { k.delivered } else { k.acked }
+                            k.delivered
                         } else {
                             k.received
                         };
