@@ -27,7 +27,8 @@
 //!    is far from full, and each epoch spent below the right count costs.
 //!    The first step whose gain is smaller stops growth: a step that
 //!    lowered goodput by more than 5 % is undone, a step with a small gain
-//!    is kept.
+//!    is kept. A standing queue (the epoch's smallest RTT above the floor)
+//!    also stops growth: the link is full at this count.
 //! 3. *Steady* — re-check every epoch; if goodput falls below 60 % of the
 //!    settled level for two epochs without queueing, conditions changed:
 //!    grow again. Every `probe_epochs` quiet epochs, try +25 %.
@@ -47,6 +48,10 @@ use std::time::Duration;
 /// An epoch ends at the first sample at least this share of its length
 /// after its start.
 const EPOCH_SLACK: f64 = 0.9;
+
+/// A growth step whose goodput rose more than this many times its ratio
+/// of connections was measured against slow start, not a settled rate.
+const SUPERLINEAR: f64 = 1.25;
 
 /// Knobs; the defaults are documented in docs/tuning.md.
 #[derive(Debug, Clone)]
@@ -154,6 +159,8 @@ pub enum Reason {
     HeavyLoss,
     /// Waiting after a reduction for the queue to drain.
     Hold,
+    /// A standing queue while growing: the link is full at this count.
+    LinkFull,
 }
 
 /// A change of the stream count.
@@ -375,7 +382,7 @@ impl Controller {
             (false, true) => Some(Reason::HeavyLoss),
             (false, false) => None,
         };
-        let (next, reason) = self.decide(goodput, overflow, veto, clean, little_left);
+        let (next, reason) = self.decide(goodput, overflow, veto, queueing, clean, little_left);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
             streams: self.n,
@@ -406,11 +413,13 @@ impl Controller {
         g: f64,
         overflow: bool,
         veto: Option<Reason>,
+        queueing: bool,
         clean: bool,
         little_left: bool,
     ) -> (u32, Reason) {
         // `veto` (a heavy queue or heavy loss, with its reason) stops
-        // growth; `clean` (no queue, no loss) allows fast growth.
+        // growth; so does a standing queue while growing (`queueing`);
+        // `clean` (no queue, no loss) allows fast growth.
         let min = self.cfg.min_streams.max(1);
         if self.hold > 0 {
             self.hold -= 1;
@@ -468,23 +477,41 @@ impl Controller {
                         return (self.n, Reason::NoGain);
                     }
                 }
+                // Near-linear scaling says the path is far from full. A
+                // gain well beyond the step's ratio says only that the
+                // epoch before was slow start (a fresh lossy transfer's
+                // 4 -> 8 read 8.9 times the goodput): no evidence either
+                // way, so the next step is a plain doubling.
                 let linear = self.before.is_some_and(|(n0, g0)| {
+                    let ratio = f64::from(self.n) / f64::from(n0.max(1));
                     g0 > 0.0
                         && n0 > 0
-                        && g >= g0
-                            * (1.0 + self.cfg.fast_gain * (f64::from(self.n) / f64::from(n0) - 1.0))
+                        && g >= g0 * (1.0 + self.cfg.fast_gain * (ratio - 1.0))
+                        && g <= g0 * ratio * SUPERLINEAR
                 });
                 let factor = if linear && clean { 4 } else { 2 };
                 let target = self.grow_target(factor);
-                if little_left || target == self.n || veto.is_some() {
+                // A queue that stands through a whole epoch (its smallest
+                // RTT above the floor) means the bottleneck never idled:
+                // the link is full at this count, and more connections
+                // would only lengthen the queue and then overflow it. In
+                // the steady phase a loss-based TCP keeps a queue at any
+                // count, so this holds for the growth phase only.
+                let stop = if little_left {
+                    Some(Reason::TooLittleLeft)
+                } else if target == self.n {
+                    Some(Reason::NoGain)
+                } else if veto.is_some() {
+                    veto
+                } else if queueing {
+                    Some(Reason::LinkFull)
+                } else {
+                    None
+                };
+                if let Some(why) = stop {
                     self.phase = Phase::Steady;
                     self.settled = Some(g);
                     self.before = None;
-                    let why = if little_left {
-                        Reason::TooLittleLeft
-                    } else {
-                        veto.unwrap_or(Reason::NoGain)
-                    };
                     return (self.n, why);
                 }
                 self.before = Some((self.n, g));
@@ -834,6 +861,30 @@ mod tests {
         feed(&mut c, &mut f, 1, 1.7e6, 0.0, 56);
         feed(&mut c, &mut f, 1, 3.9e6, 0.0, 57);
         assert!(c.streams() > 8, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_standing_queue_while_growing_stops_growth() {
+        // The fresh lossy start: 4 connections in slow start, then 8 with
+        // ten times the goodput and 10 ms of queue standing all epoch on
+        // a 100 ms path: the link is full, stay at 8.
+        let mut c = Controller::new(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        feed(&mut c, &mut f, 1, 80e6, 0.0, 110);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        assert_eq!(c.history().last().map(|s| s.reason), Some(Reason::LinkFull));
+        // The same gain with no queue grows, but by a doubling only: ten
+        // times the goodput for twice the connections is slow start
+        // ending, no sign of linear scaling.
+        let mut c = Controller::new(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
+        feed(&mut c, &mut f, 1, 80e6, 0.0, 100);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
     }
 
     #[test]
