@@ -211,7 +211,12 @@ impl Scheduler {
         }
         if self.cursor < self.available {
             let offset = self.cursor;
-            let len = rs.min(self.available - offset);
+            let rest = self.available - offset;
+            let len = if self.closed {
+                rs.min(self.tail_len(rest))
+            } else {
+                rs.min(rest)
+            };
             self.cursor += len;
             return Next::Record { offset, len };
         }
@@ -222,6 +227,25 @@ impl Scheduler {
         }
     }
 }
+
+impl Scheduler {
+    /// Near the end of a known length, records shrink (guided
+    /// self-scheduling): each takes at most 1/(2n) of what is left for n
+    /// connections, never under [`TAIL_MIN`]. A connection in loss
+    /// recovery that takes the last full-size record holds up the whole
+    /// transfer while the others sit idle; smaller last records leave it
+    /// less to finish.
+    fn tail_len(&self, rest: u64) -> u64 {
+        let live = self.conns.iter().filter(|c| !c.retired).count().max(1) as u64;
+        (rest / (2 * live))
+            .max(TAIL_MIN.min(self.record_size))
+            .min(rest)
+    }
+}
+
+/// Smallest record the end of a transfer is cut into: below this, headers
+/// and wake-ups start to cost.
+const TAIL_MIN: u64 = 16 * 1024;
 
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     // Exact in 128 bits; the result is ≤ b because a ≤ c.
@@ -270,6 +294,43 @@ mod tests {
             assert!(got.is_complete(len));
             assert!(s.exhausted());
         }
+    }
+
+    #[test]
+    fn the_last_records_shrink() {
+        // 10 MiB in 256 KiB records over 8 connections: the last record
+        // any connection takes is small, and the cut adds few records.
+        let (rs, len) = (256 * 1024u64, 10 << 20);
+        let mut s = Scheduler::dynamic(rs as u32, len);
+        for _ in 0..8 {
+            s.add_conn().unwrap();
+        }
+        let mut recs = Vec::new();
+        while let Next::Record { offset, len } = s.next(recs.len() % 8) {
+            recs.push((offset, len));
+        }
+        let covered: u64 = recs.iter().map(|r| r.1).sum();
+        assert_eq!(covered, len);
+        assert!(recs.iter().all(|r| r.1 <= rs && r.1 > 0));
+        let last8: Vec<u64> = recs.iter().rev().take(8).map(|r| r.1).collect();
+        assert!(last8.iter().all(|&l| l <= TAIL_MIN), "{last8:?}");
+        // 40 full records; the cut adds about 2n·ln(2n·rs / TAIL_MIN).
+        assert!(recs.len() <= 40 + 16 * 6, "{} records", recs.len());
+        // A file of one small record is not cut further.
+        let mut s = Scheduler::dynamic(rs as u32, 1000);
+        s.add_conn().unwrap();
+        assert_eq!(
+            s.next(0),
+            Next::Record {
+                offset: 0,
+                len: 1000
+            }
+        );
+        // Nor is a stream whose end is not known yet.
+        let mut s = Scheduler::stream(rs as u32);
+        s.add_conn().unwrap();
+        s.extend(len).unwrap();
+        assert_eq!(s.next(0), Next::Record { offset: 0, len: rs });
     }
 
     #[test]
