@@ -283,6 +283,14 @@ fn auto_adds_connections_when_each_one_is_throttled() {
         used,
         "connections through the proxy"
     );
+    // The most at once: above the start after a growth step, never above
+    // the connections opened.
+    let most = t["most_streams"].as_u64().unwrap();
+    let stepped = steps.iter().filter_map(|s| s["streams"].as_u64()).max();
+    assert!(
+        most > start && most <= used && stepped.into_iter().all(|m| m <= most),
+        "most_streams {most}: start {start}, used {used}, {t}"
+    );
     println!("throttled get: {used} connections, {took:?}, {t}");
 }
 

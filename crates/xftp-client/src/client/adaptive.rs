@@ -47,6 +47,10 @@ pub struct Timeline {
     pub steps: Vec<Step>,
     /// Connections wanted at the end.
     pub final_streams: u32,
+    /// The most connections wanted at once. The summary's `streams` counts
+    /// every connection a transfer opened, so a count halved and grown
+    /// again counts twice there.
+    pub most_streams: u32,
     /// The count that carried the most goodput in an epoch (the final count
     /// when no epoch was evaluated).
     pub best_streams: u32,
@@ -573,6 +577,12 @@ pub(crate) fn timeline(
         .iter()
         .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
         .map_or(final_streams, |s| s.streams);
+    let most_streams = steps
+        .iter()
+        .map(|s| s.streams)
+        .chain([start, final_streams])
+        .max()
+        .unwrap_or(start);
     let floor = [ctlr.and_then(Controller::rtt_floor), control_rtt]
         .into_iter()
         .flatten()
@@ -583,6 +593,7 @@ pub(crate) fn timeline(
         adaptive: ctlr.is_some(),
         steps,
         final_streams,
+        most_streams,
         best_streams,
         rtt_floor_us: floor.map(|d| d.as_micros() as u64),
     }
