@@ -104,7 +104,7 @@ impl Live {
                     continue;
                 }
                 let _ = s.set_nodelay(true);
-                match ctl.add_connection(meters.wrap(sending(s))) {
+                match ctl.add_connection(meters.wrap(s).bound_backlog()) {
                     Ok(i) => {
                         added += 1;
                         if let Ok(mut a) = active.lock() {
@@ -161,7 +161,7 @@ impl Live {
                         return;
                     };
                     let _ = conn.set_nodelay(true);
-                    let conn = meters.wrap(sending(conn));
+                    let conn = meters.wrap(conn).bound_backlog();
                     let idx = match ctl {
                         Ctl::Send(c) => c.add_connection(conn),
                         Ctl::Recv(c) => c.add_connection(conn),
@@ -202,14 +202,4 @@ impl Live {
             format!("MULT {want} granted (server maximum {}).", self.max),
         )
     }
-}
-
-/// Bound a framed data connection's unsent backlog, so that the scheduler
-/// hands a record to a connection only when it can send it soon (see
-/// [`xftp_tune::sockbuf::NOTSENT_LOWAT`]). Harmless where we receive.
-pub(crate) fn sending(s: TcpStream) -> TcpStream {
-    if let Err(e) = xftp_tune::sockbuf::set_notsent_lowat(&s, xftp_tune::sockbuf::NOTSENT_LOWAT) {
-        tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
-    }
-    s
 }

@@ -1224,7 +1224,7 @@ impl Session {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns
                 .into_iter()
-                .map(|c| meters.wrap(live::sending(c)))
+                .map(|c| meters.wrap(c).bound_backlog())
                 .collect();
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),

@@ -54,7 +54,8 @@ impl Meter {
         }
     }
 
-    fn count(&self, n: usize, fd: RawFd) {
+    /// Count `n` bytes; returns a `TCP_INFO` sample when one was taken.
+    fn count(&self, n: usize, fd: RawFd) -> Option<TcpInfo> {
         self.bytes.fetch_add(n as u64, Ordering::Relaxed);
         let now = self.born.elapsed().as_micros() as u64;
         let last = self.last_us.load(Ordering::Relaxed);
@@ -64,8 +65,10 @@ impl Meter {
                 if let Ok(mut g) = self.state.lock() {
                     g.info = Some(i);
                 }
+                return Some(i);
             }
         }
+        None
     }
 
     /// Read `TCP_INFO` again if the connection is still open; with
@@ -125,12 +128,38 @@ pub struct Metered<S> {
     inner: S,
     fd: RawFd,
     meter: Arc<Meter>,
+    /// The `TCP_NOTSENT_LOWAT` set on a sending connection, kept at one
+    /// congestion window ([`crate::sockbuf::notsent_lowat_for`]); 0 for a
+    /// connection left alone.
+    lowat: u32,
 }
 
 impl<S> Metered<S> {
     /// The wrapped connection.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// Bound this sending connection's unsent backlog to one congestion
+    /// window, re-read as it writes, so that a connection slowed by loss
+    /// takes records only as fast as it sends them.
+    pub fn bound_backlog(mut self) -> Self {
+        let want = crate::sockbuf::NOTSENT_LOWAT;
+        match crate::sockbuf::set_notsent_lowat(&Fd(self.fd), want) {
+            Ok(()) => self.lowat = want,
+            Err(e) => tracing::debug!("TCP_NOTSENT_LOWAT: {e}"),
+        }
+        self
+    }
+
+    fn follow_window(&mut self, i: &TcpInfo) {
+        let want = crate::sockbuf::notsent_lowat_for(i.snd_cwnd, i.snd_mss);
+        if self.lowat != 0
+            && want != self.lowat
+            && crate::sockbuf::set_notsent_lowat(&Fd(self.fd), want).is_ok()
+        {
+            self.lowat = want;
+        }
     }
 }
 
@@ -166,7 +195,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
         if let Poll::Ready(Ok(n)) = r {
-            self.meter.count(n, self.fd);
+            if let Some(i) = self.meter.count(n, self.fd) {
+                self.follow_window(&i);
+            }
         }
         r
     }
@@ -238,6 +269,7 @@ impl MeterSet {
             inner: conn,
             fd,
             meter,
+            lowat: 0,
         }
     }
 
@@ -368,6 +400,45 @@ mod tests {
 
     /// Send `LEN` bytes through a metered loopback connection; returns
     /// the metered end, still open.
+    #[tokio::test]
+    async fn a_bound_sender_keeps_one_window_of_backlog() {
+        use crate::sockbuf::{notsent_lowat, notsent_lowat_for, NOTSENT_LOWAT};
+        // Segments of 536 bytes: a first window of 10 is 5 KiB, so the
+        // backlog falls to its floor as soon as a write samples TCP_INFO.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        let mss: libc::c_int = 536;
+        // SAFETY: a live socket; the pointer and length describe one c_int.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                (&mss as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        let c = sock.connect(l.local_addr().unwrap()).await.unwrap();
+        let (_s, _) = l.accept().await.unwrap();
+        let set = MeterSet::new();
+        let mut m = set.wrap(c).bound_backlog();
+        assert_eq!(notsent_lowat(m.get_ref()).unwrap(), NOTSENT_LOWAT);
+        m.write_all(&[1u8; 1000]).await.unwrap();
+        let i = m.meter.info().unwrap();
+        let want = notsent_lowat_for(i.snd_cwnd, i.snd_mss);
+        assert!(want < NOTSENT_LOWAT, "{i:?}");
+        assert_eq!(notsent_lowat(m.get_ref()).unwrap(), want);
+        // A connection not bound is left alone.
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (_s2, _) = l.accept().await.unwrap();
+        let mut m = set.wrap(c);
+        m.write_all(&[1u8; 1000]).await.unwrap();
+        assert_eq!(notsent_lowat(m.get_ref()).unwrap(), 0);
+    }
+
     async fn metered_send(set: &MeterSet) -> Metered<tokio::net::TcpStream> {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// Unsent bytes a sending data socket may hold before it stops taking
-/// records.
+/// The most unsent bytes a sending data socket may hold before it stops
+/// taking records (a slow connection holds less: [`notsent_lowat_for`]).
 ///
 /// Without a limit, autotuned send buffers (megabytes each) swallow most
 /// of a file as soon as the first connections open: records are then tied
@@ -22,6 +22,25 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// degrades to static), and connections added later find no record left
 /// to carry.
 pub const NOTSENT_LOWAT: u32 = 128 * 1024;
+
+/// The least unsent backlog [`notsent_lowat_for`] leaves a connection.
+pub const NOTSENT_LOWAT_MIN: u32 = 16 * 1024;
+
+/// Unsent bytes for a sending connection whose congestion window is
+/// `cwnd` segments of `mss` bytes: one window, between
+/// [`NOTSENT_LOWAT_MIN`] and [`NOTSENT_LOWAT`].
+///
+/// A connection that came out of a loss episode with a window of 15
+/// segments sends about 200 KB/s on a 100 ms path; with the full
+/// [`NOTSENT_LOWAT`] of backlog it kept the last records of a transfer
+/// for half a second after every other connection had finished. A window
+/// of backlog is what it sends in the next round trip anyway, so a fast
+/// connection is never starved, and a slow one takes records at the pace
+/// it sends them.
+pub fn notsent_lowat_for(cwnd: u32, mss: u32) -> u32 {
+    cwnd.saturating_mul(mss)
+        .clamp(NOTSENT_LOWAT_MIN, NOTSENT_LOWAT)
+}
 
 /// Set `TCP_NOTSENT_LOWAT` on a socket (see [`NOTSENT_LOWAT`]).
 pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u32) -> std::io::Result<()> {
@@ -39,6 +58,28 @@ pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u32) -> std::io::Result<()>
     };
     if r == 0 {
         Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `TCP_NOTSENT_LOWAT` in force on a socket (0 when never set).
+pub fn notsent_lowat(sock: &impl AsRawFd) -> std::io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the fd is a live socket borrowed for the call; v and len
+    // describe one c_int.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(v as u32)
     } else {
         Err(std::io::Error::last_os_error())
     }
@@ -166,20 +207,16 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         set_notsent_lowat(&c, NOTSENT_LOWAT).unwrap();
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: a live socket; v and len describe one c_int.
-        let r = unsafe {
-            libc::getsockopt(
-                c.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NOTSENT_LOWAT,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0);
-        assert_eq!(v as u32, NOTSENT_LOWAT);
+        assert_eq!(notsent_lowat(&c).unwrap(), NOTSENT_LOWAT);
+    }
+
+    #[test]
+    fn the_backlog_is_one_window_within_bounds() {
+        assert_eq!(notsent_lowat_for(10, 1448), NOTSENT_LOWAT_MIN);
+        assert_eq!(notsent_lowat_for(18, 1448), 18 * 1448);
+        assert_eq!(notsent_lowat_for(600, 1448), NOTSENT_LOWAT);
+        assert_eq!(notsent_lowat_for(u32::MAX, u32::MAX), NOTSENT_LOWAT);
+        assert_eq!(notsent_lowat_for(0, 0), NOTSENT_LOWAT_MIN);
     }
 
     #[tokio::test]

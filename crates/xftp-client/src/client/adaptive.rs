@@ -102,13 +102,8 @@ pub(crate) struct Socks(Arc<Mutex<Vec<OwnedFd>>>);
 
 impl Socks {
     /// Keep a duplicate of `s`'s descriptor (closed when the transfer
-    /// ends), and bound its unsent backlog
-    /// ([`xftp_tune::sockbuf::NOTSENT_LOWAT`]).
+    /// ends).
     pub fn keep(&self, s: &TcpStream) {
-        if let Err(e) = xftp_tune::sockbuf::set_notsent_lowat(s, xftp_tune::sockbuf::NOTSENT_LOWAT)
-        {
-            tracing::debug!("TCP_NOTSENT_LOWAT: {e}");
-        }
         match s.as_fd().try_clone_to_owned() {
             Ok(fd) => {
                 if let Ok(mut v) = self.0.lock() {
@@ -164,10 +159,13 @@ pub(crate) fn wrap(
     socks: Option<&Socks>,
     s: TcpStream,
 ) -> Conn {
-    if let Some(k) = socks {
-        k.keep(&s);
+    match socks {
+        Some(k) => {
+            k.keep(&s);
+            dog.guard(meters.wrap(s).bound_backlog())
+        }
+        None => dog.guard(meters.wrap(s)),
     }
-    dog.guard(meters.wrap(s))
 }
 
 /// A running adaptive transfer.
