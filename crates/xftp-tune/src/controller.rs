@@ -17,7 +17,8 @@
 //!    `queue_delay_min`, right after a growth step or with goodput 10 %
 //!    below the settled level: the connections are overflowing a router
 //!    queue (XFTP's β case). Halve N (at least down to the last level that
-//!    did not overflow) and never grow past N−1 again in this transfer.
+//!    did not overflow; a probe's count goes back to where the probe
+//!    started) and never grow past N−1 again in this transfer.
 //!    Loss without queueing delay is random loss, where more connections
 //!    help (Mathis), so it does not count; loss and a queue at a steady
 //!    goodput are what loss-based TCP does on a full link at any N.
@@ -218,6 +219,9 @@ pub struct Controller {
     low_epochs: u32,
     /// Steady epochs in a row with overflow and goodput 10 % down.
     collapse_epochs: u32,
+    /// The count the last probe started from, while the probe's count
+    /// stands: a collapse then goes back there, not to half.
+    probed_from: Option<u32>,
     quiet_epochs: u32,
     /// Epochs left in which no decision is taken after a reduction (the
     /// queue drains; losses counted then belong to the old count).
@@ -244,6 +248,7 @@ impl Controller {
             settled: None,
             low_epochs: 0,
             collapse_epochs: 0,
+            probed_from: None,
             quiet_epochs: 0,
             hold: 0,
             loss_floor: None,
@@ -450,8 +455,14 @@ impl Controller {
         // no collapse to react to, and no time for it to matter.
         if overflow && collapsing && !little_left && self.n > min {
             // β rule: turn off half, and stay below the level that overflowed.
+            // A probe's +25 % that overflows goes back to where the probe
+            // started, a count that held: halving 5 to 2 on satellite-x10
+            // meant half the rate of the 4 it had probed from.
             self.cap = self.cap.min(self.n - 1).max(min);
-            let half = (self.n / 2).max(min);
+            let half = match self.probed_from.take() {
+                Some(p) if p < self.n => p,
+                _ => (self.n / 2).max(min),
+            };
             let back = self.before.map_or(half, |(n, _)| n.min(self.n - 1));
             self.phase = Phase::Steady;
             self.settled = None;
@@ -468,6 +479,7 @@ impl Controller {
                         self.phase = Phase::Steady;
                         self.settled = Some(g0);
                         self.before = None;
+                        self.probed_from = None;
                         return (n0, Reason::Undo);
                     }
                     if g0 > 0.0 && g < g0 * (1.0 + self.cfg.gain) {
@@ -515,6 +527,7 @@ impl Controller {
                     return (self.n, why);
                 }
                 self.before = Some((self.n, g));
+                self.probed_from = None;
                 (target, Reason::Grow)
             }
             Phase::Steady => {
@@ -537,6 +550,7 @@ impl Controller {
                     self.low_epochs = 0;
                     self.phase = Phase::Grow;
                     self.before = Some((self.n, g));
+                    self.probed_from = None;
                     return (self.grow_target(2), Reason::Degraded);
                 }
                 if let Some(why) = veto {
@@ -546,6 +560,7 @@ impl Controller {
                     self.quiet_epochs = 0;
                     self.phase = Phase::Grow;
                     self.before = Some((self.n, g));
+                    self.probed_from = Some(self.n);
                     let step = (self.n / 4).max(1);
                     return ((self.n + step).min(self.cap), Reason::Probe);
                 }
@@ -831,6 +846,31 @@ mod tests {
         assert_eq!(c.streams(), 4, "{:?}", c.history());
         // Two such epochs in a row are a collapse: halve.
         feed(&mut c, &mut f, 2, 4.8e6, 0.023, 66);
+        assert_eq!(c.streams(), 2, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_probe_that_collapses_goes_back_to_where_it_started() {
+        // Satellite-x10 warm: 4 held from the cache, a probe to 5, then
+        // two epochs of loss with a queue and goodput down: back to 4.
+        let mut c = Controller::settled(TuneConfig::default(), 4);
+        let mut f = Fed::default();
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 9, 10e6, 0.0, 60);
+        assert_eq!(c.streams(), 5, "{:?}", c.history());
+        feed(&mut c, &mut f, 2, 10.5e6, 0.0, 60);
+        feed(&mut c, &mut f, 2, 7e6, 0.03, 65);
+        assert_eq!(c.streams(), 4, "{:?}", c.history());
+        assert_eq!(
+            c.history().last().map(|s| s.reason),
+            Some(Reason::QueueOverflow)
+        );
+        // Without a probe before it the same collapse halves.
+        let mut c = Controller::settled(TuneConfig::default(), 5);
+        let mut f = Fed::default();
+        c.on_sample(Sample::default());
+        feed(&mut c, &mut f, 3, 10.5e6, 0.0, 60);
+        feed(&mut c, &mut f, 2, 7e6, 0.03, 65);
         assert_eq!(c.streams(), 2, "{:?}", c.history());
     }
 
