@@ -459,18 +459,18 @@ impl Controller {
             // started, a count that held: halving 5 to 2 on satellite-x10
             // meant half the rate of the 4 it had probed from.
             self.cap = self.cap.min(self.n - 1).max(min);
-            let half = match self.probed_from.take() {
+            let down = match self.probed_from.take() {
                 Some(p) if p < self.n => p,
                 _ => (self.n / 2).max(min),
             };
-            let back = self.before.map_or(half, |(n, _)| n.min(self.n - 1));
+            let back = self.before.map_or(down, |(n, _)| n.min(self.n - 1));
             self.phase = Phase::Steady;
             self.settled = None;
             self.before = None;
             self.quiet_epochs = 0;
             self.collapse_epochs = 0;
             self.hold = 2;
-            return (half.min(back).max(min), Reason::QueueOverflow);
+            return (down.min(back).max(min), Reason::QueueOverflow);
         }
         match self.phase {
             Phase::Grow => {
