@@ -226,9 +226,7 @@ impl Scheduler {
             Next::Wait
         }
     }
-}
 
-impl Scheduler {
     /// Near the end of a known length, records shrink (guided
     /// self-scheduling): each takes at most 1/(2n) of what is left for n
     /// connections, never under [`TAIL_MIN`]. A connection in loss

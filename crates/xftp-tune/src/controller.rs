@@ -400,6 +400,10 @@ impl Controller {
         });
         if next != self.n {
             self.n = next;
+            // The probe's count no longer stands.
+            if reason != Reason::Probe {
+                self.probed_from = None;
+            }
             Some(Decision {
                 streams: next,
                 reason,
@@ -479,7 +483,6 @@ impl Controller {
                         self.phase = Phase::Steady;
                         self.settled = Some(g0);
                         self.before = None;
-                        self.probed_from = None;
                         return (n0, Reason::Undo);
                     }
                     if g0 > 0.0 && g < g0 * (1.0 + self.cfg.gain) {
@@ -513,12 +516,8 @@ impl Controller {
                     Some(Reason::TooLittleLeft)
                 } else if target == self.n {
                     Some(Reason::NoGain)
-                } else if veto.is_some() {
-                    veto
-                } else if queueing {
-                    Some(Reason::LinkFull)
                 } else {
-                    None
+                    veto.or(queueing.then_some(Reason::LinkFull))
                 };
                 if let Some(why) = stop {
                     self.phase = Phase::Steady;
@@ -527,7 +526,6 @@ impl Controller {
                     return (self.n, why);
                 }
                 self.before = Some((self.n, g));
-                self.probed_from = None;
                 (target, Reason::Grow)
             }
             Phase::Steady => {
@@ -550,7 +548,6 @@ impl Controller {
                     self.low_epochs = 0;
                     self.phase = Phase::Grow;
                     self.before = Some((self.n, g));
-                    self.probed_from = None;
                     return (self.grow_target(2), Reason::Degraded);
                 }
                 if let Some(why) = veto {
@@ -787,6 +784,13 @@ mod tests {
     #[derive(Default)]
     struct Fed(u64, f64, f64, f64);
 
+    /// `c` after its first sample, which starts its first epoch, and the
+    /// counters to feed it from.
+    fn started(mut c: Controller) -> (Controller, Fed) {
+        c.on_sample(Sample::default());
+        (c, Fed::default())
+    }
+
     /// Feed `epochs` epochs of 300 ms at `bps` with the given loss rate
     /// and RTT.
     fn feed(c: &mut Controller, f: &mut Fed, epochs: u64, bps: f64, loss: f64, rtt_ms: u64) {
@@ -836,10 +840,7 @@ mod tests {
         // Four Reno connections on an 8-packet queue (satellite-x10): an
         // epoch with a drop, the queue and goodput half down, then back.
         // Halving on that one epoch lost a fifth of the transfer's rate.
-        let mut c = Controller::settled(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        // The epoch starts at the first sample.
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 3, 10e6, 0.0, 61);
         feed(&mut c, &mut f, 1, 4.8e6, 0.023, 66);
         feed(&mut c, &mut f, 2, 10e6, 0.0, 61);
@@ -853,9 +854,7 @@ mod tests {
     fn a_probe_that_collapses_goes_back_to_where_it_started() {
         // Satellite-x10 warm: 4 held from the cache, a probe to 5, then
         // two epochs of loss with a queue and goodput down: back to 4.
-        let mut c = Controller::settled(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 9, 10e6, 0.0, 60);
         assert_eq!(c.streams(), 5, "{:?}", c.history());
         feed(&mut c, &mut f, 2, 10.5e6, 0.0, 60);
@@ -866,9 +865,7 @@ mod tests {
             Some(Reason::QueueOverflow)
         );
         // Without a probe before it the same collapse halves.
-        let mut c = Controller::settled(TuneConfig::default(), 5);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 5));
         feed(&mut c, &mut f, 3, 10.5e6, 0.0, 60);
         feed(&mut c, &mut f, 2, 7e6, 0.03, 65);
         assert_eq!(c.streams(), 2, "{:?}", c.history());
@@ -880,10 +877,7 @@ mod tests {
         // 6 ms against 56 ms, below the queueing threshold, but the step
         // to 8 connections loses 8 % of its segments: stop there, and do
         // not probe upward while the loss lasts.
-        let mut c = Controller::new(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        // The epoch starts at the first sample.
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 1, 1.7e6, 0.0, 56);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
         feed(&mut c, &mut f, 1, 3.9e6, 0.085, 57);
@@ -895,9 +889,7 @@ mod tests {
         feed(&mut c, &mut f, 20, 9e6, 0.05, 57);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
         // The same gains without the loss: growth goes on.
-        let mut c = Controller::new(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 1, 1.7e6, 0.0, 56);
         feed(&mut c, &mut f, 1, 3.9e6, 0.0, 57);
         assert!(c.streams() > 8, "{:?}", c.history());
@@ -908,9 +900,7 @@ mod tests {
         // The fresh lossy start: 4 connections in slow start, then 8 with
         // ten times the goodput and 10 ms of queue standing all epoch on
         // a 100 ms path: the link is full, stay at 8.
-        let mut c = Controller::new(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
         feed(&mut c, &mut f, 1, 80e6, 0.0, 110);
@@ -919,9 +909,7 @@ mod tests {
         // The same gain with no queue grows, but by a doubling only: ten
         // times the goodput for twice the connections is slow start
         // ending, no sign of linear scaling.
-        let mut c = Controller::new(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
         feed(&mut c, &mut f, 1, 80e6, 0.0, 100);
         assert_eq!(c.streams(), 16, "{:?}", c.history());
@@ -932,9 +920,7 @@ mod tests {
         // The satellite start: 8 connections in slow start into an
         // 8-packet queue lost 31 % of their segments. That first epoch is
         // also the lowest loss rate seen so far; it must not excuse itself.
-        let mut c = Controller::new(TuneConfig::default(), 8);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
         feed(&mut c, &mut f, 6, 0.2e6, 0.31, 569);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
         assert_eq!(
@@ -943,9 +929,7 @@ mod tests {
         );
         // Random loss of a few per cent (fig12's bit errors: 5.8 % of
         // packets) still lets a path grow: there more connections help.
-        let mut c = Controller::new(TuneConfig::default(), 4);
-        let mut f = Fed::default();
-        c.on_sample(Sample::default());
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
         feed(&mut c, &mut f, 1, 1.0e6, 0.06, 56);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
     }

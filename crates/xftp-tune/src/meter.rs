@@ -398,8 +398,6 @@ mod tests {
         assert!(t.segs_out > 0, "{t:?}");
     }
 
-    /// Send `LEN` bytes through a metered loopback connection; returns
-    /// the metered end, still open.
     #[tokio::test]
     async fn a_bound_sender_keeps_one_window_of_backlog() {
         use crate::sockbuf::{notsent_lowat, notsent_lowat_for, NOTSENT_LOWAT};
@@ -407,18 +405,7 @@ mod tests {
         // backlog falls to its floor as soon as a write samples TCP_INFO.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        let mss: libc::c_int = 536;
-        // SAFETY: a live socket; the pointer and length describe one c_int.
-        let r = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_MAXSEG,
-                (&mss as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
+        crate::sockbuf::setopt(sock.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_MAXSEG, 536).unwrap();
         let c = sock.connect(l.local_addr().unwrap()).await.unwrap();
         let (_s, _) = l.accept().await.unwrap();
         let set = MeterSet::new();
@@ -439,6 +426,8 @@ mod tests {
         assert_eq!(notsent_lowat(m.get_ref()).unwrap(), 0);
     }
 
+    /// Send `LEN` bytes through a metered loopback connection; returns
+    /// the metered end, still open.
     async fn metered_send(set: &MeterSet) -> Metered<tokio::net::TcpStream> {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())

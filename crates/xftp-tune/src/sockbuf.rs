@@ -45,44 +45,18 @@ pub fn notsent_lowat_for(cwnd: u32, mss: u32) -> u32 {
 /// Set `TCP_NOTSENT_LOWAT` on a socket (see [`NOTSENT_LOWAT`]).
 pub fn set_notsent_lowat(sock: &impl AsRawFd, bytes: u32) -> std::io::Result<()> {
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: the fd is a live socket borrowed for the call; the pointer
-    // and length describe one c_int.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    setopt(
+        sock.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_NOTSENT_LOWAT,
+        v,
+    )
 }
 
 /// `TCP_NOTSENT_LOWAT` in force on a socket (0 when never set).
 pub fn notsent_lowat(sock: &impl AsRawFd) -> std::io::Result<u32> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the fd is a live socket borrowed for the call; v and len
-    // describe one c_int.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 {
-        Ok(v as u32)
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    let v = getopt(sock.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT)?;
+    Ok(u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 /// Buffer sizes the kernel reports for a socket.
@@ -94,13 +68,19 @@ pub struct InForce {
     pub snd: u64,
 }
 
-fn setopt(fd: RawFd, opt: libc::c_int, val: libc::c_int) -> std::io::Result<()> {
+/// Set an integer socket option.
+pub(crate) fn setopt(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    val: libc::c_int,
+) -> std::io::Result<()> {
     // SAFETY: fd is a live socket borrowed for the call; the pointer and
     // length describe one c_int.
     let r = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_SOCKET,
+            level,
             opt,
             (&val as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
@@ -113,14 +93,15 @@ fn setopt(fd: RawFd, opt: libc::c_int, val: libc::c_int) -> std::io::Result<()> 
     }
 }
 
-fn getopt(fd: RawFd, opt: libc::c_int) -> std::io::Result<u64> {
+/// Read an integer socket option (negative values read as 0).
+fn getopt(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> std::io::Result<u64> {
     let mut val: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: as above; val and len are valid for writes.
     let r = unsafe {
         libc::getsockopt(
             fd,
-            libc::SOL_SOCKET,
+            level,
             opt,
             (&mut val as *mut libc::c_int).cast(),
             &mut len,
@@ -141,8 +122,8 @@ pub fn apply(sock: &impl AsRawFd, bytes: u64) -> std::io::Result<InForce> {
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
     ] {
-        if setopt(fd, force, v).is_err() {
-            setopt(fd, plain, v)?;
+        if setopt(fd, libc::SOL_SOCKET, force, v).is_err() {
+            setopt(fd, libc::SOL_SOCKET, plain, v)?;
         }
     }
     read(sock)
@@ -152,8 +133,8 @@ pub fn apply(sock: &impl AsRawFd, bytes: u64) -> std::io::Result<InForce> {
 pub fn read(sock: &impl AsRawFd) -> std::io::Result<InForce> {
     let fd = sock.as_raw_fd();
     Ok(InForce {
-        rcv: getopt(fd, libc::SO_RCVBUF)?,
-        snd: getopt(fd, libc::SO_SNDBUF)?,
+        rcv: getopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?,
+        snd: getopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF)?,
     })
 }
 
