@@ -173,6 +173,30 @@ pub fn parse_epsv_reply(text: &str) -> Result<u16, ProtoError> {
         .map_err(|_| bad("EPSV", format!("bad port {:?}", parts[3])))
 }
 
+/// Fuzz entry: every host-port parser on arbitrary text. Must never
+/// panic; whatever parses must format and parse back to the same address.
+#[doc(hidden)]
+pub fn fuzz_hostport(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(a) = parse_port_arg(text) {
+        assert_eq!(parse_port_arg(&format_port_arg(a)).ok(), Some(a));
+    }
+    if let Ok(a) = parse_eprt_arg(text) {
+        assert_eq!(parse_eprt_arg(&format_eprt_arg(a)).ok(), Some(a));
+    }
+    if let Ok(v) = parse_mprt_arg(text) {
+        assert_eq!(parse_mprt_arg(&format_mprt_arg(&v)).ok(), Some(v));
+    }
+    if let Ok(a) = parse_pasv_reply(text) {
+        assert_eq!(parse_pasv_reply(&format_pasv_reply(a)).ok(), Some(a));
+    }
+    if let Ok(p) = parse_epsv_reply(text) {
+        assert_eq!(parse_epsv_reply(&format_epsv_reply(p)).ok(), Some(p));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +278,27 @@ mod tests {
         assert_eq!(parse_epsv_reply(&format_epsv_reply(1)).unwrap(), 1);
         assert!(parse_epsv_reply("Entering (|||x|)").is_err());
         assert!(parse_epsv_reply("no parens").is_err());
+    }
+
+    proptest::proptest! {
+        /// The fuzz entry on text near the accepted forms.
+        #[test]
+        fn fuzz_entry_roundtrips(text in "[(|!,0-9a-f:. ]{0,60}") {
+            fuzz_hostport(text.as_bytes());
+        }
+
+        #[test]
+        fn fuzz_entry_survives_any_bytes(data in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            fuzz_hostport(&data);
+        }
+    }
+
+    #[test]
+    fn fuzz_entry_checks_what_parses() {
+        fuzz_hostport(b"10,0,0,1,4,1");
+        fuzz_hostport(b"|2|::1|5002|");
+        fuzz_hostport(b"|1|198.18.0.1|5001| |2|::1|5002|");
+        fuzz_hostport(b"Entering Passive Mode (127,0,0,1,200,10).");
+        fuzz_hostport(b"Entering Extended Passive Mode (!!!6446!)");
     }
 }

@@ -358,6 +358,15 @@ pub fn parse_progress(text: &str) -> Option<Totals> {
     Some(t)
 }
 
+/// Fuzz entry: parse arbitrary text as a progress line. Must never panic;
+/// what parses must format and parse back to the same totals.
+#[doc(hidden)]
+pub fn fuzz_progress(data: &[u8]) {
+    if let Some(t) = std::str::from_utf8(data).ok().and_then(parse_progress) {
+        assert_eq!(parse_progress(&format_progress(&t)), Some(t));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +387,20 @@ mod tests {
         assert_eq!(parse_progress(&format_progress(&t)), Some(t));
         assert_eq!(parse_progress("Transfer in progress"), None);
         assert_eq!(parse_progress("XFTP-PROGRESS bytes=x"), None);
+    }
+
+    proptest::proptest! {
+        /// The fuzz entry on progress-shaped lines: keys known and not,
+        /// values in and out of range.
+        #[test]
+        fn fuzz_entry_roundtrips(words in proptest::collection::vec("(bytes|conns|rtt_us|min_rtt_us|retrans|segs_out|delivered|t_us|x)=[0-9]{0,21}", 0..10)) {
+            fuzz_progress(format!("XFTP-PROGRESS {}", words.join(" ")).as_bytes());
+        }
+
+        #[test]
+        fn fuzz_entry_survives_any_bytes(data in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            fuzz_progress(&data);
+        }
     }
 
     #[tokio::test]
