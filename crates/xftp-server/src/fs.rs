@@ -19,6 +19,10 @@ pub enum FsError {
     /// The path resolves outside the root through a symbolic link (550).
     #[error("Permission denied (outside the served root)")]
     Outside,
+    /// A symbolic link to nothing where a file would be written through
+    /// it (553): where it leads cannot be checked before it exists.
+    #[error("Permission denied (symbolic link to nothing)")]
+    DanglingLink,
     /// A directory where a file was needed (550).
     #[error("Is a directory")]
     IsDir,
@@ -106,6 +110,27 @@ impl Root {
             return Err(FsError::NotDir);
         }
         Ok(parent.join(OsStr::from_bytes(name)))
+    }
+
+    /// The real path of a file to write in place (APPE, STOR after REST):
+    /// as [`Root::creatable`], but a symbolic link as the last component is
+    /// followed, and its target must be inside the root. Writing in place
+    /// opens the file, which follows links, unlike STOR's rename onto the
+    /// name. A link to nothing is refused: what it would create could be
+    /// anywhere.
+    pub fn in_place(&self, v: &VPath) -> Result<PathBuf, FsError> {
+        let p = self.creatable(v)?;
+        match std::fs::symlink_metadata(&p) {
+            Ok(md) if md.file_type().is_symlink() => match std::fs::canonicalize(&p) {
+                Ok(real) => {
+                    self.check_inside(&real)?;
+                    Ok(real)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FsError::DanglingLink),
+                Err(e) => Err(FsError::from_io(e)),
+            },
+            _ => Ok(p),
+        }
     }
 
     /// The real path of an object to delete or rename (the link itself,
@@ -233,6 +258,36 @@ mod tests {
         assert_eq!(mdtm_string(0), "19700101000000");
         assert_eq!(mdtm_string(951_782_400), "20000229000000");
         assert_eq!(mdtm_string(1_700_000_000), "20231114221320");
+    }
+
+    #[test]
+    fn writing_in_place_follows_links_only_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s").unwrap();
+        std::fs::write(dir.path().join("file"), b"f").unwrap();
+        let link = |target: &Path, name: &str| {
+            std::os::unix::fs::symlink(target, dir.path().join(name)).unwrap()
+        };
+        link(&outside.path().join("secret"), "out");
+        link(&outside.path().join("new"), "dangling-out");
+        link(Path::new("missing"), "dangling-in");
+        link(Path::new("file"), "in");
+        let root = Root::new(dir.path()).unwrap();
+        let v = |s: &str| VPath::root().join(s.as_bytes()).unwrap();
+        assert!(matches!(root.in_place(&v("out")), Err(FsError::Outside)));
+        assert!(matches!(
+            root.in_place(&v("dangling-out")),
+            Err(FsError::DanglingLink)
+        ));
+        assert!(matches!(
+            root.in_place(&v("dangling-in")),
+            Err(FsError::DanglingLink)
+        ));
+        let real = root.path().join("file");
+        assert_eq!(root.in_place(&v("in")).unwrap(), real);
+        assert_eq!(root.in_place(&v("file")).unwrap(), real);
+        assert_eq!(root.in_place(&v("new")).unwrap(), root.path().join("new"));
     }
 
     #[test]

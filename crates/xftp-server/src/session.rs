@@ -1251,7 +1251,22 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
-        let target = match self.cfg.root.creatable(&v) {
+        let kind = if append {
+            UploadKind::Append
+        } else if rest > 0 {
+            UploadKind::Resume
+        } else {
+            UploadKind::Replace
+        };
+        // STOR renames onto the name (replacing a link, never its target);
+        // APPE and REST+STOR open the file, which follows a link, so its
+        // target is checked to be inside the root.
+        let target = if kind == UploadKind::Replace {
+            self.cfg.root.creatable(&v)
+        } else {
+            self.cfg.root.in_place(&v)
+        };
+        let target = match target {
             Ok(p) => p,
             Err(e) => {
                 let (_, t) = fs_reply(&e);
@@ -1264,13 +1279,6 @@ impl Session {
                 .reply(553, format!("{}: Is a directory.", v.display()))
                 .await;
         }
-        let kind = if append {
-            UploadKind::Append
-        } else if rest > 0 {
-            UploadKind::Resume
-        } else {
-            UploadKind::Replace
-        };
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;

@@ -229,8 +229,13 @@ impl Upload {
                 }
                 Err(std::io::Error::other("cannot create a temporary file"))
             }
+            // `final_path` has its links resolved (`Root::in_place`); a link
+            // put there since is refused, not followed.
             UploadKind::Resume => {
-                let f = OpenOptions::new().write(true).open(final_path)?;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(final_path)?;
                 Ok((
                     Upload {
                         final_path: final_path.to_owned(),
@@ -248,6 +253,7 @@ impl Upload {
                     .create(true)
                     .truncate(false)
                     .mode(0o644)
+                    .custom_flags(libc::O_NOFOLLOW)
                     .open(final_path)?;
                 let len = f.metadata()?.len();
                 Ok((
@@ -287,7 +293,11 @@ impl Drop for Upload {
             let _ = std::fs::remove_file(temp);
         }
         if let Some(len) = self.rollback_len {
-            if let Ok(f) = OpenOptions::new().write(true).open(&self.final_path) {
+            if let Ok(f) = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&self.final_path)
+            {
                 let _ = f.set_len(len);
             }
         }

@@ -42,6 +42,45 @@ async fn paths_cannot_escape_the_root() {
 }
 
 #[tokio::test]
+async fn writes_in_place_do_not_follow_links_outside() {
+    // APPE and STOR after REST open the file, which follows a symbolic
+    // link; STOR alone renames onto the name and replaces the link.
+    let srv = start(|_| {}).await;
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, b"secret").unwrap();
+    let link = |target: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(target, srv.dir.path().join(name)).unwrap()
+    };
+    link(&secret, "evil");
+    link(&outside.path().join("created"), "dangle");
+    write(srv.dir.path(), "mine", b"0123");
+    link(std::path::Path::new("mine"), "inside-link");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    let r = c.cmd("APPE evil", 553).await;
+    assert!(r.text().contains("outside the served root"), "{r}");
+    c.cmd("APPE dangle", 553).await;
+    c.cmd("REST 3", 350).await;
+    c.cmd("STOR evil", 553).await;
+    c.cmd("REST 1", 350).await;
+    c.cmd("STOR dangle", 553).await;
+    assert_eq!(std::fs::read(&secret).unwrap(), b"secret");
+    assert!(!outside.path().join("created").exists());
+    // A link inside the root is followed: APPE extends its target.
+    let mut d = c.epsv_connect(1).await;
+    c.cmd("APPE inside-link", 150).await;
+    let mut s = d.remove(0);
+    s.write_all(b"45").await.unwrap();
+    drop(s);
+    c.expect(226).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("mine")).unwrap(),
+        b"012345"
+    );
+}
+
+#[tokio::test]
 async fn active_mode_refuses_bounce_and_privileged_ports() {
     let srv = start(|_| {}).await;
     let mut c = Ctl::login(srv.addr).await;
