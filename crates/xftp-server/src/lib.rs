@@ -112,6 +112,13 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        // Clients send ABOR (or the Telnet IP/DM before it) as TCP urgent
+        // data (RFC 959 4.1.3; Python's ftplib sends all of "ABOR\r\n" so):
+        // without OOBINLINE the kernel takes the urgent byte, the final LF,
+        // out of the stream, and the command never completes.
+        if let Err(e) = socket2::SockRef::from(&stream).set_out_of_band_inline(true) {
+            tracing::debug!(%peer, "SO_OOBINLINE: {e}");
+        }
         let n = active.fetch_add(1, Ordering::SeqCst) + 1;
         let guard = ActiveGuard(active.clone());
         let cfg = config.clone();

@@ -179,10 +179,30 @@ impl Session {
                 Ok(Ok(n)) => {
                     let mut out = Vec::new();
                     self.reader.feed(&buf[..n], &mut out);
+                    self.read_past_urgent_mark(&mut buf, &mut out);
                     self.queued.extend(out);
                 }
                 Ok(Err(e)) => return Err(e),
             }
+        }
+    }
+
+    /// Feed what is left in the control socket after a read. A read stops
+    /// at the TCP urgent mark, and tokio takes a short read for a drained
+    /// socket and waits for the next packet: an ABOR sent as urgent data
+    /// (ftplib sends all of "ABOR\r\n" so, the LF being the urgent byte,
+    /// kept in line by SO_OOBINLINE) would wait for its LF until the idle
+    /// timeout. A non-blocking read on the descriptor itself sees it.
+    fn read_past_urgent_mark(
+        &mut self,
+        buf: &mut [u8],
+        out: &mut Vec<Result<Vec<u8>, ProtoError>>,
+    ) {
+        use std::io::Read;
+        let sock = socket2::SockRef::from(self.r.as_ref());
+        // Ends at WouldBlock, or at 0 (EOF: the next async read sees it).
+        while let Ok(n @ 1..) = (&*sock).read(buf) {
+            self.reader.feed(&buf[..n], out);
         }
     }
 
@@ -1078,6 +1098,7 @@ impl Session {
                     };
                     let mut lines = Vec::new();
                     self.reader.feed(&buf[..n], &mut lines);
+                    self.read_past_urgent_mark(&mut buf, &mut lines);
                     let mut rest = lines.into_iter();
                     while let Some(l) = rest.next() {
                         let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();

@@ -245,6 +245,26 @@ async fn aborted_upload_leaves_no_file_and_append_rolls_back() {
     c.expect(426).await;
     c.expect(226).await;
     assert_eq!(std::fs::read(srv.dir.path().join("log")).unwrap(), b"old");
+    // ABOR as TCP urgent data, as Python's ftplib sends it (all of
+    // "ABOR\r\n" with MSG_OOB, so the LF is the urgent byte): the LF must
+    // stay in the stream.
+    let d = c.epsv_connect(1).await;
+    c.cmd("APPE log", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(b"more").await.unwrap();
+    d.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    socket2::SockRef::from(&c.s)
+        .send_out_of_band(b"ABOR\r\n")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        c.expect(426).await;
+        c.expect(226).await;
+    })
+    .await
+    .expect("no reply to an urgent ABOR");
+    assert_eq!(std::fs::read(srv.dir.path().join("log")).unwrap(), b"old");
+    c.cmd("NOOP", 200).await;
 }
 
 #[tokio::test]
