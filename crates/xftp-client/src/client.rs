@@ -1548,15 +1548,41 @@ fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
-    let name = target
+    let mut name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "download".into());
+    // ".NAME.XXXXXX.xftp-part" must fit in a file name (255 bytes), as
+    // NAME alone does: shorten NAME, on a character boundary.
+    let mut keep = name
+        .len()
+        .min(255 - ".".len() - ".XXXXXX".len() - ".xftp-part".len());
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    name.truncate(keep);
     tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".xftp-part")
         .tempfile_in(&dir)
         .map_err(|e| local_err(&dir, e))
+}
+
+#[cfg(test)]
+#[test]
+fn a_temporary_fits_where_its_target_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "d".repeat(255),
+        "\u{e9}".repeat(127),
+        "\u{1f600}".repeat(63),
+    ] {
+        let target = dir.path().join(&name);
+        let tmp = temp_next_to(&target).unwrap();
+        std::fs::write(tmp.path(), b"x").unwrap();
+        finish_temp(tmp, &target).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"x");
+    }
 }
 
 /// Give the finished file ordinary permissions and rename it into place.

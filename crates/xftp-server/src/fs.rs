@@ -105,6 +105,13 @@ impl Root {
     /// appended as is (a rename onto it replaces a link, never its target).
     pub fn creatable(&self, v: &VPath) -> Result<PathBuf, FsError> {
         let name = v.file_name().ok_or(FsError::Exists)?;
+        // Said now rather than when an upload's data has arrived and its
+        // temporary is renamed (NAME_MAX on Linux's file systems).
+        if name.len() > 255 {
+            return Err(FsError::Io(std::io::Error::from_raw_os_error(
+                libc::ENAMETOOLONG,
+            )));
+        }
         let parent = self.existing(&v.parent())?;
         if !parent.is_dir() {
             return Err(FsError::NotDir);

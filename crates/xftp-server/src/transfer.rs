@@ -3,8 +3,10 @@
 //! xftp-stripe engine. Uploads never leave a complete-looking file behind
 //! when they fail (see [`Upload`]).
 
+use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::SeekFrom;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,13 +200,17 @@ impl Upload {
         match kind {
             UploadKind::Replace => {
                 let dir = final_path.parent().unwrap_or(Path::new("."));
-                let name = final_path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let name = final_path.file_name().map_or(&[][..], |n| n.as_bytes());
+                // ".NAME.xftp-part-TAG" must fit in a file name (255
+                // bytes), as NAME alone does: keep the start of NAME.
+                let name = &name[..name.len().min(255 - 1 - ".xftp-part-".len() - 16)];
                 for _ in 0..16 {
                     let tag: u64 = rand::random();
-                    let temp = dir.join(format!(".{name}.xftp-part-{tag:016x}"));
+                    let mut temp = Vec::with_capacity(255);
+                    temp.push(b'.');
+                    temp.extend_from_slice(name);
+                    temp.extend_from_slice(format!(".xftp-part-{tag:016x}").as_bytes());
+                    let temp = dir.join(OsStr::from_bytes(&temp));
                     match OpenOptions::new()
                         .write(true)
                         .create_new(true)

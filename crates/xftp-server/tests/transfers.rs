@@ -11,6 +11,26 @@ use tokio::net::{TcpListener, TcpStream};
 use xftp_stripe::{recv_file, send_file, MemFile, SendConfig};
 
 #[tokio::test]
+async fn names_as_long_as_the_file_system_allows_can_be_stored() {
+    // The temporary name adds to the final one; it must still fit in 255
+    // bytes when the final name does (ASCII, and 2-byte UTF-8 at 254).
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    for name in ["n".repeat(255), "\u{e9}".repeat(127)] {
+        let d = c.epsv_connect(1).await;
+        c.cmd(&format!("STOR {name}"), 150).await;
+        let mut d = d.into_iter().next().unwrap();
+        d.write_all(b"long").await.unwrap();
+        d.shutdown().await.unwrap();
+        drop(d);
+        c.expect(226).await;
+        assert_eq!(std::fs::read(srv.dir.path().join(&name)).unwrap(), b"long");
+    }
+    c.cmd(&format!("STOR {}", "n".repeat(256)), 553).await;
+}
+
+#[tokio::test]
 async fn stream_mode_roundtrip_passive_and_active() {
     let srv = start(|_| {}).await;
     let data = pattern(1_048_576 + 7, 3);
