@@ -1249,8 +1249,31 @@ impl Client {
                     Ok(conns)
                 };
                 // A failed connect must not wait for a reply the server
-                // will only send after its own data timeout.
-                let (_, conns) = tokio::try_join!(self.expect_preliminary(c), connects)?;
+                // will only send after its own data timeout; but a server
+                // that refused the command (550 for LIST of a missing
+                // directory) closes its port too, and its reply, not the
+                // refused connect, says why: wait for it briefly.
+                let grace = Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 2;
+                let pre = self.expect_preliminary(c);
+                tokio::pin!(pre, connects);
+                let conns = tokio::select! {
+                    r = &mut pre => {
+                        r?;
+                        connects.await?
+                    }
+                    r = &mut connects => match r {
+                        Ok(conns) => {
+                            pre.await?;
+                            conns
+                        }
+                        Err(e) => {
+                            return Err(match tokio::time::timeout(grace, pre).await {
+                                Ok(Err(refused)) => refused,
+                                _ => e,
+                            });
+                        }
+                    },
+                };
                 Ok((conns, Grow::Passive(target)))
             }
             Setup::Listen { listener, n } => {

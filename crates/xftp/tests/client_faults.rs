@@ -26,6 +26,9 @@ enum Script {
     UploadSizeLies,
     /// RETR: 150 and data, then 426 instead of 226.
     AbortAfterData,
+    /// EPSV names a port already closed again; LIST is refused with 550
+    /// a moment later (a missing directory: the server gave up the port).
+    RefusedList,
 }
 
 const FILE_LEN: usize = 1000;
@@ -67,6 +70,14 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 _ => format!("213 {FILE_LEN}"),
             },
             "EPSV" if matches!(script, Script::NatPasv) => "500 EPSV not understood".into(),
+            "EPSV" if matches!(script, Script::RefusedList) => {
+                let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+                format!("229 Entering Extended Passive Mode (|||{p}|)")
+            }
+            "LIST" => {
+                thread::sleep(Duration::from_millis(300));
+                "550 /nowhere: No such file or directory".into()
+            }
             "EPSV" => {
                 let dl = TcpListener::bind("127.0.0.1:0")?;
                 let p = dl.local_addr()?.port();
@@ -168,6 +179,21 @@ fn honest_server_control_case_succeeds() {
     assert_eq!(
         std::fs::read(dir.path().join("f.bin")).unwrap().len(),
         FILE_LEN
+    );
+}
+
+#[test]
+fn a_refused_listing_reports_the_reply_not_the_closed_port() {
+    // The server's 550 explains the refused data connection.
+    let (port, _) = fake_server(Script::RefusedList);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/nowhere/");
+    let out = xftp(&["ls", &url], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("550") && err.contains("No such file or directory"),
+        "{err}"
     );
 }
 
