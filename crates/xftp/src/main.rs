@@ -53,15 +53,27 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async move {
-        match cli.command {
-            Command::Serve(a) => cmd::serve::run(a).await,
-            Command::Useradd(a) => cmd::serve::useradd(a),
-            Command::Get(a) => cmd::transfer::get(a).await,
-            Command::Put(a) => cmd::transfer::put(a).await,
-            Command::Ls(a) => cmd::transfer::ls(a).await,
-            Command::Probe(a) => cmd::probe::run(a).await,
-            Command::Send(a) => cmd::pipe::send(a).await,
-            Command::Recv(a) => cmd::pipe::recv(a).await,
+        let work = match cli.command {
+            // The server ends on its own signals (it finishes transfers).
+            Command::Serve(a) => return cmd::serve::run(a).await,
+            Command::Useradd(a) => return cmd::serve::useradd(a),
+            Command::Get(a) => Box::pin(cmd::transfer::get(a)) as Work,
+            Command::Put(a) => Box::pin(cmd::transfer::put(a)),
+            Command::Ls(a) => Box::pin(cmd::transfer::ls(a)),
+            Command::Probe(a) => Box::pin(cmd::probe::run(a)),
+            Command::Send(a) => Box::pin(cmd::pipe::send(a)),
+            Command::Recv(a) => Box::pin(cmd::pipe::recv(a)),
+        };
+        // Dropping the command on SIGINT/SIGTERM runs its cleanup: a
+        // download's temporary file is removed, connections are closed
+        // (the server rolls back an upload). Killed by the signal instead,
+        // a multi-gigabyte temporary would stay behind.
+        tokio::select! {
+            r = work => r,
+            (name, code) = interrupted() => {
+                eprintln!("xftp: interrupted ({name})");
+                Ok(ExitCode::from(code))
+            }
         }
     });
     match result {
@@ -70,6 +82,32 @@ fn main() -> ExitCode {
             eprintln!("xftp: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A running client command.
+type Work = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>>;
+
+/// Wait for SIGINT or SIGTERM; the signal's name and the shell's exit
+/// status for it (128 + number).
+async fn interrupted() -> (&'static str, u8) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let sigterm = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => match r {
+            Ok(()) => ("SIGINT", 130),
+            // No handler could be installed: never report a signal.
+            Err(_) => std::future::pending().await,
+        },
+        _ = sigterm => ("SIGTERM", 143),
     }
 }
 

@@ -233,6 +233,39 @@ fn stalled_data_connection_times_out() {
 }
 
 #[test]
+fn an_interrupted_download_leaves_nothing() {
+    // SIGINT and SIGTERM mid-transfer (the stalled server holds the data
+    // connection open): the temporary is removed, exit 128 + signal.
+    for (sig, code) in [("INT", 130), ("TERM", 143)] {
+        let (port, _) = fake_server(Script::Stall);
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("ftp://127.0.0.1:{port}/f.bin");
+        let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+            .args(["get", &url])
+            .current_dir(dir.path())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until the download's temporary exists.
+        let t0 = std::time::Instant::now();
+        while entries(dir.path()).is_empty() && t0.elapsed() < Duration::from_secs(10) {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(entries(dir.path()).len(), 1, "no temporary appeared");
+        let killed = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        assert!(err.contains(&format!("interrupted (SIG{sig})")), "{err}");
+        assert_eq!(entries(dir.path()), Vec::<String>::new());
+    }
+}
+
+#[test]
 fn pasv_fallback_uses_the_control_peer_address() {
     let (port, seen) = fake_server(Script::NatPasv);
     let dir = tempfile::tempdir().unwrap();
