@@ -1608,6 +1608,22 @@ fn a_temporary_fits_where_its_target_does() {
     }
 }
 
+#[cfg(all(test, unix))]
+#[test]
+fn a_replaced_file_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let new = dir.path().join("new");
+    finish_temp(temp_next_to(&new).unwrap(), &new).unwrap();
+    assert_eq!(mode(&new), 0o644);
+    let private = dir.path().join("private");
+    std::fs::write(&private, b"old").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    finish_temp(temp_next_to(&private).unwrap(), &private).unwrap();
+    assert_eq!(mode(&private), 0o600);
+}
+
 /// Give the finished file ordinary permissions and rename it into place.
 fn finish_temp(tmp: tempfile::NamedTempFile, target: &Path) -> Result<()> {
     tmp.as_file()
@@ -1617,8 +1633,13 @@ fn finish_temp(tmp: tempfile::NamedTempFile, target: &Path) -> Result<()> {
     {
         use std::os::unix::fs::PermissionsExt;
         // tempfile creates 0600; a downloaded file should look like any
-        // other new file (0644 under the usual umask).
-        let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644));
+        // other new file (0644 under the usual umask), and a file it
+        // replaces keeps its permissions (a private file stays private).
+        let mode = std::fs::symlink_metadata(target)
+            .ok()
+            .filter(|m| m.is_file())
+            .map_or(0o644, |m| m.permissions().mode() & 0o777);
+        let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode));
     }
     tmp.persist(target)
         .map(|_| ())

@@ -218,6 +218,18 @@ impl Upload {
                         .open(&temp)
                     {
                         Ok(f) => {
+                            // A file replaced keeps its permissions (a
+                            // private file must not become readable by
+                            // all); hard links to the old one keep the old
+                            // content, as with any atomic replace.
+                            if let Ok(md) = std::fs::symlink_metadata(final_path) {
+                                if md.is_file() {
+                                    use std::os::unix::fs::PermissionsExt;
+                                    let mode = md.permissions().mode() & 0o777;
+                                    let _ =
+                                        f.set_permissions(std::fs::Permissions::from_mode(mode));
+                                }
+                            }
                             return Ok((
                                 Upload {
                                     final_path: final_path.to_owned(),
@@ -227,7 +239,7 @@ impl Upload {
                                 },
                                 f,
                                 0,
-                            ))
+                            ));
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                         Err(e) => return Err(e),

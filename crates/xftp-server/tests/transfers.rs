@@ -11,6 +11,27 @@ use tokio::net::{TcpListener, TcpStream};
 use xftp_stripe::{recv_file, send_file, MemFile, SendConfig};
 
 #[tokio::test]
+async fn a_replaced_file_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let srv = start(|_| {}).await;
+    let path = srv.dir.path().join("private");
+    write(srv.dir.path(), "private", b"old");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR private", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(b"new").await.unwrap();
+    d.shutdown().await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[tokio::test]
 async fn names_as_long_as_the_file_system_allows_can_be_stored() {
     // The temporary name adds to the final one; it must still fit in 255
     // bytes when the final name does (ASCII, and 2-byte UTF-8 at 254).
