@@ -125,3 +125,36 @@ fn init_logging(verbose: u8) {
         .with_writer(std::io::stderr)
         .init();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn kind(args: &[&str]) -> Option<ErrorKind> {
+        Cli::try_parse_from(args).err().map(|e| e.kind())
+    }
+
+    #[test]
+    fn out_of_range_values_get_the_range_error() {
+        // A negative number is a value (with the range in the message), not
+        // an unknown flag.
+        let bad = ErrorKind::ValueValidation;
+        assert_eq!(kind(&["xftp", "get", "ftp://h/x", "-p", "-1"]), Some(bad));
+        assert_eq!(
+            kind(&["xftp", "get", "ftp://h/x", "--bufsize", "-5"]),
+            Some(bad)
+        );
+        assert_eq!(
+            kind(&["xftp", "probe", "ftp://h/", "--bufsize", "-5"]),
+            Some(bad)
+        );
+        let serve = ["xftp", "serve", "--root", ".", "--anonymous"];
+        assert_eq!(
+            kind(&[&serve[..], &["--max-sessions", "0"]].concat()),
+            Some(bad)
+        );
+        assert_eq!(kind(&[&serve[..], &["--max-sessions", "1"]].concat()), None);
+        assert_eq!(kind(&["xftp", "get", "ftp://h/x", "-p", "4"]), None);
+    }
+}

@@ -31,7 +31,7 @@ pub struct ProbeArgs {
     url: String,
     /// The per-connection window to assume (as `--bufsize` of get/put);
     /// only explains the choice.
-    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg)]
+    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg, allow_negative_numbers = true)]
     bufsize: super::transfer::BufArg,
     #[command(flatten)]
     common: CommonArgs,

@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub stall_timeout: u64,
     /// Most concurrent sessions.
-    #[arg(long, value_name = "N", default_value_t = 512)]
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_sessions: usize,
 }
 

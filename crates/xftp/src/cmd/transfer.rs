@@ -36,12 +36,12 @@ pub struct TransferArgs {
     /// Data connections: `auto` (the default: start from the RTT and the
     /// cached history of this destination, then add or shed connections
     /// while the transfer runs) or a fixed number 1..=64 (1 = plain FTP).
-    #[arg(short = 'p', long = "parallel", value_name = "N|auto", default_value = "auto", value_parser = parse_parallel)]
+    #[arg(short = 'p', long = "parallel", value_name = "N|auto", default_value = "auto", value_parser = parse_parallel, allow_negative_numbers = true)]
     parallel: Parallel,
     /// TCP buffer size of the data sockets at both ends (bytes, or with
     /// k/M/G; `auto` = kernel autotuning, the default). Sent to the server
     /// as SITE BUFSIZE.
-    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg)]
+    #[arg(long, value_name = "BYTES", default_value = "auto", value_parser = parse_bufsize_arg, allow_negative_numbers = true)]
     bufsize: BufArg,
     /// Static partitioning (PSockets): the file is cut into N equal parts,
     /// one per connection (put), or the server is asked to do so (get,
