@@ -489,6 +489,10 @@ impl Client {
             } else if r.is_failure() {
                 self.granted = 1;
                 self.mult_refused = Some(want);
+                // Without MULT there are no records to assign: a refused
+                // OPTS MULT STATIC says nothing more.
+                self.notices
+                    .retain(|m| !m.starts_with("server refused OPTS MULT STATIC"));
                 self.notices
                     .push("server does not support MULT; using 1 connection".into());
                 return Ok(true);

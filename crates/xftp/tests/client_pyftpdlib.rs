@@ -356,6 +356,16 @@ fn multi_stream_request_falls_back_to_one_connection() {
         sha256_file(&d.local.join("m.bin")),
         sha256_file(&d.srv.join("m.bin"))
     );
+    // With --static the notice is the same: OPTS MULT STATIC refused too
+    // says nothing more where there is no MULT.
+    std::fs::remove_file(d.local.join("m.bin")).unwrap();
+    let out = xftp(&["get", &url, "-p", "4", "--static"], &d.local);
+    assert_ok(&out, "get -p 4 --static against a stock server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not support MULT") && !err.contains("STATIC"),
+        "{err}"
+    );
 }
 
 #[test]
