@@ -1313,6 +1313,10 @@ impl Session {
         }
         let (upload, file, offset) = match Upload::begin(&target, kind, rest) {
             Ok(x) => x,
+            // RFC 959: 450, file unavailable (busy).
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return self.reply(450, format!("{}: {e}.", v.display())).await
+            }
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
         };
         self.reply(

@@ -175,7 +175,30 @@ pub struct Upload {
     final_path: PathBuf,
     temp: Option<PathBuf>,
     rollback_len: Option<u64>,
+    /// For a write in place: the file, holding an exclusive `flock` until
+    /// the upload is committed or rolled back, so that two uploads never
+    /// write into one file at once (an append would overwrite the other's
+    /// data, a rollback truncate it away).
+    held: Option<File>,
     committed: bool,
+}
+
+/// Take the in-place writers' lock on `f`, or fail at once with
+/// `WouldBlock` (450: file busy) if another upload holds it.
+fn lock_exclusive(f: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor owned by `f` for the call.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "another upload is writing to this file; try again when it is done",
+        ));
+    }
+    Err(e)
 }
 
 /// Kinds of upload.
@@ -235,6 +258,7 @@ impl Upload {
                                     final_path: final_path.to_owned(),
                                     temp: Some(temp),
                                     rollback_len: None,
+                                    held: None,
                                     committed: false,
                                 },
                                 f,
@@ -254,11 +278,13 @@ impl Upload {
                     .write(true)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(final_path)?;
+                lock_exclusive(&f)?;
                 Ok((
                     Upload {
                         final_path: final_path.to_owned(),
                         temp: None,
                         rollback_len: None,
+                        held: Some(f.try_clone()?),
                         committed: false,
                     },
                     f,
@@ -273,12 +299,16 @@ impl Upload {
                     .mode(0o644)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(final_path)?;
+                // The length to roll back to is read under the lock: an
+                // append that finished just before is part of it.
+                lock_exclusive(&f)?;
                 let len = f.metadata()?.len();
                 Ok((
                     Upload {
                         final_path: final_path.to_owned(),
                         temp: None,
                         rollback_len: Some(len),
+                        held: Some(f.try_clone()?),
                         committed: false,
                     },
                     f,
@@ -310,14 +340,10 @@ impl Drop for Upload {
         if let Some(temp) = &self.temp {
             let _ = std::fs::remove_file(temp);
         }
-        if let Some(len) = self.rollback_len {
-            if let Ok(f) = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&self.final_path)
-            {
-                let _ = f.set_len(len);
-            }
+        // Through the locked file itself: the name may lead elsewhere by
+        // now, and the lock keeps other uploads out until this is done.
+        if let (Some(len), Some(f)) = (self.rollback_len, &self.held) {
+            let _ = f.set_len(len);
         }
     }
 }

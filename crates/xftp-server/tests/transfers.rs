@@ -11,6 +11,55 @@ use tokio::net::{TcpListener, TcpStream};
 use xftp_stripe::{recv_file, send_file, MemFile, SendConfig};
 
 #[tokio::test]
+async fn one_upload_at_a_time_writes_into_a_file() {
+    // An append fixes its offset when it starts: a second one at the same
+    // time would be overwritten by the first, or truncated away by its
+    // rollback. It is refused with 450 (busy) instead.
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "log", b"BASE\n");
+    let mut a = Ctl::login(srv.addr).await;
+    let mut b = Ctl::login(srv.addr).await;
+    a.cmd("TYPE I", 200).await;
+    b.cmd("TYPE I", 200).await;
+    let da = a.epsv_connect(1).await;
+    a.cmd("APPE log", 150).await;
+    let mut da = da.into_iter().next().unwrap();
+    da.write_all(b"AAAA").await.unwrap();
+    b.cmd("APPE log", 450).await;
+    b.cmd("REST 2", 350).await;
+    b.cmd("STOR log", 450).await;
+    da.shutdown().await.unwrap();
+    drop(da);
+    a.expect(226).await;
+    // Done: the next one goes ahead, after the first's data.
+    let db = b.epsv_connect(1).await;
+    b.cmd("APPE log", 150).await;
+    let mut db = db.into_iter().next().unwrap();
+    db.write_all(b"BBBB").await.unwrap();
+    db.shutdown().await.unwrap();
+    drop(db);
+    b.expect(226).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("log")).unwrap(),
+        b"BASE\nAAAABBBB"
+    );
+    // An aborted append rolls back its own bytes only.
+    let da = a.epsv_connect(1).await;
+    a.cmd("APPE log", 150).await;
+    let mut da = da.into_iter().next().unwrap();
+    da.write_all(b"CCCC").await.unwrap();
+    da.flush().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    a.send_raw(b"ABOR\r\n").await;
+    a.expect(426).await;
+    a.expect(226).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("log")).unwrap(),
+        b"BASE\nAAAABBBB"
+    );
+}
+
+#[tokio::test]
 async fn a_replaced_file_keeps_its_permissions() {
     use std::os::unix::fs::PermissionsExt;
     let srv = start(|_| {}).await;
