@@ -1162,6 +1162,24 @@ impl Session {
         self.streams > 1 || self.mode_e
     }
 
+    /// Whether PASV, EPSV, PORT, EPRT or MPRT set up this transfer's data
+    /// connections; if not, says 425 (before any 150, so the client is not
+    /// told a transfer started). GridFTP clients sending several files in
+    /// MODE E expect the last transfer's connections to be kept for the
+    /// next (data channel caching), which this server does not do.
+    async fn data_planned(&mut self) -> std::io::Result<bool> {
+        if !matches!(self.data, DataPlan::None) {
+            return Ok(true);
+        }
+        let why = if self.mode_e {
+            "No data connection: use PASV, EPSV, PORT, EPRT or MPRT before each transfer (MODE E connections are not kept between transfers)."
+        } else {
+            "No data connection: use PASV, EPSV, PORT, EPRT or MPRT first."
+        };
+        self.reply(425, why).await?;
+        Ok(false)
+    }
+
     fn live(&self, meters: MeterSet, ctl: live::Ctl, grow: Option<Grow>, n: usize) -> Live {
         Live::new(
             meters,
@@ -1215,6 +1233,9 @@ impl Session {
                 .await;
         }
         let kind = if ascii { "ASCII" } else { "BINARY" };
+        if !self.data_planned().await? {
+            return Ok(());
+        }
         self.reply(
             150,
             format!(
@@ -1311,6 +1332,9 @@ impl Session {
                 )
                 .await;
         }
+        if !self.data_planned().await? {
+            return Ok(());
+        }
         let (upload, file, offset) = match Upload::begin(&target, kind, rest) {
             Ok(x) => x,
             // RFC 959: 450, file unavailable (busy).
@@ -1343,6 +1367,11 @@ impl Session {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
             let receiver = Receiver::file(Arc::new(file), None, conns);
+            // A GridFTP client opens as many connections as it likes: more
+            // than we take would wait in the listen queue for ever.
+            receiver
+                .control()
+                .limit_connections(u64::from(self.cfg.max_streams.max(1)));
             let ctl = live::Ctl::Recv(receiver.control());
             let mut lv = self.live(meters, ctl, grow, n);
             if !self.mult_set {
@@ -1406,6 +1435,9 @@ impl Session {
                 return self.reply(code, text).await;
             }
         };
+        if !self.data_planned().await? {
+            return Ok(());
+        }
         self.reply(150, "Here comes the directory listing.").await?;
         let Some((conns, _)) = self.open_data(1).await? else {
             return Ok(());

@@ -81,6 +81,32 @@ async fn writes_in_place_do_not_follow_links_outside() {
 }
 
 #[tokio::test]
+async fn a_mode_e_upload_announcing_more_connections_than_taken_fails_at_once() {
+    // globus-url-copy -p 8 against --max-streams 2: the six connections
+    // never taken would hold their EODs in the listen queue until the
+    // stall timeout; the EOF block's count says so at once.
+    use xftp_stripe::block::BlockHeader;
+    let srv = start(|cfg| cfg.max_streams = 2).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    c.cmd("MODE E", 200).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR g8", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    d.write_all(&BlockHeader::data(0, 4).encode())
+        .await
+        .unwrap();
+    d.write_all(b"data").await.unwrap();
+    d.write_all(&BlockHeader::eof(8).encode()).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), c.expect(426))
+        .await
+        .expect("no reply to an EOF announcing 8 connections");
+    assert!(r.text().contains("announced 8 data connections"), "{r}");
+    let left: Vec<_> = std::fs::read_dir(srv.dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
 async fn active_mode_refuses_bounce_and_privileged_ports() {
     let srv = start(|_| {}).await;
     let mut c = Ctl::login(srv.addr).await;
@@ -187,9 +213,20 @@ async fn data_connection_that_never_arrives_gets_425() {
     c.cmd("EPSV", 229).await;
     c.cmd("RETR f", 150).await;
     c.expect(425).await;
-    // Without any PORT/PASV, a transfer also fails with 425.
-    c.cmd("RETR f", 150).await;
-    c.expect(425).await;
+    // Without any PORT/PASV, a transfer fails with 425 and no 150 before
+    // it (nothing started): RETR, STOR, APPE, LIST, also in MODE E, where
+    // GridFTP clients would reuse the last transfer's connections.
+    c.cmd("RETR f", 425).await;
+    c.cmd("STOR g", 425).await;
+    c.cmd("APPE f", 425).await;
+    c.cmd("LIST", 425).await;
+    c.cmd("TYPE I", 200).await;
+    c.cmd("MODE E", 200).await;
+    let r = c.cmd("RETR f", 425).await;
+    assert!(r.text().contains("not kept between transfers"), "{r}");
+    c.cmd("MODE S", 200).await;
+    assert!(!srv.dir.path().join("g").exists());
+    assert_eq!(std::fs::read(srv.dir.path().join("f")).unwrap(), b"data");
     c.cmd("NOOP", 200).await;
     // And the session still transfers afterwards.
     let d = c.epsv_connect(1).await;

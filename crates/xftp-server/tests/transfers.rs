@@ -25,6 +25,7 @@ async fn one_upload_at_a_time_writes_into_a_file() {
     a.cmd("APPE log", 150).await;
     let mut da = da.into_iter().next().unwrap();
     da.write_all(b"AAAA").await.unwrap();
+    b.cmd("EPSV", 229).await;
     b.cmd("APPE log", 450).await;
     b.cmd("REST 2", 350).await;
     b.cmd("STOR log", 450).await;

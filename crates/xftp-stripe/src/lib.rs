@@ -127,6 +127,16 @@ pub enum StripeError {
     /// The peer sent two EOF blocks.
     #[error("second EOF block")]
     DuplicateEof,
+    /// The EOF block announced more connections than the receiver takes.
+    #[error(
+        "the sender announced {announced} data connections (EOF block); at most {max} are accepted"
+    )]
+    TooManyConnections {
+        /// The EOF block's count.
+        announced: u64,
+        /// The receiver's limit.
+        max: u64,
+    },
     /// More EODs arrived than the EOF block announced.
     #[error("{seen} end-of-data marks, EOF announced {expected}")]
     TooManyEods {

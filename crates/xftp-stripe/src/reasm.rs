@@ -38,12 +38,21 @@ pub struct Reassembly {
     /// Data blocks whose range is recorded but whose payload is not yet
     /// stored (see [`Reassembly::on_payload_done`]).
     in_flight: u64,
+    /// The most connections the receiver will take (an EOF announcing more
+    /// could never complete).
+    max_conns: Option<u64>,
 }
 
 impl Reassembly {
     /// A fresh transfer.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Refuse an EOF block that announces more than `max` connections:
+    /// the receiver would wait for EODs from connections it never takes.
+    pub fn limit_connections(&mut self, max: u64) {
+        self.max_conns = Some(max);
     }
 
     /// Register a data connection; returns its index.
@@ -72,6 +81,12 @@ impl Reassembly {
         if d.contains(Descriptor::EOF) {
             if self.eof.is_some() {
                 return Err(StripeError::DuplicateEof);
+            }
+            if let Some(max) = self.max_conns.filter(|&m| h.offset > m) {
+                return Err(StripeError::TooManyConnections {
+                    announced: h.offset,
+                    max,
+                });
             }
             self.eof = Some(h.offset);
         } else if h.count > 0 {
@@ -302,6 +317,24 @@ mod tests {
         let mut unstored = complete.to_vec();
         unstored.remove(12);
         assert!(!fuzz_reassembly(&unstored));
+    }
+
+    #[test]
+    fn an_eof_announcing_more_connections_than_taken_is_refused() {
+        let mut r = Reassembly::new();
+        r.limit_connections(2);
+        let a = r.add_conn();
+        assert_eq!(
+            r.on_header(a, &BlockHeader::eof(8)),
+            Err(StripeError::TooManyConnections {
+                announced: 8,
+                max: 2
+            })
+        );
+        let mut r = Reassembly::new();
+        r.limit_connections(2);
+        let a = r.add_conn();
+        assert!(r.on_header(a, &BlockHeader::eof(2)).is_ok());
     }
 
     #[test]

@@ -259,6 +259,15 @@ impl<S> Drop for Receiver<S> {
     }
 }
 
+impl<S> RecvControl<S> {
+    /// Fail at once when the sender announces more connections than
+    /// `max` (its EOF block), instead of waiting for EODs that connections
+    /// never taken would carry.
+    pub fn limit_connections(&self, max: u64) {
+        self.shared.lock().reasm.limit_connections(max);
+    }
+}
+
 impl<S: Send + 'static> RecvControl<S> {
     /// See [`Receiver::add_connection`].
     pub fn add_connection(&self, conn: S) -> Result<usize, StripeError> {
