@@ -925,13 +925,18 @@ impl Client {
     }
 
     /// Tell the user once that GridFTP parallelism is in use.
-    fn tell_gridftp(&mut self, n: u32) {
+    fn tell_gridftp(&mut self, n: u32, upload: bool) {
         if !self.gridftp_told {
             self.gridftp_told = true;
             self.notices
                 .retain(|m| !m.starts_with("server does not support MULT"));
+            let how = if upload {
+                "opened by this client, the sender"
+            } else {
+                "OPTS RETR Parallelism: the server opens them"
+            };
             self.notices.push(format!(
-                "GridFTP server: {n} parallel connections in MODE E (OPTS RETR Parallelism for downloads)"
+                "GridFTP server: {n} parallel connections in MODE E ({how})"
             ));
         }
     }
@@ -965,7 +970,7 @@ impl Client {
         self.send(&[&mode]).await?;
         let r = self.ctl.read_reply().await?;
         if r.is_success() {
-            self.tell_gridftp(want);
+            self.tell_gridftp(want, true);
             Ok(Some(want))
         } else if r.is_failure() {
             tracing::info!(
@@ -993,7 +998,7 @@ impl Client {
             }
         }
         let n = if rm.is_success() && ro.is_success() {
-            self.tell_gridftp(want);
+            self.tell_gridftp(want, false);
             want
         } else {
             self.gridftp_retr_refused = true;

@@ -93,7 +93,7 @@ pub enum ClientError {
     },
     /// Fewer (or more) bytes arrived than the server's SIZE announced.
     /// The partial file has been removed.
-    #[error("short transfer: received {got} bytes, the server's SIZE says {expected}")]
+    #[error("{}: received {got} bytes, the server's SIZE says {expected}", if got > expected { "size changed" } else { "short transfer" })]
     ShortTransfer {
         /// Bytes the server said the file has.
         expected: u64,

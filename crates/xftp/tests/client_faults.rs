@@ -18,6 +18,8 @@ enum Script {
     ShortWith226,
     /// SIZE says 1000, RETR sends 1000 bytes then 226 (the control case).
     Honest,
+    /// SIZE says 1000, RETR sends 1500 bytes then 226 (the file grew).
+    Grown,
     /// RETR sends 100 bytes and then holds the data connection open.
     Stall,
     /// EPSV refused; PASV announces 10.1.2.3 (a NAT's inside address).
@@ -114,6 +116,12 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                         drop(d);
                         "226 late".into()
                     }
+                    Script::Grown => {
+                        d.write_all(&body)?;
+                        d.write_all(&body[..500])?;
+                        drop(d);
+                        "226 done".into()
+                    }
                     Script::AbortAfterData => {
                         d.write_all(&body)?;
                         drop(d);
@@ -207,6 +215,22 @@ fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("short transfer") && err.contains("600") && err.contains("1000"),
+        "{err}"
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_file_that_grew_during_the_download_is_not_called_short() {
+    let (port, _) = fake_server(Script::Grown);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", &url], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("size changed: received 1500 bytes")
+            && err.contains("changed on the server during the transfer"),
         "{err}"
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());

@@ -486,9 +486,21 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 .into(),
         ),
         ClientError::Closed => Some("the server hung up; try again later".into()),
-        ClientError::ShortTransfer { .. } | ClientError::UploadMismatch { .. } => {
+        // More bytes than SIZE said: the file grew during the download.
+        ClientError::ShortTransfer { expected, got } if got > expected => Some(
+            "the file changed on the server during the transfer (nothing was kept); run it again when it is complete"
+                .into(),
+        ),
+        ClientError::ShortTransfer { .. } => {
             Some("the transfer was cut short (nothing was kept); run it again".into())
         }
+        // What the server holds differs from what was sent: cut short, or
+        // replaced by another upload in the meantime; the remote file is
+        // the server's business either way.
+        ClientError::UploadMismatch { .. } => Some(
+            "the upload was cut short, or the file was changed on the server meanwhile (by another upload?); check it, or run it again"
+                .into(),
+        ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
         ClientError::Stripe(_) => Some(
             "a data connection broke mid-transfer (nothing was kept); run it again, perhaps with fewer connections (-p)"
