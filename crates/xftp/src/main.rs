@@ -155,6 +155,10 @@ mod tests {
             Some(bad)
         );
         assert_eq!(kind(&[&serve[..], &["--max-sessions", "1"]].concat()), None);
+        for t in ["--idle-timeout", "--data-timeout", "--stall-timeout"] {
+            assert_eq!(kind(&[&serve[..], &[t, "0"]].concat()), Some(bad), "{t}");
+            assert_eq!(kind(&[&serve[..], &[t, "1"]].concat()), None, "{t}");
+        }
         assert_eq!(kind(&["xftp", "get", "ftp://h/x", "-p", "4"]), None);
     }
 }

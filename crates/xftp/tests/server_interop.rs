@@ -333,6 +333,20 @@ fn curl_with_named_user_and_read_only_anonymous() {
         .arg("alice")
         .arg("--password-file")
         .arg(&pwfile));
+    // The anonymous names could never log in from the users file.
+    for name in ["anonymous", "FTP"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+            .args(["useradd", "--users"])
+            .arg(&users)
+            .arg(name)
+            .arg("--password-file")
+            .arg(&pwfile)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is the anonymous login"), "{err}");
+    }
     let srv = serve(&["--anonymous", "--users", users.to_str().unwrap()]);
     let src = tmp.path().join("f");
     make_file(&src, 1000, 9);

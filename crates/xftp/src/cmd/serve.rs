@@ -36,16 +36,16 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub default_streams: u32,
     /// Close control connections idle this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout: u64,
     /// Give up on a data connection that does not arrive within SECS (425).
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub data_timeout: u64,
     /// Bytes per block of the multi-stream transfers the server sends.
     #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(4096..=64 * 1024 * 1024))]
     pub record_size: u32,
     /// Abort a transfer whose data connections move nothing for SECS (426).
-    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    #[arg(long, value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub stall_timeout: u64,
     /// Most concurrent sessions.
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
@@ -124,6 +124,14 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
+    // The server treats these names as anonymous logins before it looks
+    // at the users file: such an entry could never log in.
+    if ["anonymous", "ftp"].contains(&a.name.to_ascii_lowercase().as_str()) {
+        bail!(
+            "{:?} is the anonymous login, never looked up in the users file; choose another name (anonymous access is `xftp serve --anonymous`)",
+            a.name
+        );
+    }
     let password = match &a.password_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading password file {}", f.display()))?
