@@ -156,12 +156,23 @@ impl UserDb {
     /// Check a password; `Some(access)` when it matches. Slow on purpose
     /// (Argon2): call it off the async executor.
     pub fn verify(&self, name: &str, password: &str) -> Option<Access> {
-        let entry = self.users.get(name)?;
-        let hash = PasswordHash::new(&entry.hash).ok()?;
-        Argon2::default()
+        // An unknown name costs the same Argon2 work as a wrong password,
+        // so the time of the 530 does not tell which names exist.
+        static UNKNOWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let (phc, access) = match self.users.get(name) {
+            Some(e) => (e.hash.as_str(), Some(e.access)),
+            None => (
+                UNKNOWN
+                    .get_or_init(|| hash_password("no such user").unwrap_or_default())
+                    .as_str(),
+                None,
+            ),
+        };
+        let hash = PasswordHash::new(phc).ok()?;
+        let ok = Argon2::default()
             .verify_password(password.as_bytes(), &hash)
-            .ok()
-            .map(|_| entry.access)
+            .is_ok();
+        access.filter(|_| ok)
     }
 
     /// True if `name` is a known user (used to pick the reply to USER).
@@ -186,6 +197,9 @@ mod tests {
         assert_eq!(back.verify("alice", "wrong"), None);
         assert_eq!(back.verify("bob", "pw"), Some(Access::ReadOnly));
         assert_eq!(back.verify("carol", "pw"), None);
+        // The stand-in hash an unknown name is checked against lets no
+        // one in, not even with its own password.
+        assert_eq!(back.verify("carol", "no such user"), None);
     }
 
     #[test]
