@@ -671,11 +671,17 @@ impl Client {
             rep.streams.iter().map(|s| s.bytes).collect()
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
-            let v = vec![self.send_plain(conns, &mut file, local).await?];
+            let v = match self.send_plain(conns, &mut file, local).await {
+                Ok(b) => vec![b],
+                Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
+            };
             self.expect_complete(&c_stor).await?;
             v
         } else {
-            let v = self.send_striped(conns, file, len).await?;
+            let v = match self.send_striped(conns, file, len).await {
+                Ok(v) => v,
+                Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
+            };
             self.expect_complete(&c_stor).await?;
             v
         };
@@ -1302,6 +1308,28 @@ impl Client {
                 Ok((conns, Grow::Fixed))
             }
         }
+    }
+
+    /// A data connection of an upload failed: a server that gave up on the
+    /// upload (426 "No space left on device") resets the connections, and
+    /// its reply, if it comes within a moment, says why better than the
+    /// reset. Other errors are returned as they are.
+    pub(crate) async fn reason_from_server(&mut self, c: &Cmd, e: ClientError) -> ClientError {
+        if !matches!(e, ClientError::DataIo(_) | ClientError::Stripe(_)) {
+            return e;
+        }
+        let grace = Duration::from_secs(1) + self.ctl.rtt().unwrap_or_default() * 2;
+        let deadline = tokio::time::Instant::now() + grace;
+        // Progress and MULT replies may come first.
+        while let Ok(Ok(r)) = tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
+            if r.is_failure() {
+                return unexpected(c, &r);
+            }
+            if matches!(r.code, 226 | 250) {
+                break;
+            }
+        }
+        e
     }
 
     /// 125/150 (or another 1xx) before a transfer.

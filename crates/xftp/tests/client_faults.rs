@@ -20,6 +20,9 @@ enum Script {
     Honest,
     /// SIZE says 1000, RETR sends 1500 bytes then 226 (the file grew).
     Grown,
+    /// STOR: reads a little, replies 426 (disk full) and closes the data
+    /// connection with data unread, which resets it.
+    DiskFull,
     /// RETR sends 100 bytes and then holds the data connection open.
     Stall,
     /// EPSV refused; PASV announces 10.1.2.3 (a NAT's inside address).
@@ -141,6 +144,15 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 };
                 w.write_all(b"150 send it\r\n")?;
                 let (mut d, _) = dl.accept()?;
+                if matches!(script, Script::DiskFull) {
+                    let mut some = [0u8; 65536];
+                    d.read_exact(&mut some)?;
+                    w.write_all(
+                        b"426 Connection closed; transfer aborted: No space left on device\r\n",
+                    )?;
+                    drop(d);
+                    continue;
+                }
                 let mut got = Vec::new();
                 d.read_to_end(&mut got)?;
                 uploaded = got.len();
@@ -234,6 +246,19 @@ fn a_file_that_grew_during_the_download_is_not_called_short() {
         "{err}"
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn an_upload_the_server_gives_up_on_reports_its_reason() {
+    // The reset data connection is not the story: the server's 426 is.
+    let (port, _) = fake_server(Script::DiskFull);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big"), vec![7u8; 32 << 20]).unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/big");
+    let out = xftp(&["put", "big", &url, "-p", "1"], dir.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "{err}");
 }
 
 #[test]

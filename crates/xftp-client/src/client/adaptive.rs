@@ -312,7 +312,15 @@ impl Client {
                 r = &mut fin, if data.is_none() => {
                     match r {
                         Ok(rep) => data = Some(rep),
-                        Err(e) => return Err(stripe_err(e, self.cfg.data_timeout)),
+                        Err(e) => {
+                            let e = stripe_err(e, self.cfg.data_timeout);
+                            // The server's 426 may say why (it reset the
+                            // connections); its reply is the better error.
+                            if final_seen {
+                                return Err(e);
+                            }
+                            return Err(self.reason_from_server(c, e).await);
+                        }
                     }
                     // Connections still being added are moot now.
                     adds.abort_all();
