@@ -640,6 +640,7 @@ impl Session {
         let mut words = s.split_ascii_whitespace();
         let word = words.next().unwrap_or("").to_ascii_uppercase();
         let arg = words.next();
+        let extra = words.next();
         match (word.as_str(), arg) {
             ("HELP", _) => {
                 self.reply(
@@ -649,6 +650,15 @@ impl Session {
                 .await
             }
             ("BUFSIZE" | "WIN" | "RBUFSZ" | "SBUFSZ" | "RBUFSIZ" | "SBUFSIZ", Some(a)) => {
+                // "64 k" would silently mean 64 bytes.
+                if let Some(x) = extra {
+                    return self
+                        .reply(
+                            501,
+                            format!("SITE {word} takes one size (e.g. 65536, 64k, 4M or auto); {x:?} is one word too many."),
+                        )
+                        .await;
+                }
                 match xftp_proto::parse_bufsize("SITE", a) {
                     Ok(b) => self.set_bufsize(b).await,
                     Err(e) => self.reply(501, e.to_string()).await,

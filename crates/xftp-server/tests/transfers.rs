@@ -430,6 +430,9 @@ async fn buffer_size_commands() {
     c.cmd("SITE RBUFSZ 1g", 501).await;
     c.cmd("SITE BUFSIZE 10", 501).await;
     c.cmd("SITE BUFSIZE lots", 501).await;
+    // "64 k" is not 64 bytes, nor is a second size ignored.
+    c.cmd("SITE BUFSIZE 64 k", 501).await;
+    c.cmd("SITE RBUFSZ 1M 2M", 501).await;
     c.cmd("SBUF lots", 501).await;
     let r = c.cmd("SITE BUFSIZE auto", 200).await;
     assert!(r.text().contains("autotuning"), "{r}");
