@@ -189,10 +189,30 @@ fn gridftp_server_as_a_stock_ftp_server() {
     );
     let j = ok_json(&out, "put -p 4");
     assert_eq!(j["streams"], 4, "{j}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("opened by this client"), "{stderr}");
     assert_eq!(
         sha256_file(&srv.join("up-m.bin")),
         sha256_file(&srv.join(big))
     );
+
+    // The probe knows it for a GridFTP server: MODE E, no MULT, a count
+    // fixed for the transfer.
+    let j = ok_json(
+        &xftp(&["probe", &format!("{base}/"), "--json"], &local),
+        "probe",
+    );
+    assert_eq!(
+        (&j["gridftp"], &j["mode_e"], &j["mult"], &j["adaptive"]),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(true),
+            &serde_json::json!(false),
+            &serde_json::json!(false)
+        ),
+        "{j}"
+    );
+    assert!(j["reason"].as_str().unwrap().contains("GridFTP"), "{j}");
 
     // Listing, and a missing file.
     let out = xftp(&["ls", &format!("{base}/")], &local);

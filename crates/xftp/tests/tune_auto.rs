@@ -434,6 +434,15 @@ fn probe_prints_what_it_measured() {
         assert!(text.contains(field), "{field} missing: {text}");
     }
     assert!(text.contains("1 fresh record"), "{text}");
+    // A failure is one JSON object too, and exit status 1.
+    let out = xftp(&d, &["probe", "ftp://127.0.0.1:1/", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(j["status"], "error", "{j}");
+    assert!(
+        j["error"].as_str().unwrap().contains("cannot connect"),
+        "{j}"
+    );
 }
 
 // ---- a stock server (pyftpdlib) ----

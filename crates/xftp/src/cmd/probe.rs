@@ -40,6 +40,8 @@ pub struct ProbeArgs {
 /// What the probe found.
 #[derive(Debug, Serialize)]
 struct Probe {
+    /// "ok" (a failed probe prints `{"status":"error","error":...}`).
+    status: &'static str,
     destination: String,
     /// Smoothed RTT of the control connection from TCP_INFO, ms.
     rtt_tcp_info_ms: Option<f64>,
@@ -50,6 +52,9 @@ struct Probe {
     mult: bool,
     mode_e: bool,
     mprt: bool,
+    /// A GridFTP server (FEAT lists SPAS or SPOR): MODE E with parallelism
+    /// set by `OPTS RETR Parallelism`, no MULT.
+    gridftp: bool,
     feat: Vec<String>,
     cache_file: Option<String>,
     cached: Vec<PathRecord>,
@@ -66,8 +71,31 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Run the probe.
+/// Run the probe: the report on stdout (one JSON object with --json, as
+/// get/put/ls print, also when it fails).
 pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let json = a.common.json;
+    match measure(a).await {
+        Ok(p) if json => {
+            println!("{}", serde_json::to_string(&p).context("formatting JSON")?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(p) => {
+            render(&p);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            eprintln!("xftp probe: {msg}");
+            if json {
+                println!("{}", serde_json::json!({ "status": "error", "error": msg }));
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
     let url = FtpUrl::parse(&a.url)?;
     let mut client = session(&url, &a.common, None).await?;
     let feat = client
@@ -94,6 +122,16 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     let (n, reason, adaptive) = if feat.mult {
         let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, best, 32);
         (n, why, feat.mode_e)
+    } else if feat.gridftp {
+        // As `get`/`put` do: the same starting count, asked for with
+        // OPTS RETR Parallelism (downloads) or opened by the client
+        // (uploads), and kept for the whole transfer.
+        let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, best, 32);
+        (
+            n,
+            format!("{why}; a GridFTP server without MULT: MODE E with OPTS RETR Parallelism={n} for downloads, {n} connections from this client for uploads"),
+            false,
+        )
     } else {
         (
             1,
@@ -117,14 +155,16 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             eprintln!("xftp: warning: cannot save the path cache: {e}");
         }
     }
-    let p = Probe {
+    Ok(Probe {
+        status: "ok",
         destination: key,
         rtt_tcp_info_ms: tcp_rtt.map(ms),
         rtt_noop_median_ms: ms(median),
         rtt_noop_ms: noops.iter().copied().map(ms).collect(),
         mult: feat.mult,
-        mode_e: feat.mode_e,
+        mode_e: feat.mode_e || feat.gridftp,
         mprt: feat.mprt,
+        gridftp: feat.gridftp,
         feat: feat.lines.clone(),
         cache_file: xftp_tune::Cache::default_path().map(|p| p.display().to_string()),
         cached,
@@ -132,13 +172,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
         initial_streams: n,
         reason,
         adaptive,
-    };
-    if a.common.json {
-        println!("{}", serde_json::to_string(&p).context("formatting JSON")?);
-    } else {
-        render(&p);
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 fn render(p: &Probe) {
@@ -153,10 +187,11 @@ fn render(p: &Probe) {
         p.rtt_noop_ms.len()
     );
     println!(
-        "server features  MULT {}  MODE E {}  MPRT {}",
+        "server features  MULT {}  MODE E {}  MPRT {}  GridFTP {}",
         yes(p.mult),
         yes(p.mode_e),
-        yes(p.mprt)
+        yes(p.mprt),
+        yes(p.gridftp)
     );
     println!(
         "cache            {} ({} fresh record(s))",
