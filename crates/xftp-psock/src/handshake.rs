@@ -158,6 +158,25 @@ pub enum Status {
     Unknown(u8),
 }
 
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ok => f.write_str("accepted"),
+            // Also what a peer that only echoes the hello back says.
+            Self::Version => f.write_str(
+                "no common protocol version (is the peer `xftp recv` or another parallel-sockets listener?)",
+            ),
+            Self::Malformed => f.write_str("our hello was malformed"),
+            Self::Duplicate => f.write_str("this connection of the group is already connected"),
+            Self::Mismatch => f.write_str("count, record size or address differ from the group's"),
+            Self::Busy => f.write_str("too many groups being set up at the listener"),
+            Self::Late => f.write_str("the group is already complete or expired"),
+            Self::TooLarge => f.write_str("the record size exceeds what the listener buffers"),
+            Self::Unknown(c) => write!(f, "unknown status {c}"),
+        }
+    }
+}
+
 impl Status {
     fn code(self) -> u8 {
         match self {

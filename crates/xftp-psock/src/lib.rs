@@ -137,7 +137,7 @@ pub enum PsockError {
         source: std::io::Error,
     },
     /// The listener refused a connection of our group.
-    #[error("listener refused connection {index}: {status:?}")]
+    #[error("listener refused connection {index}: {status}")]
     Rejected {
         /// Index of the refused connection.
         index: u16,

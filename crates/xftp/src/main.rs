@@ -160,5 +160,14 @@ mod tests {
             assert_eq!(kind(&[&serve[..], &[t, "1"]].concat()), None, "{t}");
         }
         assert_eq!(kind(&["xftp", "get", "ftp://h/x", "-p", "4"]), None);
+        let send = ["xftp", "send", "127.0.0.1:9"];
+        assert_eq!(
+            kind(&[&send[..], &["--record-size", "1"]].concat()),
+            Some(bad)
+        );
+        assert_eq!(
+            kind(&[&send[..], &["--record-size", "4096"]].concat()),
+            None
+        );
     }
 }
