@@ -68,6 +68,7 @@ pub async fn run(
         mode_e: false,
         mult_set: false,
         shutdown,
+        stop_upload: None,
     };
     s.reply(220, "xftp ready").await?;
     s.main_loop().await
@@ -121,6 +122,26 @@ struct Session {
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
     shutdown: CancellationToken,
+    /// The running stream-mode upload's stop signal (see `halt`).
+    stop_upload: Option<CancellationToken>,
+}
+
+/// Stop a transfer task. A stream-mode upload (`stop` given) is asked to
+/// stop and waits for its file writes to land before it rolls back (an
+/// append's rollback must not be followed by a write still on its way);
+/// anything else, or an upload that does not stop within 5 s, is aborted.
+async fn halt<T>(task: &mut JoinHandle<Result<T, TransferError>>, stop: Option<CancellationToken>) {
+    if let Some(stop) = stop {
+        stop.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), &mut *task)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    task.abort();
+    let _ = task.await;
 }
 
 fn quote(path: &str) -> String {
@@ -200,9 +221,14 @@ impl Session {
     ) {
         use std::io::Read;
         let sock = socket2::SockRef::from(self.r.as_ref());
-        // Ends at WouldBlock, or at 0 (EOF: the next async read sees it).
-        while let Ok(n @ 1..) = (&*sock).read(buf) {
-            self.reader.feed(&buf[..n], out);
+        // Ends at WouldBlock, or at 0 (EOF: the next async read sees it);
+        // a few reads at most, so a client that never stops sending does
+        // not keep this task from yielding.
+        for _ in 0..4 {
+            match (&*sock).read(buf) {
+                Ok(n @ 1..) => self.reader.feed(&buf[..n], out),
+                _ => break,
+            }
         }
     }
 
@@ -1064,6 +1090,9 @@ impl Session {
         progress: Progress,
         mut live: Option<Live>,
     ) -> std::io::Result<Outcome<T>> {
+        // Set by `store` for a stream-mode upload just before; this
+        // transfer's alone.
+        let mut stop = self.stop_upload.take();
         let mut buf = [0u8; 4096];
         let moved = |live: &Option<Live>| match live {
             Some(lv) => lv.meters.totals().bytes,
@@ -1080,8 +1109,7 @@ impl Session {
                     if now != last.0 {
                         last = (now, tokio::time::Instant::now());
                     } else if last.1.elapsed() >= self.cfg.stall_timeout {
-                        task.abort();
-                        let _ = task.await;
+                        halt(&mut task, stop.take()).await;
                         let secs = self.cfg.stall_timeout.as_secs();
                         return Ok(Outcome::Failed(TransferError::Network(std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
@@ -1100,8 +1128,7 @@ impl Session {
                     let n = match n {
                         Ok(0) | Err(_) => {
                             // Client gone: stop the transfer (an upload is rolled back).
-                            task.abort();
-                            let _ = task.await;
+                            halt(&mut task, stop.take()).await;
                             return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "control connection closed during transfer"));
                         }
                         Ok(n) => n,
@@ -1113,8 +1140,7 @@ impl Session {
                     while let Some(l) = rest.next() {
                         let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();
                         if verb == "ABOR" {
-                            task.abort();
-                            let _ = task.await;
+                            halt(&mut task, stop.take()).await;
                             self.queued.extend(rest);
                             return Ok(Outcome::Aborted);
                         } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
@@ -1364,11 +1390,14 @@ impl Session {
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
         let (task, lv) = if !framed {
+            // Stopped by `halt`, which waits for its file writes.
+            let stop = CancellationToken::new();
+            self.stop_upload = Some(stop.clone());
             let task = tokio::spawn(async move {
                 let conn = conns.into_iter().next().ok_or_else(|| {
                     TransferError::Network(std::io::Error::other("no data connection"))
                 })?;
-                let b = transfer::recv_stream(file, offset, conn, ascii, prog).await?;
+                let b = transfer::recv_stream(file, offset, conn, ascii, prog, stop).await?;
                 upload.commit().map_err(TransferError::Storage)?;
                 Ok((b, 1))
             });
@@ -1377,14 +1406,18 @@ impl Session {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
             let receiver = Receiver::file(Arc::new(file), None, conns);
-            // A GridFTP client opens as many connections as it likes: more
-            // than we take would wait in the listen queue for ever.
-            receiver
-                .control()
-                .limit_connections(u64::from(self.cfg.max_streams.max(1)));
             let ctl = live::Ctl::Recv(receiver.control());
             let mut lv = self.live(meters, ctl, grow, n);
             if !self.mult_set {
+                // A GridFTP client opens as many connections as it likes:
+                // more than we take (`accept_any` stops at the maximum)
+                // would wait in the listen queue for ever. With MULT the
+                // count is negotiated, and an adaptive sender's EOF counts
+                // every connection it ever used, retired ones too, which
+                // may add up to more than the maximum at any one time.
+                receiver
+                    .control()
+                    .limit_connections(u64::from(self.cfg.max_streams.max(1)));
                 lv.accept_any();
             }
             let task = tokio::spawn(async move {

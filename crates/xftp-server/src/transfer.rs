@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 use xftp_proto::ascii;
 use xftp_stripe::StripeError;
 
@@ -121,14 +122,34 @@ async fn sendfile_all(
 }
 
 /// STOR/APPE in stream mode: everything the client sends until it closes.
+/// `stop` ends it early (ABOR, a stall, the client gone) as an error,
+/// after the writes already handed to the file have landed: tokio's file
+/// writes run in the background, and a caller rolling an append back must
+/// not have one land after the truncation.
 pub async fn recv_stream(
     file: File,
+    offset: u64,
+    conn: TcpStream,
+    ascii_mode: bool,
+    progress: Progress,
+    stop: CancellationToken,
+) -> Result<u64, TransferError> {
+    let mut file = tokio::fs::File::from_std(file);
+    let r = recv_stream_into(&mut file, offset, conn, ascii_mode, progress, stop).await;
+    if r.is_err() {
+        let _ = file.flush().await;
+    }
+    r
+}
+
+async fn recv_stream_into(
+    file: &mut tokio::fs::File,
     offset: u64,
     mut conn: TcpStream,
     ascii_mode: bool,
     progress: Progress,
+    stop: CancellationToken,
 ) -> Result<u64, TransferError> {
-    let mut file = tokio::fs::File::from_std(file);
     file.seek(SeekFrom::Start(offset))
         .await
         .map_err(TransferError::Storage)?;
@@ -137,7 +158,15 @@ pub async fn recv_stream(
     let mut local = Vec::new();
     let mut total = 0u64;
     loop {
-        let n = conn.read(&mut buf).await.map_err(TransferError::Network)?;
+        let n = tokio::select! {
+            r = conn.read(&mut buf) => r.map_err(TransferError::Network)?,
+            _ = stop.cancelled() => {
+                return Err(TransferError::Network(std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "transfer stopped",
+                )));
+            }
+        };
         if n == 0 {
             break;
         }
@@ -227,6 +256,18 @@ impl Upload {
                 // ".NAME.xftp-part-TAG" must fit in a file name (255
                 // bytes), as NAME alone does: keep the start of NAME.
                 let name = &name[..name.len().min(255 - 1 - ".xftp-part-".len() - 16)];
+                // A file replaced keeps its permissions (a private file must
+                // not become readable by all), from the temporary's
+                // creation on, so the upload is never readable by more
+                // users than the file it replaces; hard links to the old
+                // one keep the old content, as with any atomic replace.
+                let keep = std::fs::symlink_metadata(final_path)
+                    .ok()
+                    .filter(|md| md.is_file())
+                    .map(|md| {
+                        use std::os::unix::fs::PermissionsExt;
+                        md.permissions().mode() & 0o777
+                    });
                 for _ in 0..16 {
                     let tag: u64 = rand::random();
                     let mut temp = Vec::with_capacity(255);
@@ -237,21 +278,15 @@ impl Upload {
                     match OpenOptions::new()
                         .write(true)
                         .create_new(true)
-                        .mode(0o644)
+                        .mode(keep.unwrap_or(0o644))
                         .open(&temp)
                     {
                         Ok(f) => {
-                            // A file replaced keeps its permissions (a
-                            // private file must not become readable by
-                            // all); hard links to the old one keep the old
-                            // content, as with any atomic replace.
-                            if let Ok(md) = std::fs::symlink_metadata(final_path) {
-                                if md.is_file() {
-                                    use std::os::unix::fs::PermissionsExt;
-                                    let mode = md.permissions().mode() & 0o777;
-                                    let _ =
-                                        f.set_permissions(std::fs::Permissions::from_mode(mode));
-                                }
+                            // The umask narrowed the mode at creation; the
+                            // replaced file's is taken exactly.
+                            if let Some(mode) = keep {
+                                use std::os::unix::fs::PermissionsExt;
+                                let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
                             }
                             return Ok((
                                 Upload {

@@ -185,6 +185,52 @@ async fn stor_grows() {
     );
 }
 
+/// An adaptive upload that sheds and regrows uses more connections over
+/// its life than the server's maximum at any one time; its EOF block counts
+/// them all, and the server must not take that for too many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stor_that_sheds_and_regrows_past_the_maximum_in_total() {
+    let srv = start(|cfg| cfg.max_streams = 2).await;
+    let data = pattern(12 << 20, 5);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MODE E", 200).await;
+    c.cmd("MULT 2", 200).await;
+    let port = epsv_port(&mut c).await;
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        conns.push(Paced::new(
+            TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+        ));
+    }
+    c.cmd("STOR up", 150).await;
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let sender = Sender::file(
+        Arc::new(MemFile::from(data.clone())),
+        data.len() as u64,
+        conns,
+        &cfg,
+    );
+    // 2 -> 1 -> 2: three connections in all, two at most at once.
+    c.cmd("MULT 1", 200).await;
+    sender.retire(1).expect("the transfer is still running");
+    c.cmd("MULT 2", 200).await;
+    sender
+        .add_connection(Paced::new(
+            TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
+        ))
+        .expect("the transfer is still running");
+    let rep = sender.finish().await.unwrap();
+    c.expect(226).await;
+    assert_eq!(rep.streams.len(), 3);
+    assert!(
+        std::fs::read(srv.dir.path().join("up")).unwrap() == data,
+        "content differs"
+    );
+}
+
 /// Connections added after the sender handed out its last record carry
 /// nothing: the sender closes them (or its listener, closed at the end,
 /// resets them), and the download completes, whole, over the first one.
