@@ -1320,9 +1320,11 @@ impl Client {
         }
         let grace = Duration::from_secs(1) + self.ctl.rtt().unwrap_or_default() * 2;
         let deadline = tokio::time::Instant::now() + grace;
-        // Progress and MULT replies may come first.
+        // Progress and MULT replies may come first; a refused MULT (501,
+        // 504) is not the transfer's end: only the codes a transfer ends
+        // with are taken.
         while let Ok(Ok(r)) = tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
-            if r.is_failure() {
+            if matches!(r.code, 421 | 425 | 426 | 450 | 451 | 452 | 550..=553) {
                 return unexpected(c, &r);
             }
             if matches!(r.code, 226 | 250) {
@@ -1392,9 +1394,13 @@ impl Client {
         src: &mut R,
         src_path: &Path,
     ) -> Result<u64> {
-        let mut conn = conns
+        let conn = conns
             .pop()
             .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut conn = ResetUnlessDone(Some(conn));
+        let Some(c) = conn.0.as_mut() else {
+            return Err(ClientError::Stripe("no data connection".into()));
+        };
         let mut buf = vec![0u8; CHUNK];
         let mut sent = 0u64;
         let t = self.cfg.data_timeout;
@@ -1406,17 +1412,18 @@ impl Client {
             if n == 0 {
                 break;
             }
-            match tokio::time::timeout(t, conn.write_all(&buf[..n])).await {
+            match tokio::time::timeout(t, c.write_all(&buf[..n])).await {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(t, sent)),
             }
             sent += n as u64;
         }
         // Half-close: end of file for the server, then wait for its close.
-        match tokio::time::timeout(t, conn.shutdown()).await {
+        match tokio::time::timeout(t, c.shutdown()).await {
             Ok(r) => r.map_err(ClientError::DataIo)?,
             Err(_) => return Err(stall(t, sent)),
         }
+        conn.0 = None;
         Ok(sent)
     }
 
@@ -1659,6 +1666,21 @@ fn a_replaced_file_keeps_its_permissions() {
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
     finish_temp(temp_next_to(&private).unwrap(), &private).unwrap();
     assert_eq!(mode(&private), 0o600);
+}
+
+/// A stream-mode upload's data connection. In stream mode a clean close
+/// is the end of the file, so one dropped before the whole file went out
+/// (an error, or the command interrupted by Ctrl-C) is reset instead:
+/// the server then rolls the upload back rather than store a short file
+/// as complete.
+struct ResetUnlessDone(Option<TcpStream>);
+
+impl Drop for ResetUnlessDone {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+        }
+    }
 }
 
 /// Give the finished file ordinary permissions and rename it into place.

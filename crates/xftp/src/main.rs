@@ -52,11 +52,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(async move {
+    let (result, interrupted) = rt.block_on(async move {
         let work = match cli.command {
             // The server ends on its own signals (it finishes transfers).
-            Command::Serve(a) => return cmd::serve::run(a).await,
-            Command::Useradd(a) => return cmd::serve::useradd(a),
+            Command::Serve(a) => return (cmd::serve::run(a).await, false),
+            Command::Useradd(a) => return (cmd::serve::useradd(a), false),
             Command::Get(a) => Box::pin(cmd::transfer::get(a)) as Work,
             Command::Put(a) => Box::pin(cmd::transfer::put(a)),
             Command::Ls(a) => Box::pin(cmd::transfer::ls(a)),
@@ -65,17 +65,23 @@ fn main() -> ExitCode {
             Command::Recv(a) => Box::pin(cmd::pipe::recv(a)),
         };
         // Dropping the command on SIGINT/SIGTERM runs its cleanup: a
-        // download's temporary file is removed, connections are closed
-        // (the server rolls back an upload). Killed by the signal instead,
-        // a multi-gigabyte temporary would stay behind.
+        // download's temporary file is removed, data connections are
+        // closed (an upload's with a reset, so the server does not take a
+        // short stream-mode upload for a whole one). Killed by the signal
+        // instead, a multi-gigabyte temporary would stay behind.
         tokio::select! {
-            r = work => r,
+            r = work => (r, false),
             (name, code) = interrupted() => {
                 eprintln!("xftp: interrupted ({name})");
-                Ok(ExitCode::from(code))
+                (Ok(ExitCode::from(code)), true)
             }
         }
     });
+    if interrupted {
+        // A blocking read of stdin (`xftp send`) cannot be cancelled, and
+        // dropping the runtime would wait for it: do not wait.
+        rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

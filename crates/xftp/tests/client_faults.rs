@@ -23,6 +23,10 @@ enum Script {
     /// STOR: reads a little, replies 426 (disk full) and closes the data
     /// connection with data unread, which resets it.
     DiskFull,
+    /// STOR: reads 64 KiB every 50 ms and reports on the command channel
+    /// how the data connection ended: "DATA EOF" (a clean close, the end
+    /// of the file in stream mode) or "DATA RESET".
+    SlowStore,
     /// RETR sends 100 bytes and then holds the data connection open.
     Stall,
     /// EPSV refused; PASV announces 10.1.2.3 (a NAT's inside address).
@@ -144,6 +148,23 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 };
                 w.write_all(b"150 send it\r\n")?;
                 let (mut d, _) = dl.accept()?;
+                if matches!(script, Script::SlowStore) {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        match d.read(&mut buf) {
+                            Ok(0) => {
+                                let _ = seen.send("DATA EOF".into());
+                                break;
+                            }
+                            Ok(_) => thread::sleep(Duration::from_millis(50)),
+                            Err(_) => {
+                                let _ = seen.send("DATA RESET".into());
+                                break;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 if matches!(script, Script::DiskFull) {
                     let mut some = [0u8; 65536];
                     d.read_exact(&mut some)?;
@@ -312,6 +333,49 @@ fn an_interrupted_download_leaves_nothing() {
         assert!(err.contains(&format!("interrupted (SIG{sig})")), "{err}");
         assert_eq!(entries(dir.path()), Vec::<String>::new());
     }
+}
+
+#[test]
+fn an_interrupted_stream_mode_upload_resets_its_data_connection() {
+    // In stream mode a clean close is the end of the file: an upload cut
+    // short by Ctrl-C must reset the connection, or the server stores a
+    // short file as complete.
+    let (port, seen) = fake_server(Script::SlowStore);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big"), vec![1u8; 16 << 20]).unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/big");
+    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["put", "big", &url, "-p", "1"])
+        .current_dir(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the upload to start, then interrupt it.
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if seen
+            .recv_timeout(Duration::from_secs(10))
+            .is_ok_and(|l| l.starts_with("STOR"))
+        {
+            break;
+        }
+    }
+    thread::sleep(Duration::from_millis(300));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let end = loop {
+        match seen.recv_timeout(Duration::from_secs(10)) {
+            Ok(l) if l.starts_with("DATA") => break l,
+            Ok(_) => continue,
+            Err(e) => panic!("the data connection did not end: {e}"),
+        }
+    };
+    assert_eq!(end, "DATA RESET");
 }
 
 #[test]
