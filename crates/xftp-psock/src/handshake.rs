@@ -249,6 +249,17 @@ impl Reply {
 mod tests {
     use super::*;
 
+    #[test]
+    fn statuses_read_as_words() {
+        // A peer that echoes our hello back reads as Version: the message
+        // names the likely cause.
+        assert!(Status::Version.to_string().contains("xftp recv"));
+        assert_eq!(Status::Unknown(9).to_string(), "unknown status 9");
+        for c in 0..=7 {
+            assert!(!Status::from_code(c).to_string().contains("unknown"), "{c}");
+        }
+    }
+
     fn hello() -> Hello {
         Hello {
             min_version: 1,
