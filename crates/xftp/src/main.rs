@@ -52,6 +52,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let start = std::time::Instant::now();
+    // get, put, ls and probe print one JSON object with --json, also when
+    // a signal stops them.
+    let json = match &cli.command {
+        Command::Get(a) => a.json(),
+        Command::Put(a) => a.json(),
+        Command::Ls(a) => a.json(),
+        Command::Probe(a) => a.json(),
+        _ => false,
+    };
     let (result, interrupted) = rt.block_on(async move {
         let work = match cli.command {
             // The server ends on its own signals (it finishes transfers).
@@ -73,6 +83,9 @@ fn main() -> ExitCode {
             r = work => (r, false),
             (name, code) = interrupted() => {
                 eprintln!("xftp: interrupted ({name})");
+                if json {
+                    cmd::transfer::print_interrupted(name, start.elapsed());
+                }
                 (Ok(ExitCode::from(code)), true)
             }
         }

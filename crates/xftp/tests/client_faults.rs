@@ -311,8 +311,9 @@ fn an_interrupted_download_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("ftp://127.0.0.1:{port}/f.bin");
         let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-            .args(["get", &url])
+            .args(["get", &url, "--json"])
             .current_dir(dir.path())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -331,6 +332,10 @@ fn an_interrupted_download_leaves_nothing() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{err}");
         assert!(err.contains(&format!("interrupted (SIG{sig})")), "{err}");
+        // With --json, the one object a failure prints.
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert_eq!(j["status"], "error", "{j}");
+        assert_eq!(j["error"], format!("interrupted (SIG{sig})"), "{j}");
         assert_eq!(entries(dir.path()), Vec::<String>::new());
     }
 }

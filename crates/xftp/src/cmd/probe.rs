@@ -71,6 +71,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+impl ProbeArgs {
+    /// Whether the report goes out as JSON.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
 /// Run the probe: the report on stdout (one JSON object with --json, as
 /// get/put/ls print, also when it fails).
 pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {

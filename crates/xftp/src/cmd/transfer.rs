@@ -112,6 +112,36 @@ pub struct LsArgs {
     common: CommonArgs,
 }
 
+impl GetArgs {
+    /// Whether the summary goes out as JSON.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
+impl PutArgs {
+    /// Whether the summary goes out as JSON.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
+impl LsArgs {
+    /// Whether the summary goes out as JSON.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
+/// The one JSON object of a get, put or ls stopped by a signal, as for any
+/// other failure.
+pub fn print_interrupted(why: &str, total: Duration) {
+    let s = Summary::failed(format!("interrupted ({why})"), total);
+    if let Ok(line) = serde_json::to_string(&s) {
+        println!("{line}");
+    }
+}
+
 fn parse_parallel(s: &str) -> Result<Parallel, String> {
     if s.eq_ignore_ascii_case("auto") {
         return Ok(Parallel::Auto);
