@@ -316,7 +316,7 @@ mod tests {
         assert_eq!(c.best("h:21", day), Some((6, 77e6)));
         // Each count by the median of its records: one lucky run of 32
         // among slow ones does not make 32 the best.
-        for t in [130e6, 60e6, 50e6] {
+        let thirty_two = |c: &mut Cache, t: f64| {
             c.record(
                 "h:21",
                 PathRecord {
@@ -326,20 +326,14 @@ mod tests {
                     throughput_bps: t,
                     bytes: 1 << 30,
                 },
-            );
+            )
+        };
+        for t in [130e6, 60e6, 50e6] {
+            thirty_two(&mut c, t);
         }
         assert_eq!(c.best("h:21", day), Some((6, 77e6)));
         for t in [120e6, 125e6] {
-            c.record(
-                "h:21",
-                PathRecord {
-                    when: now,
-                    rtt_us: 90_000,
-                    streams: 32,
-                    throughput_bps: t,
-                    bytes: 1 << 30,
-                },
-            );
+            thirty_two(&mut c, t);
         }
         // Now its median (120 of 50, 60, 120, 125, 130) is the fastest.
         assert_eq!(c.best("h:21", day), Some((32, 120e6)));

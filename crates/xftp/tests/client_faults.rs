@@ -197,6 +197,16 @@ fn xftp(args: &[&str], cwd: &Path) -> Output {
         .expect("run xftp")
 }
 
+/// Send SIG`sig` (INT, TERM) to a child xftp and collect its output.
+fn signal_and_wait(child: std::process::Child, sig: &str) -> Output {
+    let killed = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    child.wait_with_output().unwrap()
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -323,12 +333,7 @@ fn an_interrupted_download_leaves_nothing() {
             thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(entries(dir.path()).len(), 1, "no temporary appeared");
-        let killed = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let out = child.wait_with_output().unwrap();
+        let out = signal_and_wait(child, sig);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{err}");
         assert!(err.contains(&format!("interrupted (SIG{sig})")), "{err}");
@@ -366,12 +371,7 @@ fn an_interrupted_stream_mode_upload_resets_its_data_connection() {
         }
     }
     thread::sleep(Duration::from_millis(300));
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let out = child.wait_with_output().unwrap();
+    let out = signal_and_wait(child, "INT");
     assert_eq!(out.status.code(), Some(130));
     let end = loop {
         match seen.recv_timeout(Duration::from_secs(10)) {
