@@ -149,6 +149,9 @@ impl<S> Metered<S> {
             Ok(()) => self.lowat = want,
             Err(e) => tracing::debug!("TCP_NOTSENT_LOWAT: {e}"),
         }
+        if let Err(e) = crate::sockbuf::set_thin_linear_timeouts(&Fd(self.fd)) {
+            tracing::debug!("TCP_THIN_LINEAR_TIMEOUTS: {e}");
+        }
         self
     }
 
