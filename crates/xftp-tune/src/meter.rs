@@ -437,6 +437,7 @@ mod tests {
         let set = MeterSet::new();
         let mut m = set.wrap(c).bound_backlog();
         assert_eq!(notsent_lowat(m.get_ref()).unwrap(), NOTSENT_LOWAT);
+        assert!(crate::sockbuf::thin_linear_timeouts(m.get_ref()).unwrap());
         m.write_all(&[1u8; 1000]).await.unwrap();
         let i = m.meter.info().unwrap();
         let want = notsent_lowat_for(i.snd_cwnd, i.snd_mss);
@@ -448,6 +449,7 @@ mod tests {
             .unwrap();
         let (_s2, _) = l.accept().await.unwrap();
         let mut m = set.wrap(c);
+        assert!(!crate::sockbuf::thin_linear_timeouts(m.get_ref()).unwrap());
         m.write_all(&[1u8; 1000]).await.unwrap();
         assert_eq!(notsent_lowat(m.get_ref()).unwrap(), 0);
     }

@@ -75,6 +75,16 @@ pub fn set_thin_linear_timeouts(sock: &impl AsRawFd) -> std::io::Result<()> {
     )
 }
 
+/// Whether `TCP_THIN_LINEAR_TIMEOUTS` is on for a socket.
+pub fn thin_linear_timeouts(sock: &impl AsRawFd) -> std::io::Result<bool> {
+    let v = getopt(
+        sock.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_THIN_LINEAR_TIMEOUTS,
+    )?;
+    Ok(v != 0)
+}
+
 /// `TCP_NOTSENT_LOWAT` in force on a socket (0 when never set).
 pub fn notsent_lowat(sock: &impl AsRawFd) -> std::io::Result<u32> {
     let v = getopt(sock.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT)?;
