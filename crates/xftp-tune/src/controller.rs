@@ -14,15 +14,19 @@
 //! Rules, in order:
 //!
 //! 1. *Overflow* — loss above `loss_threshold` **and** queueing delay above
-//!    `queue_delay_min`, right after a growth step or with goodput 10 %
-//!    below the settled level: the connections are overflowing a router
+//!    `queue_delay_min`, right after a growth step (the start is none) or
+//!    with goodput 10 % below the settled level for two epochs: the
+//!    connections are overflowing a router
 //!    queue (XFTP's β case). Halve N (at least down to the last level that
 //!    did not overflow; a probe's count goes back to where the probe
 //!    started) and never grow past N−1 again in this transfer.
 //!    Loss without queueing delay is random loss, where more connections
 //!    help (Mathis), so it does not count; loss and a queue at a steady
 //!    goodput are what loss-based TCP does on a full link at any N.
-//! 2. *Grow* — while each step raised goodput by at least `gain`, double N
+//! 2. *Grow* — a start of `wait_first_from` or more connections is first
+//!    judged on its second epoch (the first is slow start), and the first
+//!    growth decision also needs the RTT at the epoch's end near the
+//!    floor. While each step raised goodput by at least `gain`, double N
 //!    (up to the cap); when the last doubling scaled goodput almost
 //!    linearly (`fast_gain`) with no queue and no loss, quadruple it: the path
 //!    is far from full, and each epoch spent below the right count costs.
@@ -32,7 +36,8 @@
 //!    also stops growth: the link is full at this count.
 //! 3. *Steady* — re-check every epoch; if goodput falls below 60 % of the
 //!    settled level for two epochs without queueing, conditions changed:
-//!    grow again. Every `probe_epochs` quiet epochs, try +25 %.
+//!    grow again. Every `probe_epochs` quiet epochs, try +25 %; a probe
+//!    that gains less than `gain` goes back.
 //! 4. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
@@ -875,7 +880,20 @@ mod tests {
     /// Feed `epochs` epochs of 300 ms at `bps` with the given loss rate
     /// and RTT.
     fn feed(c: &mut Controller, f: &mut Fed, epochs: u64, bps: f64, loss: f64, rtt_ms: u64) {
-        for _ in 0..epochs * 6 {
+        feed_with(c, f, epochs * 6, bps, loss, |_| rtt_ms);
+    }
+
+    /// Feed `samples` samples 50 ms apart at `bps` with the given loss
+    /// rate, the i-th with an RTT of `rtt_ms(i)` milliseconds.
+    fn feed_with(
+        c: &mut Controller,
+        f: &mut Fed,
+        samples: u64,
+        bps: f64,
+        loss: f64,
+        rtt_ms: impl Fn(u64) -> u64,
+    ) {
+        for i in 0..samples {
             f.0 += 50;
             f.1 += bps / 8.0 * 0.05;
             f.2 += bps / 8.0 * 0.05 / 1460.0;
@@ -883,7 +901,7 @@ mod tests {
             c.on_sample(Sample {
                 at: Duration::from_millis(f.0),
                 bytes: f.1 as u64,
-                rtt: Some(Duration::from_millis(rtt_ms)),
+                rtt: Some(Duration::from_millis(rtt_ms(i))),
                 retrans: f.3 as u64,
                 segs_out: f.2 as u64,
                 remaining: None,
@@ -983,20 +1001,14 @@ mod tests {
     /// `first_ms` and every other sample's `rest_ms` (BBR's drain: the
     /// smallest RTT of the epoch at the floor, the rest well above it).
     fn feed_dip(c: &mut Controller, f: &mut Fed, bps: f64, first_ms: u64, rest_ms: u64) {
-        for i in 0..6 {
-            f.0 += 50;
-            f.1 += bps / 8.0 * 0.05;
-            f.2 += bps / 8.0 * 0.05 / 1460.0;
-            let rtt = if i == 0 { first_ms } else { rest_ms };
-            c.on_sample(Sample {
-                at: Duration::from_millis(f.0),
-                bytes: f.1 as u64,
-                rtt: Some(Duration::from_millis(rtt)),
-                retrans: f.3 as u64,
-                segs_out: f.2 as u64,
-                remaining: None,
-            });
-        }
+        feed_with(
+            c,
+            f,
+            6,
+            bps,
+            0.0,
+            |i| if i == 0 { first_ms } else { rest_ms },
+        );
     }
 
     #[test]
