@@ -411,9 +411,16 @@ impl Controller {
         // decision (the MULT exchange, then their handshake).
         let arrive = self.floor.map_or(0.0, |f| 2.0 * f.as_secs_f64());
         let worth = 2.0 * self.epoch_len().as_secs_f64() + arrive;
+        // At the rate the transfer had, not this epoch's alone: at the end
+        // every connection can sit in a retransmission timeout with a few
+        // records still unsent, and goodput near zero then made growth
+        // look worth it (16 -> 32 in the last seconds of satellite
+        // transfers, carrying nothing: the stuck records' data was
+        // already on the stuck connections).
+        let rate = goodput.max(self.settled.unwrap_or(0.0));
         let little_left = s
             .remaining
-            .is_some_and(|rem| (rem as f64 * 8.0) < goodput * worth);
+            .is_some_and(|rem| (rem as f64 * 8.0) < rate * worth);
 
         // Fast growth only on a path that shows neither a queue nor loss
         // above the threshold: a small router queue overflows with almost
@@ -1146,6 +1153,50 @@ mod tests {
             c.history().last().map(|s| s.reason),
             Some(Reason::TooLittleLeft)
         );
+    }
+
+    #[test]
+    fn a_stalled_end_is_no_reason_to_grow() {
+        // 8 connections settled at 100 Mbit/s; at the end every one of
+        // them waits in a retransmission timeout with 2 MB still unsent.
+        // At the settled rate that is 0.16 s of work: new connections
+        // would come too late to matter.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
+        for _ in 0..4 * 6 {
+            f.0 += 50;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: Some(Duration::from_millis(50)),
+                retrans: f.3 as u64,
+                segs_out: f.2 as u64,
+                remaining: Some(2_000_000),
+            });
+        }
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        assert!(
+            c.history().iter().all(|s| s.reason != Reason::Degraded),
+            "{:?}",
+            c.history()
+        );
+        // The same fall with most of the file left is a changed path:
+        // grow again.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
+        for _ in 0..4 * 6 {
+            f.0 += 50;
+            f.1 += 10e6 / 8.0 * 0.05;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: Some(Duration::from_millis(50)),
+                retrans: f.3 as u64,
+                segs_out: f.2 as u64,
+                remaining: Some(500_000_000),
+            });
+        }
+        assert!(c.streams() > 8, "{:?}", c.history());
     }
 
     #[test]
