@@ -55,6 +55,21 @@ impl AsyncWrite for Paced {
     }
 }
 
+/// End an upload: the sender finishes, the server says 226, `streams`
+/// connections carried it and `path` holds exactly `data`.
+async fn finish_upload(
+    sender: Sender<Paced>,
+    c: &mut Ctl,
+    path: &std::path::Path,
+    data: &[u8],
+    streams: usize,
+) {
+    let rep = sender.finish().await.unwrap();
+    c.expect(226).await;
+    assert_eq!(rep.streams.len(), streams);
+    assert!(std::fs::read(path).unwrap() == data, "content differs");
+}
+
 async fn epsv_port(c: &mut Ctl) -> u16 {
     let r = c.cmd("EPSV", 229).await;
     xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap()
@@ -176,13 +191,7 @@ async fn stor_grows() {
             ))
             .expect("the transfer is still running");
     }
-    let rep = sender.finish().await.unwrap();
-    c.expect(226).await;
-    assert_eq!(rep.streams.len(), 3);
-    assert!(
-        std::fs::read(srv.dir.path().join("up")).unwrap() == data,
-        "content differs"
-    );
+    finish_upload(sender, &mut c, &srv.dir.path().join("up"), &data, 3).await;
 }
 
 /// An adaptive upload that sheds and regrows uses more connections over
@@ -222,13 +231,7 @@ async fn stor_that_sheds_and_regrows_past_the_maximum_in_total() {
             TcpStream::connect(("127.0.0.1", port)).await.unwrap(),
         ))
         .expect("the transfer is still running");
-    let rep = sender.finish().await.unwrap();
-    c.expect(226).await;
-    assert_eq!(rep.streams.len(), 3);
-    assert!(
-        std::fs::read(srv.dir.path().join("up")).unwrap() == data,
-        "content differs"
-    );
+    finish_upload(sender, &mut c, &srv.dir.path().join("up"), &data, 3).await;
 }
 
 /// Connections added after the sender handed out its last record carry

@@ -887,11 +887,12 @@ mod tests {
     /// Feed `epochs` epochs of 300 ms at `bps` with the given loss rate
     /// and RTT.
     fn feed(c: &mut Controller, f: &mut Fed, epochs: u64, bps: f64, loss: f64, rtt_ms: u64) {
-        feed_with(c, f, epochs * 6, bps, loss, |_| rtt_ms);
+        feed_with(c, f, epochs * 6, bps, loss, |_| rtt_ms, None);
     }
 
     /// Feed `samples` samples 50 ms apart at `bps` with the given loss
-    /// rate, the i-th with an RTT of `rtt_ms(i)` milliseconds.
+    /// rate, the i-th with an RTT of `rtt_ms(i)` milliseconds, each
+    /// saying `remaining` bytes are unsent.
     fn feed_with(
         c: &mut Controller,
         f: &mut Fed,
@@ -899,6 +900,7 @@ mod tests {
         bps: f64,
         loss: f64,
         rtt_ms: impl Fn(u64) -> u64,
+        remaining: Option<u64>,
     ) {
         for i in 0..samples {
             f.0 += 50;
@@ -911,7 +913,7 @@ mod tests {
                 rtt: Some(Duration::from_millis(rtt_ms(i))),
                 retrans: f.3 as u64,
                 segs_out: f.2 as u64,
-                remaining: None,
+                remaining,
             });
         }
     }
@@ -1015,6 +1017,7 @@ mod tests {
             bps,
             0.0,
             |i| if i == 0 { first_ms } else { rest_ms },
+            None,
         );
     }
 
@@ -1163,17 +1166,7 @@ mod tests {
         // would come too late to matter.
         let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
         feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
-        for _ in 0..4 * 6 {
-            f.0 += 50;
-            c.on_sample(Sample {
-                at: Duration::from_millis(f.0),
-                bytes: f.1 as u64,
-                rtt: Some(Duration::from_millis(50)),
-                retrans: f.3 as u64,
-                segs_out: f.2 as u64,
-                remaining: Some(2_000_000),
-            });
-        }
+        feed_with(&mut c, &mut f, 4 * 6, 0.0, 0.0, |_| 50, Some(2_000_000));
         assert_eq!(c.streams(), 8, "{:?}", c.history());
         assert!(
             c.history().iter().all(|s| s.reason != Reason::Degraded),
@@ -1184,18 +1177,7 @@ mod tests {
         // grow again.
         let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
         feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
-        for _ in 0..4 * 6 {
-            f.0 += 50;
-            f.1 += 10e6 / 8.0 * 0.05;
-            c.on_sample(Sample {
-                at: Duration::from_millis(f.0),
-                bytes: f.1 as u64,
-                rtt: Some(Duration::from_millis(50)),
-                retrans: f.3 as u64,
-                segs_out: f.2 as u64,
-                remaining: Some(500_000_000),
-            });
-        }
+        feed_with(&mut c, &mut f, 4 * 6, 10e6, 0.0, |_| 50, Some(500_000_000));
         assert!(c.streams() > 8, "{:?}", c.history());
     }
 
