@@ -1394,10 +1394,7 @@ impl Client {
         src: &mut R,
         src_path: &Path,
     ) -> Result<u64> {
-        let conn = conns
-            .pop()
-            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
-        let mut conn = ResetUnlessDone(Some(conn));
+        let mut conn = ResetUnlessDone(conns.pop());
         let Some(c) = conn.0.as_mut() else {
             return Err(ClientError::Stripe("no data connection".into()));
         };
