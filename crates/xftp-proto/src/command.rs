@@ -104,6 +104,14 @@ pub enum Command {
     Site(String),
     /// GridFTP: SBUF size — TCP buffer size for data connections.
     Sbuf(BufSize),
+    /// RFC 4217: AUTH mechanism (TLS, TLS-C, SSL, TLS-P), upper-cased.
+    Auth(String),
+    /// RFC 4217 (RFC 2228): PBSZ size; 0 is the only size TLS uses.
+    Pbsz(u64),
+    /// RFC 4217 (RFC 2228): PROT level: C (clear), S, E or P (private).
+    Prot(char),
+    /// RFC 4217: CCC, clear the control channel.
+    Ccc,
     /// A verb we do not implement (upper-cased).
     Unknown(String),
 }
@@ -212,6 +220,16 @@ impl Command {
             "MPRT" => Command::Mprt(hostport::parse_mprt_arg(&text("MPRT")?)?),
             "SITE" => Command::Site(text("SITE")?),
             "SBUF" => Command::Sbuf(parse_bufsize("SBUF", &text("SBUF")?)?),
+            "AUTH" => Command::Auth(text("AUTH")?.trim().to_ascii_uppercase()),
+            "PBSZ" => {
+                let t = text("PBSZ")?;
+                Command::Pbsz(t.trim().parse().map_err(|_| ProtoError::BadArgument {
+                    verb: "PBSZ",
+                    reason: format!("{t:?} is not a buffer size (TLS uses PBSZ 0)"),
+                })?)
+            }
+            "PROT" => Command::Prot(one_letter("PROT", &text("PROT")?)?),
+            "CCC" => Command::Ccc,
             _ => Command::Unknown(verb),
         })
     }
@@ -413,6 +431,15 @@ mod tests {
         assert_eq!(Command::parse(b"REST 100").unwrap(), Command::Rest(100));
         assert_eq!(Command::parse(b"LIST ").unwrap(), Command::List(None));
         assert_eq!(Command::parse(b"MULT").unwrap(), Command::Mult(None));
+        assert_eq!(
+            Command::parse(b"auth tls").unwrap(),
+            Command::Auth("TLS".into())
+        );
+        assert_eq!(Command::parse(b"PBSZ 0").unwrap(), Command::Pbsz(0));
+        assert!(Command::parse(b"PBSZ x").is_err());
+        assert_eq!(Command::parse(b"PROT p").unwrap(), Command::Prot('P'));
+        assert!(Command::parse(b"PROT PP").is_err());
+        assert_eq!(Command::parse(b"CCC").unwrap(), Command::Ccc);
         assert_eq!(Command::parse(b"MULT 8").unwrap(), Command::Mult(Some(8)));
         assert_eq!(Command::parse(b"XPWD").unwrap(), Command::Pwd);
         assert_eq!(

@@ -1,0 +1,111 @@
+//! TLS for xftp (RFC 4217, "Securing FTP with TLS"), on rustls.
+//!
+//! Three pieces:
+//!
+//! * [`Stream`]: one connection type for plain TCP and TLS (either side),
+//!   so the control session, the striping engine and the meters that read
+//!   `TCP_INFO` from the socket all work the same over both.
+//! * [`server`]: the server's certificate (PEM files, reloadable while
+//!   sessions run) and, per control session, the acceptors that bind that
+//!   session's data connections to it.
+//! * [`client`]: verification against the system's roots, a given CA file
+//!   or (only when asked) none, and the session store that lets every data
+//!   connection resume the control connection's TLS session.
+//!
+//! # Binding data connections to their session
+//!
+//! FTP's data connections arrive on separate TCP connections; with N of
+//! them per transfer an attacker who races a client to a passive port (or
+//! answers an active connect) has N chances. The server therefore accepts
+//! a TLS data connection only if its handshake *resumes* a TLS session of
+//! the same control session, which vsftpd calls `require_ssl_reuse`. Each
+//! control session gets its own ticket key ([`server::SessionTls`]), so a
+//! resumption can only succeed with a ticket issued inside that session:
+//! proof that the data connection's peer holds that session's resumption
+//! secret. Stock clients (curl, lftp) resume the control session by
+//! default; xftp's client keeps a pool of the session's tickets
+//! ([`client::ClientTls`]).
+
+pub mod client;
+pub mod server;
+mod stream;
+
+pub use stream::{Stream, TlsInfo};
+
+use std::path::PathBuf;
+
+/// Errors setting up TLS (certificates, keys, configuration).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A certificate or key file could not be read or parsed.
+    #[error("{what} {path}: {reason}")]
+    File {
+        /// "certificate file", "key file" or "CA file".
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The key does not belong to the certificate, or rustls refused the
+    /// configuration.
+    #[error("TLS configuration: {0}")]
+    Config(String),
+    /// No trusted root certificates could be loaded.
+    #[error("no trusted CA certificates found on this system: give one with --cacert FILE")]
+    NoRoots,
+    /// A host name that cannot be a TLS server name.
+    #[error("{0:?} is not a valid TLS server name")]
+    BadName(String),
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        TlsError::Config(e.to_string())
+    }
+}
+
+fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A handshake error as a sentence that names the cause and, where there is
+/// one, the fix. `role` is what the local end was doing ("TLS handshake on
+/// the control connection", ...).
+pub fn explain_handshake_error(e: &std::io::Error) -> String {
+    use rustls::{CertificateError, Error as E};
+    let inner = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<rustls::Error>())
+        .cloned();
+    match inner {
+        Some(E::InvalidCertificate(c)) => match c {
+            CertificateError::UnknownIssuer | CertificateError::BadSignature => {
+                "the server's certificate is not signed by a trusted CA (give the CA with --cacert FILE, or --insecure to skip verification)".into()
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                "the server's certificate is not valid for this host name (connect by the name in the certificate, or --insecure to skip verification)".into()
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                "the server's certificate has expired".into()
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                "the server's certificate is not valid yet (check the clocks)".into()
+            }
+            other => format!("the server's certificate was refused: {other:?}"),
+        },
+        Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => {
+            "the peer does not speak TLS here (plain FTP on a TLS port? use ftp:// or ftpes:// for a server without implicit TLS)".into()
+        }
+        Some(E::AlertReceived(a)) => format!("the peer refused the TLS handshake ({a:?})"),
+        Some(E::PeerIncompatible(p)) => format!("no TLS version or cipher suite in common ({p:?})"),
+        Some(other) => other.to_string(),
+        None => match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                "the peer closed the connection during the TLS handshake (it may not speak TLS on this port, or it refused us)".into()
+            }
+            _ => e.to_string(),
+        },
+    }
+}

@@ -1,0 +1,205 @@
+//! The server's side: its certificate and, per control session, the
+//! acceptors that bind data connections to that session.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache};
+use rustls::sign::CertifiedKey;
+use rustls::ServerConfig;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::{provider, Stream, TlsError};
+
+/// Load a certificate chain and its private key (PEM) and check that they
+/// belong together.
+pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+    let file_err = |what, path: &Path, reason: String| TlsError::File {
+        what,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| file_err("certificate file", cert, e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err("certificate file", cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(file_err(
+            "certificate file",
+            cert,
+            "no PEM certificate (BEGIN CERTIFICATE) in it".into(),
+        ));
+    }
+    let der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| file_err("key file", key, format!("no usable PEM private key: {e}")))?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| file_err("key file", key, e.to_string()))?;
+    let ck = CertifiedKey::new(certs, signing);
+    ck.keys_match().map_err(|e| {
+        TlsError::Config(format!(
+            "the key in {} does not belong to the certificate in {}: {e}",
+            key.display(),
+            cert.display()
+        ))
+    })?;
+    Ok(ck)
+}
+
+/// The certificate in force, replaced by [`ServerTls::reload`]; sessions
+/// already running keep their TLS state, new handshakes get the new one.
+struct Reloadable(RwLock<Arc<CertifiedKey>>);
+
+impl fmt::Debug for Reloadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Reloadable")
+    }
+}
+
+impl ResolvesServerCert for Reloadable {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        // A poisoned lock still holds a valid key.
+        Some(self.0.read().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}
+
+/// The server's TLS identity: certificate and key files, reloadable.
+pub struct ServerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    current: Arc<Reloadable>,
+    base: Arc<ServerConfig>,
+}
+
+impl fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl ServerTls {
+    /// Load `cert` (PEM chain, leaf first) and `key` (PEM, PKCS#8, PKCS#1
+    /// or SEC1).
+    pub fn load(cert: &Path, key: &Path) -> Result<ServerTls, TlsError> {
+        let ck = load_certified_key(cert, key)?;
+        let current = Arc::new(Reloadable(RwLock::new(Arc::new(ck))));
+        let base = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(current.clone());
+        Ok(ServerTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current,
+            base: Arc::new(base),
+        })
+    }
+
+    /// Read the certificate and key files again (SIGHUP). On error the old
+    /// ones stay in force.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let ck = load_certified_key(&self.cert, &self.key)?;
+        *self.current.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ck);
+        Ok(())
+    }
+
+    /// TLS for one control session: a fresh ticket key and session cache,
+    /// so that only this session's tickets can resume on its data
+    /// connections. `tickets` is how many tickets the control handshake
+    /// hands out: enough for the most data connections a client may open
+    /// at once (each data handshake then hands out two more, so a client
+    /// that loses some still has enough).
+    pub fn session(&self, tickets: usize) -> Result<SessionTls, TlsError> {
+        let ticketer = rustls::crypto::ring::Ticketer::new()?;
+        let cache = ServerSessionMemoryCache::new(1024);
+        let mut control = (*self.base).clone();
+        control.ticketer = ticketer.clone();
+        control.session_storage = cache.clone();
+        control.send_tls13_tickets = tickets.max(2);
+        let mut data = control.clone();
+        data.send_tls13_tickets = 2;
+        Ok(SessionTls {
+            control: TlsAcceptor::from(Arc::new(control)),
+            data: TlsAcceptor::from(Arc::new(data)),
+        })
+    }
+}
+
+/// Why a TLS data connection was not taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataTlsError {
+    /// The handshake failed or took too long.
+    #[error("TLS handshake on the data connection failed: {0}")]
+    Handshake(std::io::Error),
+    /// The handshake did not resume this control session's TLS session:
+    /// the peer cannot prove it belongs to the session.
+    #[error("TLS data connection did not resume the control connection's TLS session (session reuse is required; see docs/security.md)")]
+    NotResumed,
+}
+
+/// One control session's TLS acceptors (see [`ServerTls::session`]).
+#[derive(Clone)]
+pub struct SessionTls {
+    control: TlsAcceptor,
+    data: TlsAcceptor,
+}
+
+impl fmt::Debug for SessionTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionTls")
+    }
+}
+
+impl SessionTls {
+    /// The handshake on the control connection (after `AUTH TLS`, or at
+    /// once on the implicit-TLS port).
+    pub async fn accept_control(
+        &self,
+        tcp: TcpStream,
+        limit: Duration,
+    ) -> Result<Stream, std::io::Error> {
+        let s = tokio::time::timeout(limit, self.control.accept(tcp))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
+            })??;
+        Ok(Stream::Server(Box::new(s)))
+    }
+
+    /// The handshake on a data connection (the FTP server is the TLS
+    /// server whichever end connected, RFC 4217 section 9). With
+    /// `require_reuse` it must resume this session.
+    pub async fn accept_data(
+        &self,
+        tcp: TcpStream,
+        limit: Duration,
+        require_reuse: bool,
+    ) -> Result<Stream, DataTlsError> {
+        let s = tokio::time::timeout(limit, self.data.accept(tcp))
+            .await
+            .map_err(|_| {
+                DataTlsError::Handshake(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "TLS handshake timed out",
+                ))
+            })?
+            .map_err(DataTlsError::Handshake)?;
+        let resumed = s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+        if require_reuse && !resumed {
+            // Dropped before a byte of payload: the peer is told nothing
+            // beyond the closed connection.
+            return Err(DataTlsError::NotResumed);
+        }
+        Ok(Stream::Server(Box::new(s)))
+    }
+}

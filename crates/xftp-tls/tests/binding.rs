@@ -1,0 +1,200 @@
+//! Data connections are bound to their control session: a handshake that
+//! resumes the control connection's session is taken, any other is not.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use xftp_tls::client::{ClientTls, ClientTlsConfig};
+use xftp_tls::server::{DataTlsError, ServerTls};
+
+const T: Duration = Duration::from_secs(10);
+
+struct Pki {
+    _dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn pki(names: &[&str]) -> Pki {
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let c = rcgen::generate_simple_self_signed(names).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, c.cert.pem()).unwrap();
+    std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+    Pki {
+        _dir: dir,
+        cert,
+        key,
+    }
+}
+
+async fn pair(l: &TcpListener) -> (TcpStream, TcpStream) {
+    let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (b, _) = l.accept().await.unwrap();
+    (a, b)
+}
+
+/// A control connection: handshake, then one exchange so the client reads
+/// the session tickets that follow the handshake.
+async fn control(
+    client: &ClientTls,
+    server: &xftp_tls::server::SessionTls,
+    l: &TcpListener,
+) -> (xftp_tls::Stream, xftp_tls::Stream) {
+    let (a, b) = pair(l).await;
+    let (c, s) = tokio::join!(client.connect(a, T), server.accept_control(b, T));
+    let (mut c, mut s) = (c.unwrap(), s.unwrap());
+    s.write_all(b"200 hi\r\n").await.unwrap();
+    let mut buf = [0u8; 8];
+    c.read_exact(&mut buf).await.unwrap();
+    (c, s)
+}
+
+#[tokio::test]
+async fn data_connections_must_resume_their_control_session() {
+    let p = pki(&["localhost"]);
+    let server = ServerTls::load(&p.cert, &p.key).unwrap();
+    let cfg = ClientTlsConfig {
+        cacert: Some(p.cert.clone()),
+        insecure: false,
+    };
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+
+    let sess = server.session(8).unwrap();
+    let client = ClientTls::new(&cfg, "localhost").unwrap();
+    let (ctl, _sctl) = control(&client, &sess, &l).await;
+    let info = ctl.tls_info().unwrap();
+    assert_eq!(info.version, "TLSv1.3");
+    assert!(!info.resumed);
+    assert!(client.tickets() >= 8, "tickets: {}", client.tickets());
+
+    // Eight data connections at once, all resumed and accepted.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (a, b) = pair(&l).await;
+        let (client, sess) = (client.clone(), sess.clone());
+        tasks.push(tokio::spawn(async move {
+            let (c, s) = tokio::join!(client.connect(a, T), sess.accept_data(b, T, true));
+            let (mut c, mut s) = (c.unwrap(), s.unwrap());
+            assert!(c.tls_info().unwrap().resumed);
+            s.write_all(b"payload").await.unwrap();
+            s.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"payload");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // Another client session (its own control connection to this server,
+    // but another control session) cannot attach a data connection here.
+    let other_sess = server.session(8).unwrap();
+    let intruder = ClientTls::new(&cfg, "localhost").unwrap();
+    let _ = control(&intruder, &other_sess, &l).await;
+    let (a, b) = pair(&l).await;
+    let (_c, s) = tokio::join!(intruder.connect(a, T), sess.accept_data(b, T, true));
+    assert!(matches!(s, Err(DataTlsError::NotResumed)), "{s:?}");
+
+    // Nor can a client with no session at all.
+    let fresh = ClientTls::new(&cfg, "localhost").unwrap();
+    let (a, b) = pair(&l).await;
+    let (_c, s) = tokio::join!(fresh.connect(a, T), sess.accept_data(b, T, true));
+    assert!(matches!(s, Err(DataTlsError::NotResumed)), "{s:?}");
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_explained() {
+    let p = pki(&["localhost"]);
+    let server = ServerTls::load(&p.cert, &p.key).unwrap();
+    let sess = server.session(2).unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = pki(&["localhost"]);
+    let client = ClientTls::new(
+        &ClientTlsConfig {
+            cacert: Some(other.cert.clone()),
+            insecure: false,
+        },
+        "localhost",
+    )
+    .unwrap();
+    let (a, b) = pair(&l).await;
+    let (c, _s) = tokio::join!(client.connect(a, T), sess.accept_control(b, T));
+    let e = c.unwrap_err();
+    let why = xftp_tls::explain_handshake_error(&e);
+    assert!(why.contains("--cacert"), "{why}");
+
+    // The wrong name.
+    let client = ClientTls::new(
+        &ClientTlsConfig {
+            cacert: Some(p.cert.clone()),
+            insecure: false,
+        },
+        "127.0.0.1",
+    )
+    .unwrap();
+    let (a, b) = pair(&l).await;
+    let (c, _s) = tokio::join!(client.connect(a, T), sess.accept_control(b, T));
+    let why = xftp_tls::explain_handshake_error(&c.unwrap_err());
+    assert!(why.contains("not valid for this host name"), "{why}");
+
+    // --insecure connects anyway.
+    let client = ClientTls::new(
+        &ClientTlsConfig {
+            cacert: None,
+            insecure: true,
+        },
+        "127.0.0.1",
+    )
+    .unwrap();
+    let (a, b) = pair(&l).await;
+    let (c, s) = tokio::join!(client.connect(a, T), sess.accept_control(b, T));
+    assert!(c.is_ok() && s.is_ok());
+}
+
+#[tokio::test]
+async fn plain_text_on_a_tls_connection_is_explained() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = ClientTls::new(
+        &ClientTlsConfig {
+            cacert: None,
+            insecure: true,
+        },
+        "127.0.0.1",
+    )
+    .unwrap();
+    let (a, mut b) = pair(&l).await;
+    b.write_all(b"220 plain FTP server ready\r\n")
+        .await
+        .unwrap();
+    let e = client.connect(a, T).await.unwrap_err();
+    let why = xftp_tls::explain_handshake_error(&e);
+    assert!(why.contains("does not speak TLS"), "{why}");
+}
+
+#[test]
+fn a_key_that_is_not_the_certificates_is_refused() {
+    let a = pki(&["localhost"]);
+    let b = pki(&["localhost"]);
+    let e = ServerTls::load(&a.cert, &b.key).unwrap_err();
+    assert!(e.to_string().contains("does not belong"), "{e}");
+    let e = ServerTls::load(&a.key, &a.key).unwrap_err();
+    assert!(e.to_string().contains("certificate file"), "{e}");
+}
+
+#[test]
+fn reload_takes_new_files_and_keeps_old_ones_on_error() {
+    let a = pki(&["localhost"]);
+    let server = ServerTls::load(&a.cert, &a.key).unwrap();
+    let b = pki(&["localhost"]);
+    std::fs::copy(&b.cert, &a.cert).unwrap();
+    std::fs::copy(&b.key, &a.key).unwrap();
+    server.reload().unwrap();
+    std::fs::write(&a.key, "garbage").unwrap();
+    assert!(server.reload().is_err());
+}
