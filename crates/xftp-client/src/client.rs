@@ -11,6 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use xftp_proto::hostport;
 use xftp_proto::Reply;
+use xftp_tls::client::{ClientTls, ClientTlsConfig};
+use xftp_tls::Stream;
 
 use xftp_tune::meter::MeterSet;
 use xftp_tune::{Controller, TuneConfig};
@@ -74,6 +76,21 @@ pub struct ClientConfig {
     /// contiguous parts, one per connection; downloads ask the server for
     /// the same with `OPTS MULT STATIC`.
     pub static_split: bool,
+    /// TLS on the control connection and every data connection (RFC 4217,
+    /// PROT P); `None` for plain FTP.
+    pub tls: Option<TlsSetup>,
+}
+
+/// How the session uses TLS.
+#[derive(Debug, Clone)]
+pub struct TlsSetup {
+    /// Implicit TLS (ftps://): the handshake first, then the greeting.
+    /// Otherwise explicit (ftpes://, --tls): AUTH TLS after the greeting.
+    pub implicit: bool,
+    /// The name the certificate must carry (the URL's host).
+    pub server_name: String,
+    /// Trusted CAs, or no verification.
+    pub verify: ClientTlsConfig,
 }
 
 /// Settings of the automatic mode.
@@ -109,6 +126,7 @@ impl Default for ClientConfig {
             bufsize: None,
             auto: None,
             static_split: false,
+            tls: None,
         }
     }
 }
@@ -138,7 +156,7 @@ impl TransferReport {
 enum Setup {
     /// Passive: connections being opened to `target`.
     Connecting {
-        set: tokio::task::JoinSet<Result<TcpStream>>,
+        set: tokio::task::JoinSet<Result<Stream>>,
         target: SocketAddr,
     },
     /// Active: accept `n` connections from the server on one port.
@@ -180,6 +198,8 @@ pub struct Client {
     /// The greeting names GridFTP: worth reading the login's replies
     /// before the first transfer to learn whether to use its parallelism.
     greets_gridftp: bool,
+    /// TLS for data connections (PROT P in force).
+    data_tls: Option<ClientTls>,
 }
 
 /// A login sent but whose replies are not read yet.
@@ -221,7 +241,26 @@ impl Client {
 
     /// Use an already connected control stream; reads the greeting.
     pub async fn from_stream(stream: TcpStream, cfg: ClientConfig) -> Result<Client> {
-        let mut ctl = Control::new(stream, cfg.reply_timeout)?;
+        let tls = match &cfg.tls {
+            Some(t) => Some((
+                ClientTls::new(&t.verify, &t.server_name)
+                    .map_err(|e| ClientError::Tls(e.to_string()))?,
+                t.implicit,
+            )),
+            None => None,
+        };
+        let mut ctl = match &tls {
+            Some((t, true)) => {
+                let io = t.connect(stream, cfg.reply_timeout).await.map_err(|e| {
+                    ClientError::Tls(format!(
+                        "implicit TLS (ftps://): {}",
+                        xftp_tls::explain_handshake_error(&e)
+                    ))
+                })?;
+                Control::new(io, cfg.reply_timeout)?
+            }
+            _ => Control::new(stream, cfg.reply_timeout)?,
+        };
         let greet = Cmd::bare("(greeting)");
         let mut r = ctl.read_reply().await?;
         // 120: "service ready in nnn minutes"; the 220 follows.
@@ -235,6 +274,37 @@ impl Client {
             .lines
             .iter()
             .any(|l| l.to_ascii_lowercase().contains("gridftp"));
+        let data_tls = match tls {
+            Some((t, implicit)) => {
+                if !implicit {
+                    let auth = Cmd::with("AUTH", "TLS");
+                    ctl.send(&[&auth]).await?;
+                    let r = ctl.read_reply().await?;
+                    if r.code != 234 {
+                        return Err(ClientError::Tls(format!(
+                            "the server refused AUTH TLS ({} {}): it offers no TLS on this port (ftps:// is implicit TLS on its own port; plain ftp:// sends the password in clear)",
+                            r.code,
+                            reply_text(&r)
+                        )));
+                    }
+                    ctl = ctl.start_tls(&t).await?;
+                }
+                // Every data connection is TLS too (RFC 4217 section 9).
+                let (pbsz, prot) = (Cmd::with("PBSZ", "0"), Cmd::with("PROT", "P"));
+                ctl.send(&[&pbsz, &prot]).await?;
+                ctl.expect(&pbsz, &[200]).await?;
+                let r = ctl.read_reply().await?;
+                if r.code != 200 {
+                    return Err(ClientError::Tls(format!(
+                        "the server refused PROT P ({} {}): data connections would travel in clear",
+                        r.code,
+                        reply_text(&r)
+                    )));
+                }
+                Some(t)
+            }
+            None => None,
+        };
         Ok(Client {
             ctl,
             cfg,
@@ -255,7 +325,13 @@ impl Client {
             gridftp_retr_refused: false,
             gridftp_told: false,
             greets_gridftp,
+            data_tls,
         })
+    }
+
+    /// TLS on the control connection (version, cipher suite), if any.
+    pub fn tls_info(&self) -> Option<xftp_tls::TlsInfo> {
+        self.ctl.tls_info()
     }
 
     /// The server's address.
@@ -812,12 +888,12 @@ impl Client {
     }
 
     /// Record the buffer sizes in force on the first data socket.
-    fn note_buffers(&mut self, conns: &[TcpStream]) {
+    fn note_buffers(&mut self, conns: &[Stream]) {
         if self.cfg.bufsize.is_none() || self.buf_in_force.is_some() {
             return;
         }
         if let Some(c) = conns.first() {
-            match sockbuf::read(c) {
+            match sockbuf::read(c.tcp()) {
                 Ok(f) => {
                     tracing::info!(
                         "data socket buffers: {} requested, in force rcv {} snd {}",
@@ -1051,7 +1127,8 @@ impl Client {
         self.ctl.send(&[&c_retr]).await?;
         self.expect_preliminary(&c_retr).await?;
         let (peer, t) = (self.ctl.peer().ip(), self.cfg.data_timeout);
-        let first = accept_from(&listener, peer, t).await?;
+        let tls = self.data_tls.clone();
+        let first = accept_from(&listener, peer, t, tls.as_ref()).await?;
         self.note_buffers(std::slice::from_ref(&first));
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
         let dog = Watchdog::new(self.cfg.data_timeout);
@@ -1059,7 +1136,7 @@ impl Client {
         let ctl = rx.control();
         let more = async {
             for _ in 1..n {
-                match accept_from(&listener, peer, t).await {
+                match accept_from(&listener, peer, t, tls.as_ref()).await {
                     Ok(s) => {
                         if ctl.add_connection(dog.guard(s)).is_err() {
                             break;
@@ -1203,7 +1280,8 @@ impl Client {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..n {
             let (t, buf) = (self.cfg.connect_timeout, self.cfg.bufsize);
-            set.spawn(async move { connect_data(target, buf, t).await });
+            let tls = self.data_tls.clone();
+            set.spawn(async move { connect_data(target, buf, t, tls.as_ref()).await });
         }
         Ok((before_reply, Setup::Connecting { set, target }))
     }
@@ -1251,9 +1329,10 @@ impl Client {
     /// connections (passive: the connects finishing alongside; active:
     /// accepted from the server after the 1xx), and where more would come
     /// from.
-    async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<(Vec<TcpStream>, Grow)> {
+    async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<(Vec<Stream>, Grow)> {
         let peer = self.ctl.peer().ip();
         let t = self.cfg.data_timeout;
+        let tls = self.data_tls.clone();
         match setup {
             Setup::Connecting { mut set, target } => {
                 let connects = async move {
@@ -1295,7 +1374,7 @@ impl Client {
                 self.expect_preliminary(c).await?;
                 let mut conns = Vec::with_capacity(n);
                 while conns.len() < n {
-                    conns.push(accept_from(&listener, peer, t).await?);
+                    conns.push(accept_from(&listener, peer, t, tls.as_ref()).await?);
                 }
                 Ok((conns, Grow::Active(Arc::new(listener))))
             }
@@ -1303,7 +1382,7 @@ impl Client {
                 self.expect_preliminary(c).await?;
                 let mut conns = Vec::with_capacity(ls.len());
                 for l in &ls {
-                    conns.push(accept_from(l, peer, t).await?);
+                    conns.push(accept_from(l, peer, t, tls.as_ref()).await?);
                 }
                 Ok((conns, Grow::Fixed))
             }
@@ -1364,7 +1443,7 @@ impl Client {
 
     async fn recv_plain<W: tokio::io::AsyncWrite + Unpin>(
         &mut self,
-        mut conns: Vec<TcpStream>,
+        mut conns: Vec<Stream>,
         out: &mut W,
         out_path: &Path,
     ) -> Result<u64> {
@@ -1390,7 +1469,7 @@ impl Client {
 
     async fn send_plain<R: tokio::io::AsyncRead + Unpin>(
         &mut self,
-        mut conns: Vec<TcpStream>,
+        mut conns: Vec<Stream>,
         src: &mut R,
         src_path: &Path,
     ) -> Result<u64> {
@@ -1429,7 +1508,7 @@ impl Client {
     /// SIZE answered, the total.
     async fn recv_striped(
         &mut self,
-        conns: Vec<TcpStream>,
+        conns: Vec<Stream>,
         tmp: &tempfile::NamedTempFile,
         expected: Option<u64>,
     ) -> Result<Vec<u64>> {
@@ -1445,7 +1524,7 @@ impl Client {
     /// Multi-stream upload; the engine half-closes every connection at the end.
     async fn send_striped(
         &mut self,
-        conns: Vec<TcpStream>,
+        conns: Vec<Stream>,
         file: std::fs::File,
         len: u64,
     ) -> Result<Vec<u64>> {
@@ -1567,13 +1646,15 @@ async fn connect_tcp(addr: SocketAddr, limit: Duration) -> Result<TcpStream> {
     }
 }
 
-/// Open a data connection with the configured buffers set before connect.
+/// Open a data connection with the configured buffers set before connect
+/// (and its TLS handshake under PROT P).
 async fn connect_data(
     addr: SocketAddr,
     bufsize: Option<u64>,
     limit: Duration,
-) -> Result<TcpStream> {
-    sockbuf::connect(addr, bufsize, limit)
+    tls: Option<&ClientTls>,
+) -> Result<Stream> {
+    let s = sockbuf::connect(addr, bufsize, limit)
         .await
         .map_err(|e| match e {
             Some(source) => ClientError::Connect { addr, source },
@@ -1581,16 +1662,37 @@ async fn connect_data(
                 what: format!("a TCP connection to {addr}"),
                 after: limit,
             },
-        })
+        })?;
+    secure_data(s, tls, limit).await
+}
+
+/// The TLS handshake of a data connection (the FTP client is the TLS
+/// client whichever end connected, RFC 4217); it resumes the control
+/// connection's session, which the server requires.
+async fn secure_data(s: TcpStream, tls: Option<&ClientTls>, limit: Duration) -> Result<Stream> {
+    match tls {
+        None => Ok(Stream::Plain(s)),
+        Some(t) => t.connect(s, limit).await.map_err(|e| {
+            ClientError::Tls(format!(
+                "data connection: {}",
+                xftp_tls::explain_handshake_error(&e)
+            ))
+        }),
+    }
 }
 
 /// Accept one connection coming from `peer` (the control connection's
 /// server); connections from anywhere else are dropped.
-async fn accept_from(l: &TcpListener, peer: IpAddr, limit: Duration) -> Result<TcpStream> {
+async fn accept_from(
+    l: &TcpListener,
+    peer: IpAddr,
+    limit: Duration,
+    tls: Option<&ClientTls>,
+) -> Result<Stream> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         match tokio::time::timeout_at(deadline, l.accept()).await {
-            Ok(Ok((s, from))) if from.ip() == peer => return Ok(s),
+            Ok(Ok((s, from))) if from.ip() == peer => return secure_data(s, tls, limit).await,
             Ok(Ok((_, from))) => {
                 tracing::warn!("dropping a data connection from {from}: not the server {peer}");
             }
@@ -1670,12 +1772,12 @@ fn a_replaced_file_keeps_its_permissions() {
 /// (an error, or the command interrupted by Ctrl-C) is reset instead:
 /// the server then rolls the upload back rather than store a short file
 /// as complete.
-struct ResetUnlessDone(Option<TcpStream>);
+struct ResetUnlessDone(Option<Stream>);
 
 impl Drop for ResetUnlessDone {
     fn drop(&mut self) {
         if let Some(s) = self.0.take() {
-            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            let _ = socket2::SockRef::from(s.tcp()).set_linger(Some(Duration::ZERO));
         }
     }
 }

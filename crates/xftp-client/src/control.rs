@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use xftp_proto::{Reply, ReplyParser};
+use xftp_tls::Stream;
 
 use crate::error::{ClientError, Result};
 
@@ -83,8 +83,7 @@ pub fn reply_text(reply: &Reply) -> String {
 /// The control connection of one session.
 #[derive(Debug)]
 pub struct Control {
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
+    io: Stream,
     parser: ReplyParser,
     buf: Vec<u8>,
     reply_timeout: Duration,
@@ -94,15 +93,14 @@ pub struct Control {
 
 impl Control {
     /// Wrap a connected stream.
-    pub fn new(stream: TcpStream, reply_timeout: Duration) -> Result<Control> {
-        let peer = stream.peer_addr().map_err(ClientError::ControlIo)?;
-        let local = stream.local_addr().map_err(ClientError::ControlIo)?;
+    pub fn new(stream: impl Into<Stream>, reply_timeout: Duration) -> Result<Control> {
+        let io = stream.into();
+        let peer = io.tcp().peer_addr().map_err(ClientError::ControlIo)?;
+        let local = io.tcp().local_addr().map_err(ClientError::ControlIo)?;
         // Commands are small and often pipelined; do not let Nagle hold them.
-        let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
+        let _ = io.tcp().set_nodelay(true);
         Ok(Control {
-            rd,
-            wr,
+            io,
             parser: ReplyParser::new(),
             buf: vec![0; 4096],
             reply_timeout,
@@ -119,11 +117,44 @@ impl Control {
     /// The kernel's smoothed RTT of the control connection (`TCP_INFO`),
     /// `None` when unknown.
     pub fn rtt(&self) -> Option<Duration> {
-        let tcp: &TcpStream = self.rd.as_ref();
+        let tcp: &TcpStream = self.io.tcp();
         xftp_tune::tcpinfo::read(tcp)
             .ok()
             .map(|i| i.rtt)
             .filter(|r| !r.is_zero())
+    }
+
+    /// TLS negotiated on the control connection, if any.
+    pub fn tls_info(&self) -> Option<xftp_tls::TlsInfo> {
+        self.io.tls_info()
+    }
+
+    /// AUTH TLS was accepted: the TLS handshake (over the connection as
+    /// it is; nothing may be left unread, as nothing follows a 234).
+    pub async fn start_tls(self, tls: &xftp_tls::client::ClientTls) -> Result<Control> {
+        let Control {
+            io,
+            parser,
+            buf,
+            reply_timeout,
+            peer,
+            local,
+        } = self;
+        let tcp = io
+            .into_plain()
+            .map_err(|_| ClientError::Tls("TLS is already on".into()))?;
+        let io = tls
+            .connect(tcp, reply_timeout)
+            .await
+            .map_err(|e| ClientError::Tls(xftp_tls::explain_handshake_error(&e)))?;
+        Ok(Control {
+            io,
+            parser,
+            buf,
+            reply_timeout,
+            peer,
+            local,
+        })
     }
 
     /// Our end of the control connection.
@@ -139,7 +170,12 @@ impl Control {
             c.encode(&mut out)?;
             tracing::debug!(">>> {}", c.display());
         }
-        let write = self.wr.write_all(&out);
+        let io = &mut self.io;
+        let write = async move {
+            io.write_all(&out).await?;
+            // TLS keeps what the socket did not take: commands go now.
+            io.flush().await
+        };
         match tokio::time::timeout(self.reply_timeout, write).await {
             Ok(r) => r.map_err(ClientError::ControlIo),
             Err(_) => Err(ClientError::Timeout {
@@ -162,7 +198,7 @@ impl Control {
                 tracing::debug!("<<< {} {}", r.code, reply_text(&r));
                 return Ok(r);
             }
-            let n = match tokio::time::timeout_at(deadline, self.rd.read(&mut self.buf)).await {
+            let n = match tokio::time::timeout_at(deadline, self.io.read(&mut self.buf)).await {
                 Ok(r) => r.map_err(ClientError::ControlIo)?,
                 Err(_) => {
                     return Err(ClientError::Timeout {
@@ -190,7 +226,7 @@ impl Control {
 
     /// Close our write side politely.
     pub async fn shutdown(&mut self) {
-        let _ = self.wr.shutdown().await;
+        let _ = self.io.shutdown().await;
     }
 }
 

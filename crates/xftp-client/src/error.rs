@@ -114,6 +114,11 @@ pub enum ClientError {
     /// The striping engine failed on a multi-stream transfer.
     #[error("multi-stream transfer: {0}")]
     Stripe(String),
+    /// TLS could not be set up (a failed handshake, a certificate that
+    /// is not trusted, a server without TLS); the text names the cause and
+    /// the fix.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The caller asked for something impossible (a bad URL, a path that
     /// names no file, ...).
     #[error("{0}")]

@@ -46,11 +46,13 @@ pub mod url;
 mod watchdog;
 
 pub use client::{
-    AutoConfig, BufferReport, Client, ClientConfig, DataMode, Timeline, TransferReport,
+    AutoConfig, BufferReport, Client, ClientConfig, DataMode, Timeline, TlsSetup, TransferReport,
     ANONYMOUS_PASSWORD, MAX_LISTING,
 };
 pub use error::{ClientError, Result};
 pub use negotiate::Features;
-pub use url::FtpUrl;
+pub use url::{FtpUrl, UrlTls};
+/// TLS settings and the stream type of data connections.
+pub use xftp_tls;
 /// The tuning crate (cache, controller), for callers of the automatic mode.
 pub use xftp_tune;

@@ -22,7 +22,25 @@ pub struct FtpUrl {
     pub port: u16,
     /// Path as sent to the server (empty for the login directory).
     pub path: String,
+    /// TLS asked for by the scheme: `ftpes://` explicit (AUTH TLS),
+    /// `ftps://` implicit (default port 990).
+    pub tls: UrlTls,
 }
+
+/// The TLS a URL's scheme asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UrlTls {
+    /// `ftp://`: none (unless `--tls`).
+    #[default]
+    None,
+    /// `ftpes://`: AUTH TLS on the usual port.
+    Explicit,
+    /// `ftps://`: TLS from the first byte, on port 990 by default.
+    Implicit,
+}
+
+/// The default port of implicit FTPS.
+pub const DEFAULT_FTPS_PORT: u16 = 990;
 
 fn usage(msg: impl Into<String>) -> ClientError {
     ClientError::Usage(msg.into())
@@ -31,14 +49,18 @@ fn usage(msg: impl Into<String>) -> ClientError {
 impl FtpUrl {
     /// Parse a URL. Errors say what is wrong and what form is expected.
     pub fn parse(url: &str) -> Result<FtpUrl, ClientError> {
-        let rest = url
-            .strip_prefix("ftp://")
-            .or_else(|| url.strip_prefix("FTP://"))
-            .ok_or_else(|| {
-                usage(format!(
-                    "{url:?} is not an ftp:// URL (expected ftp://[user[:password]@]host[:port]/path)"
-                ))
-            })?;
+        let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+        let (tls, rest) = if lower.starts_with("ftp://") {
+            (UrlTls::None, &url[6..])
+        } else if lower.starts_with("ftpes://") {
+            (UrlTls::Explicit, &url[8..])
+        } else if lower.starts_with("ftps://") {
+            (UrlTls::Implicit, &url[7..])
+        } else {
+            return Err(usage(format!(
+                "{url:?} is not an FTP URL (expected ftp://[user[:password]@]host[:port]/path; ftpes:// for TLS, ftps:// for implicit TLS)"
+            )));
+        };
         let (authority, raw_path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
@@ -65,6 +87,11 @@ impl FtpUrl {
             }
         };
         let (host, port) = split_host_port(hostport, url)?;
+        let port = match (port, tls) {
+            (None, UrlTls::Implicit) => DEFAULT_FTPS_PORT,
+            (None, _) => DEFAULT_PORT,
+            (Some(p), _) => p,
+        };
         // ";type=i" and similar typecodes are not supported: refuse them rather
         // than asking the server for a file with that name.
         if raw_path.contains(';') && raw_path.to_ascii_lowercase().contains(";type=") {
@@ -90,6 +117,7 @@ impl FtpUrl {
             host,
             port,
             path,
+            tls,
         })
     }
 
@@ -118,7 +146,7 @@ impl FtpUrl {
     }
 }
 
-fn split_host_port(hp: &str, url: &str) -> Result<(String, u16), ClientError> {
+fn split_host_port(hp: &str, url: &str) -> Result<(String, Option<u16>), ClientError> {
     let (host, port) = if let Some(rest) = hp.strip_prefix('[') {
         let end = rest
             .find(']')
@@ -149,9 +177,9 @@ fn split_host_port(hp: &str, url: &str) -> Result<(String, u16), ClientError> {
         )));
     }
     let port = match port {
-        None => DEFAULT_PORT,
+        None => None,
         Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
+            Ok(n) if n > 0 => Some(n),
             _ => {
                 return Err(usage(format!(
                     "{url:?}: port {p:?} is not a number from 1 to 65535"
@@ -194,6 +222,13 @@ mod tests {
 
     #[test]
     fn full_url() {
+        let u = FtpUrl::parse("ftpes://h/x").unwrap();
+        assert_eq!((u.tls, u.port), (UrlTls::Explicit, 21));
+        let u = FtpUrl::parse("FTPS://h/x").unwrap();
+        assert_eq!((u.tls, u.port), (UrlTls::Implicit, 990));
+        let u = FtpUrl::parse("ftps://h:2990/x").unwrap();
+        assert_eq!((u.tls, u.port), (UrlTls::Implicit, 2990));
+        assert!(FtpUrl::parse("sftp://h/x").is_err());
         let u = FtpUrl::parse("ftp://al%40ice:p%3Aw@example.org:2121/dir/a%20b.bin").unwrap();
         assert_eq!(u.user.as_deref(), Some("al@ice"));
         assert_eq!(u.password.as_deref(), Some("p:w"));

@@ -22,6 +22,7 @@ pub mod fs;
 
 mod data;
 mod live;
+mod secure;
 mod session;
 mod transfer;
 
@@ -66,6 +67,26 @@ pub struct Config {
     pub min_bufsize: u64,
     /// Largest data-socket buffer a client may ask for.
     pub max_bufsize: u64,
+    /// The server's certificate, if it offers TLS.
+    pub tls: Option<Arc<xftp_tls::server::ServerTls>>,
+    /// Whether TLS is offered or required (needs `tls`).
+    pub tls_mode: TlsMode,
+    /// A TLS data connection must resume its control session's TLS
+    /// session (vsftpd's `require_ssl_reuse`); see docs/security.md.
+    pub tls_require_reuse: bool,
+}
+
+/// How the server treats clients without TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS: AUTH is refused.
+    #[default]
+    Off,
+    /// AUTH TLS and PROT P are offered; clear sessions are served too.
+    Optional,
+    /// Nothing before AUTH TLS but AUTH, FEAT, HELP, NOOP, SYST and QUIT;
+    /// every transfer needs PROT P.
+    Required,
 }
 
 impl Config {
@@ -85,6 +106,9 @@ impl Config {
             record_size: 256 * 1024,
             min_bufsize: 2048,
             max_bufsize: 256 << 20,
+            tls: None,
+            tls_mode: TlsMode::Off,
+            tls_require_reuse: true,
         })
     }
 }
@@ -96,11 +120,36 @@ pub async fn serve(
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_all(listener, None, config, shutdown).await
+}
+
+/// [`serve`] on `listener` and, if given, implicit TLS (the "ftps"
+/// convention: the TLS handshake comes first, before the 220) on
+/// `implicit`. Needs `config.tls` for the implicit listener. The session
+/// limit counts both.
+pub async fn serve_all(
+    listener: TcpListener,
+    implicit: Option<TcpListener>,
+    config: Arc<Config>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let tracker = TaskTracker::new();
     let active = Arc::new(AtomicUsize::new(0));
     loop {
+        let mut tls_first = false;
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
+            r = accept_opt(implicit.as_ref()) => {
+                tls_first = true;
+                match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -126,11 +175,13 @@ pub async fn serve(
         tracker.spawn(async move {
             let _guard = guard;
             if n > cfg.max_sessions {
-                session::refuse(stream, "421 Too many sessions, try again later.\r\n").await;
+                if !tls_first {
+                    session::refuse(stream, "421 Too many sessions, try again later.\r\n").await;
+                }
                 return;
             }
-            tracing::info!(%peer, "session start");
-            if let Err(e) = session::run(stream, cfg, stop).await {
+            tracing::info!(%peer, implicit_tls = tls_first, "session start");
+            if let Err(e) = session::run(stream, tls_first, cfg, stop).await {
                 tracing::info!(%peer, "session ended: {e}");
             } else {
                 tracing::info!(%peer, "session end");
@@ -140,6 +191,16 @@ pub async fn serve(
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+/// Accept on `l`, or never without one (accept is cancel-safe).
+async fn accept_opt(
+    l: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 struct ActiveGuard(Arc<AtomicUsize>);

@@ -7,13 +7,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
+use xftp_tls::Stream;
+
+use crate::secure::DataTls;
 use tokio::task::JoinSet;
 use xftp_stripe::{RecvControl, SendControl};
 use xftp_tune::meter::{MeterSet, Metered};
 
 /// A data connection of a framed transfer.
-pub type Conn = Metered<TcpStream>;
+pub type Conn = Metered<Stream>;
 
 /// Where more connections come from.
 #[derive(Debug)]
@@ -46,6 +49,7 @@ pub struct Live {
     local: IpAddr,
     bufsize: Option<u64>,
     timeout: Duration,
+    tls: Option<DataTls>,
     tasks: JoinSet<()>,
 }
 
@@ -62,6 +66,7 @@ impl Live {
         local: IpAddr,
         bufsize: Option<u64>,
         timeout: Duration,
+        tls: Option<DataTls>,
     ) -> Live {
         Live {
             meters,
@@ -74,6 +79,7 @@ impl Live {
             local,
             bufsize,
             timeout,
+            tls,
             tasks: JoinSet::new(),
         }
     }
@@ -86,11 +92,12 @@ impl Live {
         let (Some(Grow::Passive(l)), Ctl::Recv(ctl)) = (&self.grow, &self.ctl) else {
             return;
         };
-        let (l, ctl, meters, active) = (
+        let (l, ctl, meters, active, tls) = (
             l.clone(),
             ctl.clone(),
             self.meters.clone(),
             self.active.clone(),
+            self.tls.clone(),
         );
         let (peer, room) = (self.peer, self.max.saturating_sub(self.granted) as usize);
         self.tasks.spawn(async move {
@@ -104,6 +111,9 @@ impl Live {
                     continue;
                 }
                 let _ = s.set_nodelay(true);
+                let Ok(s) = crate::secure::secure_one(tls.as_ref(), s).await else {
+                    continue;
+                };
                 match ctl.add_connection(meters.wrap(s).bound_backlog()) {
                     Ok(i) => {
                         added += 1;
@@ -138,6 +148,7 @@ impl Live {
                 let active = self.active.clone();
                 let (peer, local, bufsize, timeout) =
                     (self.peer, self.local, self.bufsize, self.timeout);
+                let tls = self.tls.clone();
                 let source = match grow {
                     Grow::Passive(l) => Grow::Passive(l.clone()),
                     Grow::Active(a) => Grow::Active(*a),
@@ -161,6 +172,9 @@ impl Live {
                         return;
                     };
                     let _ = conn.set_nodelay(true);
+                    let Ok(conn) = crate::secure::secure_one(tls.as_ref(), conn).await else {
+                        return;
+                    };
                     let conn = meters.wrap(conn).bound_backlog();
                     let idx = match ctl {
                         Ctl::Send(c) => c.add_connection(conn),

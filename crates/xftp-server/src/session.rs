@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +17,8 @@ use xftp_proto::command::TransferType;
 use xftp_proto::path::VPath;
 use xftp_proto::{hostport, BufSize, Command, LineReader, ProtoError, Reply};
 use xftp_stripe::{Receiver, Schedule, SendConfig, Sender};
+use xftp_tls::server::SessionTls;
+use xftp_tls::Stream;
 use xftp_tune::meter::MeterSet;
 
 use crate::live::{self, Grow, Live};
@@ -25,8 +26,9 @@ use crate::live::{self, Grow, Live};
 use crate::auth::Access;
 use crate::data::{self, DataError, DataPlan};
 use crate::fs::{self, FsError};
+use crate::secure::DataTls;
 use crate::transfer::{self, Progress, TransferError, Upload, UploadKind};
-use crate::Config;
+use crate::{Config, TlsMode};
 
 /// Failed logins before the server hangs up.
 const MAX_LOGIN_FAILURES: u32 = 3;
@@ -37,19 +39,39 @@ pub async fn refuse(mut stream: TcpStream, msg: &str) {
     let _ = stream.shutdown().await;
 }
 
-/// Run a session to its end.
+/// Run a session to its end. With `tls_first` (the implicit-TLS port) the
+/// TLS handshake comes before the greeting.
 pub async fn run(
     stream: TcpStream,
+    tls_first: bool,
     cfg: Arc<Config>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr()?;
     let local = stream.local_addr()?;
-    let (r, w) = stream.into_split();
+    let (ctl, tls) = if tls_first {
+        let Some(server_tls) = cfg.tls.clone() else {
+            return Err(std::io::Error::other("implicit TLS without a certificate"));
+        };
+        let tls = server_tls
+            .session(cfg.max_streams as usize)
+            .map_err(std::io::Error::other)?;
+        match tls.accept_control(stream, cfg.data_timeout).await {
+            Ok(s) => (s, Some(tls)),
+            Err(e) => {
+                tracing::info!(%peer, "implicit TLS handshake failed: {}", xftp_tls::explain_handshake_error(&e));
+                return Ok(());
+            }
+        }
+    } else {
+        (Stream::Plain(stream), None)
+    };
     let mut s = Session {
         cfg,
-        r,
-        w,
+        ctl,
+        tls,
+        pbsz: false,
+        prot_private: false,
         peer,
         local,
         reader: LineReader::new(),
@@ -71,7 +93,35 @@ pub async fn run(
         stop_upload: None,
     };
     s.reply(220, "xftp ready").await?;
-    s.main_loop().await
+    loop {
+        match s.main_loop().await? {
+            Flow::StartTls => {
+                // The handshake takes over the connection; a session
+                // whose handshake fails ends (the client hears nothing
+                // more in clear).
+                let Some(tls) = s.tls.clone() else {
+                    return Ok(());
+                };
+                let tcp = match s.ctl.into_plain() {
+                    Ok(t) => t,
+                    Err(_) => return Ok(()),
+                };
+                s.ctl = match tls.accept_control(tcp, s.cfg.data_timeout).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::info!(peer = %s.peer, "AUTH TLS handshake failed: {}", xftp_tls::explain_handshake_error(&e));
+                        return Ok(());
+                    }
+                };
+                // Commands sent in clear after AUTH are dropped, not run
+                // as if they had come through TLS (STARTTLS command
+                // injection, CVE-2011-0411).
+                s.queued.clear();
+                s.reader = LineReader::new();
+            }
+            _ => return Ok(()),
+        }
+    }
 }
 
 /// Login state: each state accepts only what can follow it.
@@ -92,12 +142,20 @@ enum Outcome<T> {
 enum Flow {
     Continue,
     Quit,
+    /// AUTH TLS was accepted: the handshake comes next.
+    StartTls,
 }
 
 struct Session {
     cfg: Arc<Config>,
-    r: OwnedReadHalf,
-    w: OwnedWriteHalf,
+    /// The control connection (TLS after AUTH TLS or on the implicit port).
+    ctl: Stream,
+    /// This session's TLS (ticket key) once AUTH TLS was accepted.
+    tls: Option<SessionTls>,
+    /// PBSZ was sent (after AUTH TLS).
+    pbsz: bool,
+    /// PROT P: data connections are TLS.
+    prot_private: bool,
     peer: SocketAddr,
     local: SocketAddr,
     reader: LineReader,
@@ -163,7 +221,9 @@ impl Session {
 
     async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!(peer = %self.peer, "-> {}", r);
-        self.w.write_all(&r.encode()).await
+        self.ctl.write_all(&r.encode()).await?;
+        // TLS keeps what the socket did not take; a reply must go now.
+        self.ctl.flush().await
     }
 
     fn peer_ip(&self) -> IpAddr {
@@ -183,7 +243,7 @@ impl Session {
                     let _ = self.reply(421, "Server shutting down.").await;
                     return Ok(None);
                 }
-                r = tokio::time::timeout(self.cfg.idle_timeout, self.r.read(&mut buf)) => r,
+                r = tokio::time::timeout(self.cfg.idle_timeout, self.ctl.read(&mut buf)) => r,
             };
             match read {
                 Err(_) => {
@@ -220,7 +280,13 @@ impl Session {
         out: &mut Vec<Result<Vec<u8>, ProtoError>>,
     ) {
         use std::io::Read;
-        let sock = socket2::SockRef::from(self.r.as_ref());
+        // Under TLS the urgent byte is inside a record (clients do not send
+        // urgent data through TLS), and reading the socket would steal
+        // TLS bytes.
+        if self.ctl.is_tls() {
+            return;
+        }
+        let sock = socket2::SockRef::from(self.ctl.tcp());
         // Ends at WouldBlock, or at 0 (EOF: the next async read sees it);
         // a few reads at most, so a client that never stops sending does
         // not keep this task from yielding.
@@ -232,7 +298,7 @@ impl Session {
         }
     }
 
-    async fn main_loop(&mut self) -> std::io::Result<()> {
+    async fn main_loop(&mut self) -> std::io::Result<Flow> {
         while let Some(line) = self.next_line().await? {
             let line = match line {
                 Ok(l) => l,
@@ -252,10 +318,11 @@ impl Session {
             match self.dispatch(&line).await? {
                 Flow::Continue => {}
                 Flow::Quit => break,
+                Flow::StartTls => return Ok(Flow::StartTls),
             }
         }
-        let _ = self.w.shutdown().await;
-        Ok(())
+        let _ = self.ctl.shutdown().await;
+        Ok(Flow::Quit)
     }
 
     fn access(&self) -> Option<Access> {
@@ -304,7 +371,28 @@ impl Session {
                 | Command::Syst
                 | Command::Opts(_)
                 | Command::Unknown(_)
+                | Command::Auth(_)
+                | Command::Pbsz(_)
+                | Command::Prot(_)
+                | Command::Ccc
         );
+        let before_tls_ok = matches!(
+            cmd,
+            Command::Auth(_)
+                | Command::Feat
+                | Command::Help(_)
+                | Command::Noop
+                | Command::Syst
+                | Command::Quit
+        );
+        if self.cfg.tls_mode == TlsMode::Required && !self.ctl.is_tls() && !before_tls_ok {
+            self.reply(
+                530,
+                "This server requires TLS: send AUTH TLS first (ftpes://, curl --ssl-reqd).",
+            )
+            .await?;
+            return Ok(Flow::Continue);
+        }
         if !pre_login_ok && self.access().is_none() {
             self.reply(530, "Please log in with USER and PASS.").await?;
             return Ok(Flow::Continue);
@@ -403,6 +491,20 @@ impl Session {
             }
             Command::Mprt(addrs) => self.mprt(addrs).await?,
             Command::Site(s) => self.site(&s).await?,
+            Command::Auth(m) => return self.auth(&m).await,
+            Command::Pbsz(_) => {
+                if self.ctl.is_tls() {
+                    self.pbsz = true;
+                    self.reply(200, "PBSZ=0").await?
+                } else {
+                    self.reply(503, "PBSZ needs AUTH TLS first.").await?
+                }
+            }
+            Command::Prot(level) => self.prot(level).await?,
+            Command::Ccc => {
+                self.reply(534, "CCC refused: the control connection stays encrypted.")
+                    .await?
+            }
             Command::Sbuf(b) => self.set_bufsize(b).await?,
             Command::Unknown(v) => match v.as_str() {
                 "ALLO" => self.reply(202, "ALLO not needed.").await?,
@@ -505,7 +607,100 @@ impl Session {
 
     // ---- information ----
 
+    fn offers_tls(&self) -> bool {
+        self.cfg.tls.is_some() && self.cfg.tls_mode != TlsMode::Off
+    }
+
+    /// AUTH: TLS (RFC 4217); the handshake follows the 234.
+    async fn auth(&mut self, mech: &str) -> std::io::Result<Flow> {
+        let Some(server_tls) = self.cfg.tls.clone().filter(|_| self.offers_tls()) else {
+            self.reply(502, "TLS is not configured on this server.")
+                .await?;
+            return Ok(Flow::Continue);
+        };
+        if self.ctl.is_tls() {
+            self.reply(503, "TLS is already on.").await?;
+            return Ok(Flow::Continue);
+        }
+        // TLS-C and SSL are old names of TLS; TLS-P also protects data.
+        if !matches!(mech, "TLS" | "TLS-C" | "SSL" | "TLS-P") {
+            self.reply(504, format!("AUTH {mech} not supported; use AUTH TLS."))
+                .await?;
+            return Ok(Flow::Continue);
+        }
+        match server_tls.session(self.cfg.max_streams as usize) {
+            Ok(t) => self.tls = Some(t),
+            Err(e) => {
+                self.reply(431, format!("TLS unavailable: {e}")).await?;
+                return Ok(Flow::Continue);
+            }
+        }
+        if mech == "TLS-P" {
+            self.pbsz = true;
+            self.prot_private = true;
+        }
+        self.reply(234, format!("AUTH {mech} successful.")).await?;
+        Ok(Flow::StartTls)
+    }
+
+    /// PROT (RFC 4217 section 9): C or P.
+    async fn prot(&mut self, level: char) -> std::io::Result<()> {
+        if !self.pbsz {
+            return self.reply(503, "PROT needs PBSZ 0 first.").await;
+        }
+        match level {
+            'P' => {
+                self.prot_private = true;
+                self.reply(200, "Protection level set to P (data connections use TLS).")
+                    .await
+            }
+            'C' if self.cfg.tls_mode == TlsMode::Required => {
+                self.reply(
+                    534,
+                    "PROT C refused: this server requires protected data connections.",
+                )
+                .await
+            }
+            'C' => {
+                self.prot_private = false;
+                self.reply(
+                    200,
+                    "Protection level set to C (data connections in clear).",
+                )
+                .await
+            }
+            'S' | 'E' => {
+                self.reply(
+                    536,
+                    format!("PROT {level} is not supported with TLS; use P or C."),
+                )
+                .await
+            }
+            _ => {
+                self.reply(504, format!("Unknown protection level {level}."))
+                    .await
+            }
+        }
+    }
+
+    /// TLS for data connections, when PROT P is in force.
+    fn data_tls(&self) -> Option<DataTls> {
+        match (&self.tls, self.prot_private) {
+            (Some(tls), true) => Some(DataTls {
+                tls: tls.clone(),
+                require_reuse: self.cfg.tls_require_reuse,
+                timeout: self.cfg.data_timeout,
+            }),
+            _ => None,
+        }
+    }
+
     async fn feat(&mut self) -> std::io::Result<()> {
+        let tls: &[&str] = if self.offers_tls() {
+            &["AUTH TLS", "PBSZ", "PROT"]
+        } else {
+            &[]
+        };
         let lines = [
             "Extensions supported:",
             "EPRT",
@@ -519,9 +714,14 @@ impl Session {
             "SIZE",
             "TVFS",
             "UTF8",
-            "End",
         ];
-        let r = Reply::multi(211, lines.iter().map(|s| s.to_string()).collect());
+        let lines = lines
+            .iter()
+            .chain(tls)
+            .chain(&["End"])
+            .map(|s| s.to_string())
+            .collect();
+        let r = Reply::multi(211, lines);
         self.send(&r).await
     }
 
@@ -1056,9 +1256,9 @@ impl Session {
     async fn open_data(
         &mut self,
         n: usize,
-    ) -> std::io::Result<Option<(Vec<TcpStream>, Option<Grow>)>> {
+    ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>)>> {
         let plan = std::mem::take(&mut self.data);
-        match data::open(
+        let opened = match data::open(
             plan,
             n,
             self.peer_ip(),
@@ -1068,13 +1268,23 @@ impl Session {
         )
         .await
         {
-            Ok(c) => Ok(Some(c)),
+            Ok(c) => c,
             Err(DataError::Timeout) => {
                 self.reply(425, "Data connection timed out.").await?;
-                Ok(None)
+                return Ok(None);
             }
             Err(e) => {
                 self.reply(425, format!("Cannot open data connection: {e}"))
+                    .await?;
+                return Ok(None);
+            }
+        };
+        let (conns, grow) = opened;
+        match crate::secure::secure_all(self.data_tls().as_ref(), conns).await {
+            Ok(c) => Ok(Some((c, grow))),
+            Err(e) => {
+                // RFC 4217: 522, TLS negotiation on the data connection failed.
+                self.reply(522, format!("Data connection refused: {e}"))
                     .await?;
                 Ok(None)
             }
@@ -1124,7 +1334,7 @@ impl Session {
                         Err(e) => Outcome::Failed(TransferError::Storage(std::io::Error::other(e.to_string()))),
                     });
                 }
-                n = self.r.read(&mut buf) => {
+                n = self.ctl.read(&mut buf) => {
                     let n = match n {
                         Ok(0) | Err(_) => {
                             // Client gone: stop the transfer (an upload is rolled back).
@@ -1204,6 +1414,15 @@ impl Session {
     /// MODE E expect the last transfer's connections to be kept for the
     /// next (data channel caching), which this server does not do.
     async fn data_planned(&mut self) -> std::io::Result<bool> {
+        if self.cfg.tls_mode == TlsMode::Required && !self.prot_private {
+            self.data = DataPlan::None;
+            self.reply(
+                521,
+                "Data connections must be protected on this server: send PBSZ 0 and PROT P.",
+            )
+            .await?;
+            return Ok(false);
+        }
         if !matches!(self.data, DataPlan::None) {
             return Ok(true);
         }
@@ -1227,6 +1446,7 @@ impl Session {
             self.local.ip(),
             self.bufsize,
             self.cfg.data_timeout,
+            self.data_tls(),
         )
     }
 

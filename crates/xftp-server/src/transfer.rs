@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use xftp_proto::ascii;
 use xftp_stripe::StripeError;
+use xftp_tls::Stream;
 
 const CHUNK: usize = 256 * 1024;
 
@@ -41,13 +41,14 @@ pub type Progress = Arc<AtomicU64>;
 pub async fn send_stream(
     file: File,
     offset: u64,
-    mut conn: TcpStream,
+    mut conn: Stream,
     ascii_mode: bool,
     progress: Progress,
 ) -> Result<u64, TransferError> {
+    // sendfile(2) hands the kernel plain bytes: not under TLS.
     #[cfg(target_os = "linux")]
-    if !ascii_mode {
-        let total = sendfile_all(&file, offset, &conn, &progress).await?;
+    if !ascii_mode && !conn.is_tls() {
+        let total = sendfile_all(&file, offset, conn.tcp(), &progress).await?;
         conn.shutdown().await.map_err(TransferError::Network)?;
         return Ok(total);
     }
@@ -87,7 +88,7 @@ pub async fn send_stream(
 async fn sendfile_all(
     file: &File,
     mut offset: u64,
-    conn: &TcpStream,
+    conn: &tokio::net::TcpStream,
     progress: &Progress,
 ) -> Result<u64, TransferError> {
     use std::os::fd::AsRawFd;
@@ -129,7 +130,7 @@ async fn sendfile_all(
 pub async fn recv_stream(
     file: File,
     offset: u64,
-    conn: TcpStream,
+    conn: Stream,
     ascii_mode: bool,
     progress: Progress,
     stop: CancellationToken,
@@ -145,7 +146,7 @@ pub async fn recv_stream(
 async fn recv_stream_into(
     file: &mut tokio::fs::File,
     offset: u64,
-    mut conn: TcpStream,
+    mut conn: Stream,
     ascii_mode: bool,
     progress: Progress,
     stop: CancellationToken,

@@ -46,6 +46,23 @@ impl fmt::Debug for ClientTls {
     }
 }
 
+/// The certificates in a `--cacert` file.
+fn ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let err = |reason: String| TlsError::File {
+        what: "CA file",
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| err(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(err("no PEM certificate (BEGIN CERTIFICATE) in it".into()));
+    }
+    Ok(certs)
+}
+
 fn roots(cfg: &ClientTlsConfig) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     if let Some(path) = &cfg.cacert {
@@ -54,14 +71,7 @@ fn roots(cfg: &ClientTlsConfig) -> Result<RootCertStore, TlsError> {
             path: path.clone(),
             reason,
         };
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| err(e.to_string()))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| err(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(err("no PEM certificate (BEGIN CERTIFICATE) in it".into()));
-        }
-        for c in certs {
+        for c in ca_file(path)? {
             roots.add(c).map_err(|e| err(e.to_string()))?;
         }
     } else {
@@ -91,8 +101,19 @@ impl ClientTls {
                 .with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
                 .with_no_client_auth()
         } else {
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots(cfg)?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+            let pinned = match &cfg.cacert {
+                Some(p) => ca_file(p)?,
+                None => Vec::new(),
+            };
             builder
-                .with_root_certificates(roots(cfg)?)
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Verifier { webpki, pinned }))
                 .with_no_client_auth()
         };
         let store = Arc::new(TicketPool::default());
@@ -201,6 +222,70 @@ impl ClientSessionStore for TicketPool {
     fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
         // Newest first: the oldest are the likeliest to have expired.
         self.lock().tls13.pop_back()
+    }
+}
+
+/// The usual verification (a chain to a trusted root, the name, the
+/// dates), and one more way to trust a server: its certificate is itself
+/// in the `--cacert` file. A self-signed server certificate made with
+/// `openssl req -x509` is marked as a CA, which WebPKI refuses to accept
+/// as a server's own; given as `--cacert` it is pinned, as curl accepts it
+/// (its name is still checked).
+#[derive(Debug)]
+struct Verifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    pinned: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let r = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        if r.is_err()
+            && self
+                .pinned
+                .iter()
+                .any(|p| p.as_ref() == end_entity.as_ref())
+        {
+            let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_name(&parsed, server_name)?;
+            return Ok(ServerCertVerified::assertion());
+        }
+        r
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 

@@ -93,6 +93,9 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
                 "the server's certificate is not valid yet (check the clocks)".into()
             }
+            CertificateError::Other(o) if format!("{o:?}").contains("CaUsedAsEndEntity") => {
+                "the server's certificate is a CA certificate (self-signed with openssl req -x509?): give that very certificate with --cacert FILE to trust it, or use a leaf certificate signed by a CA".into()
+            }
             other => format!("the server's certificate was refused: {other:?}"),
         },
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => {

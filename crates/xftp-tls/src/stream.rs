@@ -189,3 +189,9 @@ impl AsyncWrite for Stream {
         }
     }
 }
+
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tcp().as_fd()
+    }
+}

@@ -14,9 +14,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use xftp_stripe::{RecvControl, SendControl, StripeError};
+use xftp_tls::Stream;
 use xftp_tune::controller::Step;
 use xftp_tune::meter::{parse_progress, MeterSet, Metered, Totals};
 use xftp_tune::{Controller, Sample};
@@ -31,7 +32,7 @@ use crate::watchdog::{Guarded, Watchdog};
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// A data connection of an adaptive transfer: metered, stall-guarded.
-pub(crate) type Conn = Guarded<Metered<TcpStream>>;
+pub(crate) type Conn = Guarded<Metered<Stream>>;
 
 /// How the number of connections moved during one transfer.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -103,7 +104,7 @@ pub(crate) struct Socks(Arc<Mutex<Vec<OwnedFd>>>);
 impl Socks {
     /// Keep a duplicate of `s`'s descriptor (closed when the transfer
     /// ends).
-    pub fn keep(&self, s: &TcpStream) {
+    pub fn keep(&self, s: &Stream) {
         match s.as_fd().try_clone_to_owned() {
             Ok(fd) => {
                 if let Ok(mut v) = self.0.lock() {
@@ -157,7 +158,7 @@ pub(crate) fn wrap(
     meters: &MeterSet,
     dog: &Arc<Watchdog>,
     socks: Option<&Socks>,
-    s: TcpStream,
+    s: Stream,
 ) -> Conn {
     match socks {
         Some(k) => {
@@ -527,18 +528,19 @@ impl Client {
                     self.cfg.data_timeout,
                     self.cfg.bufsize,
                 );
+                let tls = self.data_tls.clone();
                 match &live.grow {
                     Grow::Passive(addr) => {
                         let addr = *addr;
                         adds.spawn(async move {
-                            let s = super::connect_data(addr, buf, ct).await?;
+                            let s = super::connect_data(addr, buf, ct, tls.as_ref()).await?;
                             Ok(handle.add(wrap(&meters, &dog, socks.as_ref(), s)).ok())
                         });
                     }
                     Grow::Active(l) => {
                         let l = l.clone();
                         adds.spawn(async move {
-                            let s = accept_from(&l, peer, dt).await?;
+                            let s = accept_from(&l, peer, dt, tls.as_ref()).await?;
                             Ok(handle.add(wrap(&meters, &dog, socks.as_ref(), s)).ok())
                         });
                     }

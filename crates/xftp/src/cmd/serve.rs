@@ -50,6 +50,36 @@ pub struct Args {
     /// Most concurrent sessions.
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_sessions: usize,
+    /// TLS certificate chain (PEM, leaf first); read again on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert; read again on SIGHUP.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// off: no TLS; optional: AUTH TLS offered (the default with a
+    /// certificate); required: nothing but AUTH, FEAT, HELP, NOOP, SYST and
+    /// QUIT before AUTH TLS, and every data connection under PROT P.
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub tls: Option<TlsArg>,
+    /// Also listen for implicit TLS (ftps://: the handshake first) on ADDR.
+    #[arg(long, value_name = "ADDR", requires = "tls_cert")]
+    pub implicit_listen: Option<SocketAddr>,
+    /// Accept TLS data connections that do not resume their control
+    /// session's TLS session (clients that never reuse sessions, such as
+    /// Python's ftplib). Weaker: see docs/security.md.
+    #[arg(long)]
+    pub tls_allow_fresh_data: bool,
+}
+
+/// `--tls` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsArg {
+    /// No TLS.
+    Off,
+    /// TLS offered, clear sessions served too.
+    Optional,
+    /// TLS on the control connection and every data connection.
+    Required,
 }
 
 /// Arguments of `xftp useradd`.
@@ -93,6 +123,32 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     config.max_sessions = a.max_sessions;
     config.record_size = a.record_size;
     config.stall_timeout = Duration::from_secs(a.stall_timeout.max(1));
+    let server_tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(Arc::new(
+            xftp_tls::server::ServerTls::load(c, k).context("loading --tls-cert/--tls-key")?,
+        )),
+        _ => None,
+    };
+    config.tls_mode = match (a.tls, server_tls.is_some()) {
+        (Some(TlsArg::Off), _) => xftp_server::TlsMode::Off,
+        (Some(TlsArg::Optional), true) | (None, true) => xftp_server::TlsMode::Optional,
+        (Some(TlsArg::Required), true) => xftp_server::TlsMode::Required,
+        (None, false) => xftp_server::TlsMode::Off,
+        (Some(_), false) => {
+            bail!("--tls optional/required needs a certificate: add --tls-cert FILE --tls-key FILE")
+        }
+    };
+    if a.implicit_listen.is_some() && config.tls_mode == xftp_server::TlsMode::Off {
+        bail!("--implicit-listen needs TLS on: drop --tls off");
+    }
+    config.tls = server_tls.clone();
+    config.tls_require_reuse = !a.tls_allow_fresh_data;
+    let implicit = match a.implicit_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for implicit TLS (in use? try 127.0.0.1:0)")
+        })?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| {
@@ -105,7 +161,25 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening on {addr}")?;
+        if let Some(l) = &implicit {
+            writeln!(out, "listening for implicit TLS on {}", l.local_addr()?)?;
+        }
         out.flush()?;
+    }
+    if let Some(tls) = server_tls {
+        // SIGHUP: read the certificate and key again; sessions go on.
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("TLS certificate reloaded"),
+                    Err(e) => {
+                        tracing::error!("TLS certificate not reloaded (the old one stays): {e}")
+                    }
+                }
+            }
+        });
     }
     tracing::info!(root = %config.root.path().display(), %addr, "serving");
     let shutdown = CancellationToken::new();
@@ -119,7 +193,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         stop.cancel();
     });
-    xftp_server::serve(listener, Arc::new(config), shutdown).await?;
+    xftp_server::serve_all(listener, implicit, Arc::new(config), shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -73,6 +73,56 @@ pub struct CommonArgs {
     /// Seconds to wait for a server reply, or for a stalled data connection.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     timeout: f64,
+    /// TLS on an ftp:// URL (AUTH TLS, every data connection under PROT P),
+    /// as ftpes:// does; ftps:// is implicit TLS (port 990 by default).
+    #[arg(long)]
+    pub(crate) tls: bool,
+    /// Trust only the CA certificate(s) in this PEM file, instead of the
+    /// system's.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) cacert: Option<PathBuf>,
+    /// Do not verify the server's certificate (encrypted, but anyone on
+    /// the path can pose as the server).
+    #[arg(long)]
+    pub(crate) insecure: bool,
+}
+
+/// The TLS a command asks for: the URL's scheme, or `--tls`.
+pub(crate) fn tls_setup(
+    url: &FtpUrl,
+    tls: bool,
+    cacert: Option<&std::path::Path>,
+    insecure: bool,
+) -> anyhow::Result<Option<xftp_client::TlsSetup>> {
+    use xftp_client::UrlTls;
+    let implicit = match (url.tls, tls) {
+        (UrlTls::Implicit, _) => true,
+        (UrlTls::Explicit, _) | (UrlTls::None, true) => false,
+        (UrlTls::None, false) => {
+            if cacert.is_some() || insecure {
+                anyhow::bail!(
+                    "--cacert and --insecure are for TLS: use an ftpes:// or ftps:// URL, or add --tls"
+                );
+            }
+            return Ok(None);
+        }
+    };
+    if insecure {
+        eprintln!(
+            "xftp: warning: --insecure: the server's certificate is not checked; the connection is encrypted, but anyone on the path can pose as the server"
+        );
+    }
+    if let Some(f) = cacert {
+        xftp_client::xftp_tls::client::ClientTls::check_cacert(f).context("--cacert")?;
+    }
+    Ok(Some(xftp_client::TlsSetup {
+        implicit,
+        server_name: url.host.clone(),
+        verify: xftp_client::xftp_tls::client::ClientTlsConfig {
+            cacert: cacert.map(|p| p.to_path_buf()),
+            insecure,
+        },
+    }))
 }
 
 /// `xftp get URL [LOCAL]`
@@ -190,6 +240,14 @@ struct Summary {
     /// The server's reply to SITE BUFSIZE.
     #[serde(skip_serializing_if = "Option::is_none")]
     server_bufsize_reply: Option<String>,
+    /// Whether the control and data connections used TLS.
+    tls: bool,
+    /// The TLS version ("TLSv1.3"), when TLS was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_version: Option<String>,
+    /// The TLS cipher suite, when TLS was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cipher: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -215,9 +273,21 @@ impl Summary {
             bufsize_requested: None,
             bufsize_in_force: None,
             server_bufsize_reply: None,
+            tls: false,
+            tls_version: None,
+            tls_cipher: None,
             error: None,
             listing: None,
         }
+    }
+
+    fn with_tls(mut self, info: Option<xftp_client::xftp_tls::TlsInfo>) -> Summary {
+        if let Some(i) = info {
+            self.tls = true;
+            self.tls_version = Some(i.version);
+            self.tls_cipher = Some(i.cipher);
+        }
+        self
     }
 
     fn failed(msg: String, total: Duration) -> Summary {
@@ -233,6 +303,9 @@ impl Summary {
             bufsize_requested: None,
             bufsize_in_force: None,
             server_bufsize_reply: None,
+            tls: false,
+            tls_version: None,
+            tls_cipher: None,
             error: Some(msg),
             listing: None,
         }
@@ -320,18 +393,19 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             .await
             .map_err(|e| explain(e, Op::Ls, &url))?;
         let elapsed = t0.elapsed();
+        let tls = client.tls_info();
         client.quit().await;
-        Ok::<_, anyhow::Error>((listing, elapsed))
+        Ok::<_, anyhow::Error>((listing, elapsed, tls))
     }
     .await;
-    let summary = result.map(|(listing, elapsed)| {
+    let summary = result.map(|(listing, elapsed, tls)| {
         let r = TransferReport {
             bytes: listing.len() as u64,
             per_stream_bytes: vec![listing.len() as u64],
             elapsed,
             timeline: None,
         };
-        let mut s = Summary::ok(&r, start.elapsed());
+        let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
             s.listing = Some(String::from_utf8_lossy(&listing).into_owned());
         } else {
@@ -357,7 +431,7 @@ pub fn load_cache() -> Option<Cache> {
 /// Build the summary of a finished transfer and record it in the
 /// parameter cache (a failure to save is a warning).
 fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -> Summary {
-    let mut s = Summary::ok(r, start.elapsed());
+    let mut s = Summary::ok(r, start.elapsed()).with_tls(client.tls_info());
     if let Some(b) = client.buffers() {
         s.bufsize_requested = Some(b.requested);
         s.bufsize_in_force = b.in_force.map(|f| f.rcv.min(f.snd));
@@ -430,6 +504,7 @@ pub(crate) async fn session(
         bufsize: t.and_then(|t| t.bufsize.0),
         auto,
         static_split,
+        tls: tls_setup(url, c.tls, c.cacert.as_deref(), c.insecure)?,
     };
     let mut client = Client::connect(&url.host, url.port, cfg)
         .await
@@ -485,6 +560,19 @@ fn login_hint(e: &ClientError, url: &FtpUrl) -> Option<&'static str> {
 
 /// Attach the likely fix to an error.
 fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
+    if let ClientError::Reply {
+        code: 530 | 521 | 534,
+        text,
+        ..
+    } = &e
+    {
+        if text.contains("TLS") || text.contains("PROT") {
+            return anyhow::anyhow!(
+                "{e} — the server requires TLS: use ftpes://{}/ (or --tls)",
+                url.authority()
+            );
+        }
+    }
     if let Some(f) = login_hint(&e, url) {
         return anyhow::anyhow!("{e} — {f}");
     }
@@ -537,6 +625,7 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 .into(),
         ),
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
+
         _ => None,
     };
     match fix {
@@ -602,6 +691,27 @@ mod tests {
     }
 
     #[test]
+    fn tls_comes_from_the_scheme_or_the_flag() {
+        let plain = FtpUrl::parse("ftp://h/f").unwrap();
+        assert!(tls_setup(&plain, false, None, false).unwrap().is_none());
+        let t = tls_setup(&plain, true, None, false).unwrap().unwrap();
+        assert!(!t.implicit);
+        let e = tls_setup(&plain, false, None, true).unwrap_err();
+        assert!(e.to_string().contains("ftpes://"), "{e}");
+        let imp = FtpUrl::parse("ftps://h/f").unwrap();
+        let t = tls_setup(&imp, false, None, true).unwrap().unwrap();
+        assert!(t.implicit && t.verify.insecure);
+        let e = tls_setup(
+            &imp,
+            false,
+            Some(std::path::Path::new("/nonexistent.pem")),
+            false,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("--cacert"), "{e:#}");
+    }
+
+    #[test]
     fn password_sources_in_order() {
         let c = CommonArgs {
             active: false,
@@ -610,6 +720,9 @@ mod tests {
             password_file: None,
             connect_timeout: 1.0,
             timeout: 1.0,
+            tls: false,
+            cacert: None,
+            insecure: false,
         };
         let anon = FtpUrl::parse("ftp://h/f").unwrap();
         assert_eq!(password_for(&anon, &c).unwrap(), None);

@@ -1,0 +1,679 @@
+//! TLS (RFC 4217) end to end: `xftp serve --tls required` with xftp's own
+//! client in every connection form, and with TLS clients nobody here wrote
+//! (curl, lftp, Python's ftplib); `xftp get/put --tls` against pyftpdlib's
+//! TLS server; a packet capture that must not contain the file; handshakes
+//! that fail with a clear message while the server goes on serving; the
+//! certificate reloaded on SIGHUP. Certificates are made here.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use support::{sha256_file, write_prng_file, PYTHON};
+
+struct Pki {
+    dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// A self-signed certificate for "localhost" (not a CA: WebPKI takes it
+/// as a trust anchor and as the server's own).
+fn pki() -> Pki {
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, c.cert.pem()).unwrap();
+    std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+    Pki { dir, cert, key }
+}
+
+/// `xftp serve` with TLS; `implicit` is the implicit-TLS port, if asked.
+struct TlsServer {
+    child: Child,
+    port: u16,
+    implicit: Option<u16>,
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_tls(root: &Path, pki: &Pki, extra: &[&str]) -> TlsServer {
+    let implicit = extra.contains(&"--implicit-listen");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["serve", "--root"])
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0", "--anonymous-write"])
+        .arg("--tls-cert")
+        .arg(&pki.cert)
+        .arg("--tls-key")
+        .arg(&pki.key)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp serve");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut port_of = |what: &str| -> u16 {
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.starts_with(what), "{line:?}");
+        line.rsplit(':').next().unwrap().parse().unwrap()
+    };
+    let port = port_of("listening on ");
+    let implicit = implicit.then(|| port_of("listening for implicit TLS on "));
+    TlsServer {
+        child,
+        port,
+        implicit,
+    }
+}
+
+fn have(prog: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("{prog} is required (XFTP_REQUIRE_PEERS=1) but not installed");
+        }
+        eprintln!("SKIP: {prog} not installed (apt-get install {prog})");
+    }
+    found
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn xftp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn xftp_moves_files_over_tls_in_every_connection_form() {
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 3 * 1024 * 1024 + 13, 7);
+    let srv = serve_tls(
+        root.path(),
+        &pki,
+        &["--tls", "required", "--implicit-listen", "127.0.0.1:0"],
+    );
+    let ca = s(&pki.cert);
+    let explicit = format!("ftpes://localhost:{}", srv.port);
+    let implicit = format!("ftps://localhost:{}", srv.implicit.unwrap());
+    let mut i = 0;
+    for base in [&explicit, &implicit] {
+        for form in [None, Some("--active"), Some("--mprt")] {
+            for n in ["1", "4"] {
+                i += 1;
+                let got = local.path().join(format!("got{i}"));
+                let mut args = vec!["get", "--json", "--cacert", ca, "-p", n];
+                args.extend(form);
+                let url = format!("{base}/src.bin");
+                args.extend([url.as_str(), s(&got)]);
+                let out = ok(xftp(&args), &format!("get {args:?}"));
+                let v = json(&out);
+                assert_eq!(v["tls"], true, "{v}");
+                assert_eq!(v["tls_version"], "TLSv1.3", "{v}");
+                assert!(v["tls_cipher"].as_str().unwrap().starts_with("TLS13_"), "{v}");
+                assert_eq!(v["streams"].as_u64().unwrap(), n.parse::<u64>().unwrap());
+                assert_eq!(sha256_file(&got), sha256_file(&src), "get {args:?}");
+
+                let up = format!("{base}/up{i}.bin");
+                let mut args = vec!["put", "--json", "--cacert", ca, "-p", n];
+                args.extend(form);
+                args.extend([s(&src), up.as_str()]);
+                let out = ok(xftp(&args), &format!("put {args:?}"));
+                assert_eq!(json(&out)["tls"], true);
+                let stored = root.path().join(format!("up{i}.bin"));
+                assert_eq!(sha256_file(&stored), sha256_file(&src), "put {args:?}");
+            }
+        }
+    }
+    // The automatic mode grows and sheds connections mid-transfer: each new
+    // one shakes hands and resumes the session too.
+    let got = local.path().join("auto");
+    let url = format!("{explicit}/src.bin");
+    let out = ok(
+        xftp(&["get", "--json", "--cacert", ca, "-p", "auto", &url, s(&got)]),
+        "get -p auto",
+    );
+    assert_eq!(json(&out)["tls"], true);
+    assert_eq!(sha256_file(&got), sha256_file(&src));
+    // A listing over TLS.
+    let out = ok(
+        xftp(&["ls", "--cacert", ca, &format!("{explicit}/")]),
+        "ls",
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("src.bin"));
+}
+
+#[test]
+fn required_tls_refuses_clear_text_with_reasons() {
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("f"), b"secret").unwrap();
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    // USER before AUTH TLS: 530, and nothing of the login goes through.
+    let mut c = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("220"), "{line}");
+    c.write_all(b"USER anonymous\r\n").unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("530") && line.contains("AUTH TLS"), "{line}");
+    c.write_all(b"FEAT\r\n").unwrap();
+    let mut feat = String::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        feat.push_str(&line);
+        if line.starts_with("211 ") {
+            break;
+        }
+    }
+    assert!(feat.contains("AUTH TLS") && feat.contains("PROT"), "{feat}");
+    // xftp's client on ftp:// is told what to use.
+    let out = xftp(&["get", &format!("ftp://127.0.0.1:{}/f", srv.port), "/dev/null"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ftpes://"), "{err}");
+    // PROT C under TLS is refused (534), and a transfer before PROT P gets
+    // 521 (Python's ftplib: AUTH TLS, login, no prot_p()).
+    if !have("python3") {
+        return;
+    }
+    let script = r#"
+import ftplib, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+f = ftplib.FTP_TLS(context=ctx)
+f.connect("localhost", int(sys.argv[1]))
+f.login()
+for cmd in ("PBSZ 0", "PROT C"):
+    try:
+        print(f.sendcmd(cmd))
+    except ftplib.error_perm as e:
+        print(e)
+try:
+    f.retrbinary("RETR f", lambda b: None)
+    print("TRANSFERRED")
+except ftplib.error_perm as e:
+    print(e)
+"#;
+    let out = ok(
+        Command::new(PYTHON)
+            .args(["-c", script, &srv.port.to_string(), s(&pki.cert)])
+            .output()
+            .unwrap(),
+        "ftplib PROT C",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("534"), "{text}");
+    assert!(text.contains("521"), "{text}");
+    assert!(!text.contains("TRANSFERRED"), "{text}");
+}
+
+/// curl 7.87 and 7.88 (Debian 12 ships 7.88.1) never start the TLS
+/// handshake on an active-mode data connection (curl issue #10666,
+/// fixed in 8.0): with any server, the transfer hangs.
+fn curl_active_tls_works() -> bool {
+    let out = Command::new("curl").arg("--version").output().unwrap();
+    let v = String::from_utf8_lossy(&out.stdout);
+    let ver = v.split_whitespace().nth(1).unwrap_or("");
+    !(ver.starts_with("7.87.") || ver.starts_with("7.88."))
+}
+
+#[test]
+fn curl_ssl_reqd_gets_puts_and_lists() {
+    if !have("curl") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 2 * 1024 * 1024 + 1, 3);
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    let base = format!("ftp://localhost:{}", srv.port);
+    let mut modes = vec![("passive", vec![])];
+    if curl_active_tls_works() {
+        modes.push(("active", vec!["-P", "-"]));
+    } else {
+        eprintln!("SKIP curl active mode over TLS: this curl never starts TLS on active data connections (curl issue #10666, 7.87-7.88)");
+    }
+    for (mode, extra) in modes {
+        let got = local.path().join(format!("got-{mode}"));
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--ssl-reqd", "--cacert", s(&pki.cert), "-o", s(&got)])
+            .args(&extra)
+            .arg(format!("{base}/src.bin"));
+        ok(c.output().unwrap(), &format!("curl get {mode}"));
+        assert_eq!(sha256_file(&got), sha256_file(&src), "curl get {mode}");
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--ssl-reqd", "--cacert", s(&pki.cert), "-T", s(&src)])
+            .args(&extra)
+            .arg(format!("{base}/up-{mode}.bin"));
+        ok(c.output().unwrap(), &format!("curl put {mode}"));
+        let stored = root.path().join(format!("up-{mode}.bin"));
+        assert_eq!(sha256_file(&stored), sha256_file(&src), "curl put {mode}");
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--ssl-reqd", "--cacert", s(&pki.cert)])
+            .args(&extra)
+            .arg(format!("{base}/"));
+        let out = ok(c.output().unwrap(), &format!("curl list {mode}"));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("src.bin"));
+    }
+    // Without --ssl-reqd curl logs in in clear: refused.
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", &format!("{base}/src.bin")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn lftp_with_ssl_force_and_protected_data() {
+    if !have("lftp") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 1024 * 1024 + 7, 5);
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    for passive in ["on", "off"] {
+        let got = local.path().join(format!("got-{passive}"));
+        let script = format!(
+            "set ssl:ca-file {ca}; set ftp:ssl-force true; set ftp:ssl-protect-data true; \
+             set ftp:passive-mode {passive}; set net:max-retries 1; set net:timeout 20; \
+             open -p {port} localhost; get src.bin -o {got}; put {src} -o up-{passive}.bin; ls",
+            ca = s(&pki.cert),
+            port = srv.port,
+            got = s(&got),
+            src = s(&src),
+        );
+        let out = ok(
+            Command::new("lftp").args(["-c", &script]).output().unwrap(),
+            &format!("lftp passive-mode {passive}"),
+        );
+        assert_eq!(sha256_file(&got), sha256_file(&src), "lftp get {passive}");
+        let stored = root.path().join(format!("up-{passive}.bin"));
+        assert_eq!(sha256_file(&stored), sha256_file(&src), "lftp put {passive}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("src.bin"));
+    }
+}
+
+/// ftplib's FTP_TLS does not reuse the control session on data
+/// connections; the usual subclass (as for vsftpd's require_ssl_reuse)
+/// passes it on.
+const FTPLIB: &str = r#"
+import ftplib, io, ssl, sys
+port, ca, reuse, active = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+class Reuse(ftplib.FTP_TLS):
+    def ntransfercmd(self, cmd, rest=None):
+        conn, size = ftplib.FTP.ntransfercmd(self, cmd, rest)
+        if self._prot_p:
+            conn = self.context.wrap_socket(conn, server_hostname=self.host, session=self.sock.session)
+        return conn, size
+cls = Reuse if reuse else ftplib.FTP_TLS
+f = cls(context=ssl.create_default_context(cafile=ca), timeout=20)
+f.connect("localhost", port)
+f.login()
+f.prot_p()
+f.set_pasv(not active)
+buf = io.BytesIO()
+try:
+    f.retrbinary("RETR src.bin", buf.write)
+except ftplib.all_errors as e:
+    print("REFUSED", e)
+    sys.exit(0)
+sys.stdout.write("GOT %d\n" % len(buf.getvalue()))
+f.storbinary("STOR py.bin", io.BytesIO(buf.getvalue()))
+print("STORED")
+f.quit()
+"#;
+
+fn ftplib(port: u16, ca: &Path, reuse: bool, active: bool) -> String {
+    let out = Command::new(PYTHON)
+        .args(["-c", FTPLIB, &port.to_string(), s(ca)])
+        .arg(if reuse { "1" } else { "0" })
+        .arg(if active { "1" } else { "0" })
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn python_ftplib_prot_p_with_and_without_session_reuse() {
+    if !have("python3") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 700_001, 9);
+    let strict = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    for active in [false, true] {
+        let text = ftplib(strict.port, &pki.cert, true, active);
+        assert!(text.contains("GOT 700001") && text.contains("STORED"), "{text}");
+        assert_eq!(sha256_file(&root.path().join("py.bin")), sha256_file(&src));
+    }
+    // Stock FTP_TLS shakes hands afresh on the data connection: it cannot
+    // prove it belongs to the session, and is refused (522).
+    let text = ftplib(strict.port, &pki.cert, false, false);
+    assert!(text.contains("REFUSED") && text.contains("522"), "{text}");
+    // A server told to accept fresh handshakes serves it.
+    let lax = serve_tls(
+        root.path(),
+        &pki,
+        &["--tls", "required", "--tls-allow-fresh-data"],
+    );
+    let text = ftplib(lax.port, &pki.cert, false, false);
+    assert!(text.contains("GOT 700001"), "{text}");
+}
+
+#[test]
+fn xftp_client_against_pyftpdlib_tls() {
+    if !support::have_pyftpdlib("xftp_client_against_pyftpdlib_tls") {
+        return;
+    }
+    let has_openssl = Command::new(PYTHON)
+        .args(["-c", "import OpenSSL"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_openssl {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("python3-openssl is required (XFTP_REQUIRE_PEERS=1) for pyftpdlib's TLS handler");
+        }
+        eprintln!("SKIP: python3-openssl missing (pyftpdlib's TLS handler needs it)");
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 1_500_000, 11);
+    let script = r#"
+import logging, sys
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import TLS_FTPHandler
+from pyftpdlib.servers import FTPServer
+logging.basicConfig(level=logging.INFO)
+a = DummyAuthorizer()
+a.add_anonymous(sys.argv[1], perm="elradfmw")
+h = TLS_FTPHandler
+h.certfile, h.keyfile, h.authorizer = sys.argv[2], sys.argv[3], a
+h.tls_control_required = True
+h.tls_data_required = True
+FTPServer(("127.0.0.1", 0), h).serve_forever()
+"#;
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-c", script, s(root.path()), s(&pki.cert), s(&pki.key)]);
+    let py = support::spawn_logging_server(cmd);
+    let url = format!("ftp://localhost:{}", py.port);
+    let got = local.path().join("got");
+    let out = ok(
+        xftp(&[
+            "get", "--tls", "--json", "--cacert", s(&pki.cert), "-p", "1",
+            &format!("{url}/src.bin"), s(&got),
+        ]),
+        "get from pyftpdlib",
+    );
+    assert_eq!(json(&out)["tls"], true);
+    assert_eq!(sha256_file(&got), sha256_file(&src));
+    ok(
+        xftp(&[
+            "put", "--tls", "--cacert", s(&pki.cert), "-p", "1", s(&src),
+            &format!("{url}/up.bin"),
+        ]),
+        "put to pyftpdlib",
+    );
+    assert_eq!(sha256_file(&root.path().join("up.bin")), sha256_file(&src));
+    // ftp:// without --tls against a server that requires TLS: refused, and
+    // the message says how.
+    let out = xftp(&["get", &format!("{url}/src.bin"), s(&local.path().join("no"))]);
+    assert!(!out.status.success());
+    assert!(!local.path().join("no").exists());
+}
+
+/// Capture loopback traffic of `f` with tcpdump (root only).
+fn capture(dir: &Path, f: impl FnOnce()) -> Option<Vec<u8>> {
+    let pcap = dir.join("cap.pcap");
+    let mut dump = Command::new("tcpdump")
+        .args(["-i", "lo", "-U", "-s", "0", "-w", s(&pcap), "tcp"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    // tcpdump says "listening on lo" once it captures.
+    let mut err = BufReader::new(dump.stderr.take()?);
+    let mut line = String::new();
+    let _ = err.read_line(&mut line);
+    f();
+    std::thread::sleep(Duration::from_millis(500));
+    // SIGTERM flushes the file.
+    let _ = Command::new("kill").arg(dump.id().to_string()).status();
+    let _ = dump.wait();
+    let mut bytes = Vec::new();
+    std::fs::File::open(&pcap).ok()?.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn a_capture_of_a_tls_transfer_holds_none_of_the_file() {
+    let root_user = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root_user || !have("tcpdump") {
+        eprintln!("SKIP: capturing loopback traffic needs root and tcpdump");
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    const MARKER: &[u8] = b"XFTP-PLAINTEXT-MARKER-4217";
+    let mut body = Vec::new();
+    while body.len() < 2 << 20 {
+        body.extend_from_slice(MARKER);
+        body.extend_from_slice(format!(" line {}\n", body.len()).as_bytes());
+    }
+    std::fs::write(root.path().join("marked.txt"), &body).unwrap();
+    let srv = serve_tls(root.path(), &pki, &["--tls", "optional"]);
+    let ca = s(&pki.cert);
+    let tls_url = format!("ftpes://localhost:{}/marked.txt", srv.port);
+    let up_url = format!("ftpes://localhost:{}/up.txt", srv.port);
+    let got = local.path().join("got.txt");
+    let cap = capture(local.path(), || {
+        ok(xftp(&["get", "--cacert", ca, "-p", "4", &tls_url, s(&got)]), "tls get");
+        ok(xftp(&["put", "--cacert", ca, "-p", "4", s(&got), &up_url]), "tls put");
+    })
+    .expect("tcpdump capture");
+    assert_eq!(std::fs::read(&got).unwrap(), body);
+    assert!(cap.len() > body.len(), "the capture saw the transfer ({} bytes)", cap.len());
+    assert!(!contains(&cap, MARKER), "plaintext of the file in a TLS capture");
+    // The same capture of a clear transfer does show it: the test can fail.
+    let clear_url = format!("ftp://localhost:{}/marked.txt", srv.port);
+    let cap = capture(local.path(), || {
+        ok(xftp(&["get", "-p", "4", &clear_url, s(&got)]), "clear get");
+    })
+    .expect("tcpdump capture");
+    assert!(contains(&cap, MARKER), "a clear transfer's capture shows the marker");
+}
+
+#[test]
+fn failed_handshakes_are_explained_and_the_server_goes_on() {
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("f"), b"content").unwrap();
+    let srv = serve_tls(
+        root.path(),
+        &pki,
+        &["--tls", "optional", "--implicit-listen", "127.0.0.1:0"],
+    );
+    let plain = support::serve(root.path(), &[]);
+    let ca = s(&pki.cert);
+    let got = local.path().join("g");
+    let err_of = |out: Output| -> String {
+        assert!(!out.status.success());
+        assert!(!got.exists(), "nothing left under the final name");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Not trusted: no --cacert.
+    let e = err_of(xftp(&["get", &format!("ftpes://localhost:{}/f", srv.port), s(&got)]));
+    assert!(e.contains("--cacert"), "{e}");
+    // The wrong name.
+    let e = err_of(xftp(&[
+        "get", "--cacert", ca, &format!("ftpes://127.0.0.1:{}/f", srv.port), s(&got),
+    ]));
+    assert!(e.contains("not valid for this host name"), "{e}");
+    // TLS to a plain server: explicit (AUTH refused) and implicit.
+    let e = err_of(xftp(&[
+        "get", "--cacert", ca, &format!("ftpes://localhost:{}/f", plain.port), s(&got),
+    ]));
+    assert!(e.contains("AUTH TLS"), "{e}");
+    let e = err_of(xftp(&[
+        "get", "--cacert", ca, &format!("ftps://localhost:{}/f", plain.port), s(&got),
+    ]));
+    assert!(e.contains("does not speak TLS"), "{e}");
+    // Clear text to the implicit-TLS port: that connection ends, quietly.
+    let mut c = TcpStream::connect(("127.0.0.1", srv.implicit.unwrap())).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"USER anonymous\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = c.read(&mut buf).unwrap_or(0);
+    assert!(!String::from_utf8_lossy(&buf[..n]).contains("230"));
+    // The server still serves, both ports.
+    for url in [
+        format!("ftpes://localhost:{}/f", srv.port),
+        format!("ftps://localhost:{}/f", srv.implicit.unwrap()),
+    ] {
+        ok(xftp(&["get", "--cacert", ca, &url, s(&got)]), &url);
+        assert_eq!(std::fs::read(&got).unwrap(), b"content");
+        std::fs::remove_file(&got).unwrap();
+    }
+}
+
+#[test]
+fn sighup_reloads_the_certificate_without_dropping_sessions() {
+    if !have("python3") {
+        return;
+    }
+    let a = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = root.path().join("src.bin");
+    write_prng_file(&src, 300_000, 1);
+    // The server reads the files from a directory of their own.
+    let live = pki();
+    std::fs::copy(&a.cert, &live.cert).unwrap();
+    std::fs::copy(&a.key, &live.key).unwrap();
+    let srv = serve_tls(root.path(), &live, &["--tls", "required"]);
+    // A session that stays open across the reload (ftplib, reading
+    // commands from stdin).
+    let script = r#"
+import ftplib, io, ssl, sys
+port, ca = int(sys.argv[1]), sys.argv[2]
+class Reuse(ftplib.FTP_TLS):
+    def ntransfercmd(self, cmd, rest=None):
+        conn, size = ftplib.FTP.ntransfercmd(self, cmd, rest)
+        conn = self.context.wrap_socket(conn, server_hostname=self.host, session=self.sock.session)
+        return conn, size
+f = Reuse(context=ssl.create_default_context(cafile=ca), timeout=20)
+f.connect("localhost", port); f.login(); f.prot_p()
+print("READY", flush=True)
+sys.stdin.readline()
+buf = io.BytesIO(); f.retrbinary("RETR src.bin", buf.write)
+print("GOT", len(buf.getvalue()), flush=True)
+f.quit()
+"#;
+    let mut py = Command::new(PYTHON)
+        .args(["-c", script, &srv.port.to_string(), s(&a.cert)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "READY");
+    // New certificate, then SIGHUP.
+    let b = pki();
+    std::fs::copy(&b.cert, &live.cert).unwrap();
+    std::fs::copy(&b.key, &live.key).unwrap();
+    ok(
+        Command::new("kill")
+            .args(["-HUP", &srv.child.id().to_string()])
+            .output()
+            .unwrap(),
+        "kill -HUP",
+    );
+    let url = format!("ftpes://localhost:{}/src.bin", srv.port);
+    let got = local.path().join("got");
+    let mut reloaded = false;
+    for _ in 0..50 {
+        if xftp(&["get", "--cacert", s(&b.cert), &url, s(&got)]).status.success() {
+            reloaded = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(reloaded, "new sessions get the new certificate");
+    assert!(!xftp(&["get", "--cacert", s(&a.cert), &url, s(&got)]).status.success());
+    // The old session goes on.
+    py.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "GOT 300000");
+    assert!(py.wait().unwrap().success());
+    drop(a.dir);
+}
