@@ -149,7 +149,10 @@ fn xftp_moves_files_over_tls_in_every_connection_form() {
                 let v = json(&out);
                 assert_eq!(v["tls"], true, "{v}");
                 assert_eq!(v["tls_version"], "TLSv1.3", "{v}");
-                assert!(v["tls_cipher"].as_str().unwrap().starts_with("TLS13_"), "{v}");
+                assert!(
+                    v["tls_cipher"].as_str().unwrap().starts_with("TLS13_"),
+                    "{v}"
+                );
                 assert_eq!(v["streams"].as_u64().unwrap(), n.parse::<u64>().unwrap());
                 assert_eq!(sha256_file(&got), sha256_file(&src), "get {args:?}");
 
@@ -175,10 +178,7 @@ fn xftp_moves_files_over_tls_in_every_connection_form() {
     assert_eq!(json(&out)["tls"], true);
     assert_eq!(sha256_file(&got), sha256_file(&src));
     // A listing over TLS.
-    let out = ok(
-        xftp(&["ls", "--cacert", ca, &format!("{explicit}/")]),
-        "ls",
-    );
+    let out = ok(xftp(&["ls", "--cacert", ca, &format!("{explicit}/")]), "ls");
     assert!(String::from_utf8_lossy(&out.stdout).contains("src.bin"));
 }
 
@@ -198,7 +198,10 @@ fn required_tls_refuses_clear_text_with_reasons() {
     c.write_all(b"USER anonymous\r\n").unwrap();
     line.clear();
     r.read_line(&mut line).unwrap();
-    assert!(line.starts_with("530") && line.contains("AUTH TLS"), "{line}");
+    assert!(
+        line.starts_with("530") && line.contains("AUTH TLS"),
+        "{line}"
+    );
     c.write_all(b"FEAT\r\n").unwrap();
     let mut feat = String::new();
     loop {
@@ -211,7 +214,11 @@ fn required_tls_refuses_clear_text_with_reasons() {
     }
     assert!(feat.contains("AUTH TLS") && feat.contains("PROT"), "{feat}");
     // xftp's client on ftp:// is told what to use.
-    let out = xftp(&["get", &format!("ftp://127.0.0.1:{}/f", srv.port), "/dev/null"]);
+    let out = xftp(&[
+        "get",
+        &format!("ftp://127.0.0.1:{}/f", srv.port),
+        "/dev/null",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ftpes://"), "{err}");
@@ -323,6 +330,7 @@ fn lftp_with_ssl_force_and_protected_data() {
         let got = local.path().join(format!("got-{passive}"));
         let script = format!(
             "set ssl:ca-file {ca}; set ftp:ssl-force true; set ftp:ssl-protect-data true; \
+             set ftp:ssl-allow-anonymous true; \
              set ftp:passive-mode {passive}; set net:max-retries 1; set net:timeout 20; \
              open -p {port} localhost; get src.bin -o {got}; put {src} -o up-{passive}.bin; ls",
             ca = s(&pki.cert),
@@ -336,7 +344,11 @@ fn lftp_with_ssl_force_and_protected_data() {
         );
         assert_eq!(sha256_file(&got), sha256_file(&src), "lftp get {passive}");
         let stored = root.path().join(format!("up-{passive}.bin"));
-        assert_eq!(sha256_file(&stored), sha256_file(&src), "lftp put {passive}");
+        assert_eq!(
+            sha256_file(&stored),
+            sha256_file(&src),
+            "lftp put {passive}"
+        );
         assert!(String::from_utf8_lossy(&out.stdout).contains("src.bin"));
     }
 }
@@ -399,7 +411,10 @@ fn python_ftplib_prot_p_with_and_without_session_reuse() {
     let strict = serve_tls(root.path(), &pki, &["--tls", "required"]);
     for active in [false, true] {
         let text = ftplib(strict.port, &pki.cert, true, active);
-        assert!(text.contains("GOT 700001") && text.contains("STORED"), "{text}");
+        assert!(
+            text.contains("GOT 700001") && text.contains("STORED"),
+            "{text}"
+        );
         assert_eq!(sha256_file(&root.path().join("py.bin")), sha256_file(&src));
     }
     // Stock FTP_TLS shakes hands afresh on the data connection: it cannot
@@ -427,7 +442,9 @@ fn xftp_client_against_pyftpdlib_tls() {
         .is_ok_and(|s| s.success());
     if !has_openssl {
         if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("python3-openssl is required (XFTP_REQUIRE_PEERS=1) for pyftpdlib's TLS handler");
+            panic!(
+                "python3-openssl is required (XFTP_REQUIRE_PEERS=1) for pyftpdlib's TLS handler"
+            );
         }
         eprintln!("SKIP: python3-openssl missing (pyftpdlib's TLS handler needs it)");
         return;
@@ -458,8 +475,15 @@ FTPServer(("127.0.0.1", 0), h).serve_forever()
     let got = local.path().join("got");
     let out = ok(
         xftp(&[
-            "get", "--tls", "--json", "--cacert", s(&pki.cert), "-p", "1",
-            &format!("{url}/src.bin"), s(&got),
+            "get",
+            "--tls",
+            "--json",
+            "--cacert",
+            s(&pki.cert),
+            "-p",
+            "1",
+            &format!("{url}/src.bin"),
+            s(&got),
         ]),
         "get from pyftpdlib",
     );
@@ -467,7 +491,13 @@ FTPServer(("127.0.0.1", 0), h).serve_forever()
     assert_eq!(sha256_file(&got), sha256_file(&src));
     ok(
         xftp(&[
-            "put", "--tls", "--cacert", s(&pki.cert), "-p", "1", s(&src),
+            "put",
+            "--tls",
+            "--cacert",
+            s(&pki.cert),
+            "-p",
+            "1",
+            s(&src),
             &format!("{url}/up.bin"),
         ]),
         "put to pyftpdlib",
@@ -475,7 +505,11 @@ FTPServer(("127.0.0.1", 0), h).serve_forever()
     assert_eq!(sha256_file(&root.path().join("up.bin")), sha256_file(&src));
     // ftp:// without --tls against a server that requires TLS: refused, and
     // the message says how.
-    let out = xftp(&["get", &format!("{url}/src.bin"), s(&local.path().join("no"))]);
+    let out = xftp(&[
+        "get",
+        &format!("{url}/src.bin"),
+        s(&local.path().join("no")),
+    ]);
     assert!(!out.status.success());
     assert!(!local.path().join("no").exists());
 }
@@ -499,7 +533,10 @@ fn capture(dir: &Path, f: impl FnOnce()) -> Option<Vec<u8>> {
     let _ = Command::new("kill").arg(dump.id().to_string()).status();
     let _ = dump.wait();
     let mut bytes = Vec::new();
-    std::fs::File::open(&pcap).ok()?.read_to_end(&mut bytes).ok()?;
+    std::fs::File::open(&pcap)
+        .ok()?
+        .read_to_end(&mut bytes)
+        .ok()?;
     Some(bytes)
 }
 
@@ -533,20 +570,36 @@ fn a_capture_of_a_tls_transfer_holds_none_of_the_file() {
     let up_url = format!("ftpes://localhost:{}/up.txt", srv.port);
     let got = local.path().join("got.txt");
     let cap = capture(local.path(), || {
-        ok(xftp(&["get", "--cacert", ca, "-p", "4", &tls_url, s(&got)]), "tls get");
-        ok(xftp(&["put", "--cacert", ca, "-p", "4", s(&got), &up_url]), "tls put");
+        ok(
+            xftp(&["get", "--cacert", ca, "-p", "4", &tls_url, s(&got)]),
+            "tls get",
+        );
+        ok(
+            xftp(&["put", "--cacert", ca, "-p", "4", s(&got), &up_url]),
+            "tls put",
+        );
     })
     .expect("tcpdump capture");
     assert_eq!(std::fs::read(&got).unwrap(), body);
-    assert!(cap.len() > body.len(), "the capture saw the transfer ({} bytes)", cap.len());
-    assert!(!contains(&cap, MARKER), "plaintext of the file in a TLS capture");
+    assert!(
+        cap.len() > body.len(),
+        "the capture saw the transfer ({} bytes)",
+        cap.len()
+    );
+    assert!(
+        !contains(&cap, MARKER),
+        "plaintext of the file in a TLS capture"
+    );
     // The same capture of a clear transfer does show it: the test can fail.
     let clear_url = format!("ftp://localhost:{}/marked.txt", srv.port);
     let cap = capture(local.path(), || {
         ok(xftp(&["get", "-p", "4", &clear_url, s(&got)]), "clear get");
     })
     .expect("tcpdump capture");
-    assert!(contains(&cap, MARKER), "a clear transfer's capture shows the marker");
+    assert!(
+        contains(&cap, MARKER),
+        "a clear transfer's capture shows the marker"
+    );
 }
 
 #[test]
@@ -569,20 +622,36 @@ fn failed_handshakes_are_explained_and_the_server_goes_on() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     // Not trusted: no --cacert.
-    let e = err_of(xftp(&["get", &format!("ftpes://localhost:{}/f", srv.port), s(&got)]));
+    let e = err_of(xftp(&[
+        "get",
+        &format!("ftpes://localhost:{}/f", srv.port),
+        s(&got),
+    ]));
     assert!(e.contains("--cacert"), "{e}");
     // The wrong name.
     let e = err_of(xftp(&[
-        "get", "--cacert", ca, &format!("ftpes://127.0.0.1:{}/f", srv.port), s(&got),
+        "get",
+        "--cacert",
+        ca,
+        &format!("ftpes://127.0.0.1:{}/f", srv.port),
+        s(&got),
     ]));
     assert!(e.contains("not valid for this host name"), "{e}");
     // TLS to a plain server: explicit (AUTH refused) and implicit.
     let e = err_of(xftp(&[
-        "get", "--cacert", ca, &format!("ftpes://localhost:{}/f", plain.port), s(&got),
+        "get",
+        "--cacert",
+        ca,
+        &format!("ftpes://localhost:{}/f", plain.port),
+        s(&got),
     ]));
     assert!(e.contains("AUTH TLS"), "{e}");
     let e = err_of(xftp(&[
-        "get", "--cacert", ca, &format!("ftps://localhost:{}/f", plain.port), s(&got),
+        "get",
+        "--cacert",
+        ca,
+        &format!("ftps://localhost:{}/f", plain.port),
+        s(&got),
     ]));
     assert!(e.contains("does not speak TLS"), "{e}");
     // Clear text to the implicit-TLS port: that connection ends, quietly.
@@ -661,14 +730,19 @@ f.quit()
     let got = local.path().join("got");
     let mut reloaded = false;
     for _ in 0..50 {
-        if xftp(&["get", "--cacert", s(&b.cert), &url, s(&got)]).status.success() {
+        if xftp(&["get", "--cacert", s(&b.cert), &url, s(&got)])
+            .status
+            .success()
+        {
             reloaded = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(reloaded, "new sessions get the new certificate");
-    assert!(!xftp(&["get", "--cacert", s(&a.cert), &url, s(&got)]).status.success());
+    assert!(!xftp(&["get", "--cacert", s(&a.cert), &url, s(&got)])
+        .status
+        .success());
     // The old session goes on.
     py.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     line.clear();

@@ -131,7 +131,15 @@ pub fn spawn_logging_server(mut cmd: Command) -> Pyftpd {
         let mut tx = Some(tx);
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
-            if let Some(rest) = line.split("starting FTP server on 127.0.0.1:").nth(1) {
+            // "starting FTP server on ..." (pyftpdlib's TLS handler: "FTP+SSL").
+            let Some(rest) = line
+                .split("starting FTP server on 127.0.0.1:")
+                .nth(1)
+                .or_else(|| line.split("starting FTP+SSL server on 127.0.0.1:").nth(1))
+            else {
+                continue;
+            };
+            {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
                 if let (Some(tx), Ok(p)) = (tx.take(), port.parse::<u16>()) {
                     let _ = tx.send(p);
