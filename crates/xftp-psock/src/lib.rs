@@ -68,6 +68,20 @@ pub struct PsockConfig {
     pub group_timeout: Duration,
     /// Most incomplete groups a listener holds at once (default 64).
     pub max_pending_groups: usize,
+    /// TLS, if any: the listening side gives [`PsockTls::Server`], the
+    /// connecting side [`PsockTls::Client`]. Every connection shakes hands
+    /// before the group's hello, which (session id included) then travels
+    /// encrypted: no one on the path can join a group.
+    pub tls: Option<PsockTls>,
+}
+
+/// TLS on every connection of a group.
+#[derive(Clone, Debug)]
+pub enum PsockTls {
+    /// The listening side: its certificate.
+    Server(std::sync::Arc<xftp_tls::server::ServerTls>),
+    /// The connecting side: how it verifies the listener.
+    Client(xftp_tls::client::ClientTls),
 }
 
 impl Default for PsockConfig {
@@ -79,6 +93,7 @@ impl Default for PsockConfig {
             handshake_timeout: Duration::from_secs(10),
             group_timeout: Duration::from_secs(30),
             max_pending_groups: 64,
+            tls: None,
         }
     }
 }
@@ -147,7 +162,10 @@ pub enum PsockError {
     /// The peer does not speak this protocol.
     #[error("peer is not a parallel-sockets endpoint: {0}")]
     Protocol(#[from] handshake::HelloError),
-    /// The handshake did not finish in time.
+    /// TLS could not be set up (the text names the cause and the fix).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The group's handshake did not complete in time.
     #[error("handshake timed out")]
     Timeout,
     /// Invalid arguments (N out of range, record size too large, ...).

@@ -8,6 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use xftp_tls::Stream;
 
 use crate::handshake::{self, Hello, Reply, SessionId, Status};
 use crate::{PsockConfig, PsockError, PsockStream};
@@ -22,7 +23,7 @@ struct Pending {
     record_size: u32,
     peer: IpAddr,
     /// `Some(None)`: index claimed, reply being written.
-    slots: Vec<Option<Option<TcpStream>>>,
+    slots: Vec<Option<Option<Stream>>>,
     /// Distinguishes a group from a later one with the same id.
     generation: u64,
 }
@@ -50,6 +51,8 @@ impl Groups {
 
 struct Inner {
     cfg: PsockConfig,
+    /// TLS of every connection (one ticket key for the listener).
+    tls: Option<xftp_tls::server::SessionTls>,
     groups: Mutex<Groups>,
     ready: mpsc::Sender<PsockStream>,
 }
@@ -84,7 +87,12 @@ impl PsockListener {
     pub fn from_listener(l: TcpListener, cfg: PsockConfig) -> std::io::Result<Self> {
         let local = l.local_addr()?;
         let (tx, rx) = mpsc::channel(BACKLOG);
+        let tls = match &cfg.tls {
+            Some(crate::PsockTls::Server(t)) => Some(t.session(2).map_err(std::io::Error::other)?),
+            _ => None,
+        };
         let inner = Arc::new(Inner {
+            tls,
             cfg,
             groups: Mutex::new(Groups::default()),
             ready: tx,
@@ -144,22 +152,26 @@ async fn accept_loop(l: TcpListener, inner: Arc<Inner>) {
     }
 }
 
-async fn refuse(mut s: TcpStream, status: Status) -> Result<(), PsockError> {
+async fn refuse(mut s: Stream, status: Status) -> Result<(), PsockError> {
     let r = Reply {
         status,
         version: handshake::MAX_VERSION,
         record_size: 0,
     };
     let _ = s.write_all(&r.encode()).await;
+    let _ = s.flush().await;
     Err(PsockError::Rejected { index: 0, status })
 }
 
-async fn handshake(
-    mut s: TcpStream,
-    peer: SocketAddr,
-    inner: &Arc<Inner>,
-) -> Result<(), PsockError> {
+async fn handshake(tcp: TcpStream, peer: SocketAddr, inner: &Arc<Inner>) -> Result<(), PsockError> {
     let cfg = &inner.cfg;
+    let mut s = match &inner.tls {
+        None => Stream::Plain(tcp),
+        Some(t) => t
+            .accept_data(tcp, cfg.handshake_timeout, false)
+            .await
+            .map_err(|e| PsockError::Tls(e.to_string()))?,
+    };
     let mut b = [0u8; handshake::HELLO_LEN];
     s.read_exact(&mut b)
         .await
@@ -178,7 +190,7 @@ async fn handshake(
     if hello.record_size > cfg.max_peer_record() {
         return refuse(s, Status::TooLarge).await;
     }
-    let _ = s.set_nodelay(true);
+    let _ = s.tcp().set_nodelay(true);
     // Claim the slot (no await while the lock is held).
     let claim = claim(inner, &hello, peer.ip());
     let generation = match claim {
@@ -191,7 +203,12 @@ async fn handshake(
         version,
         record_size: own,
     };
-    if let Err(e) = s.write_all(&reply.encode()).await {
+    if let Err(e) = async {
+        s.write_all(&reply.encode()).await?;
+        s.flush().await
+    }
+    .await
+    {
         // The client is gone: its group can never complete.
         inner.lock().pending.remove(&hello.session);
         return Err(PsockError::Io {
@@ -219,7 +236,7 @@ async fn handshake(
         }
     };
     if let Some(p) = complete {
-        let conns: Vec<TcpStream> = p.slots.into_iter().flatten().flatten().collect();
+        let conns: Vec<Stream> = p.slots.into_iter().flatten().flatten().collect();
         let stream = PsockStream::from_group(conns, hello.session, cfg, own, p.record_size);
         if inner.ready.send(stream).await.is_err() {
             return Err(PsockError::Closed);

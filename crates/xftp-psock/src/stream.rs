@@ -4,14 +4,14 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
 use tokio::task::JoinSet;
 use xftp_stripe::{Receiver, Sender, StreamStats};
+use xftp_tls::Stream;
 
 use crate::handshake::{self, Hello, Reply, SessionId, Status};
-use crate::{PsockConfig, PsockError};
+use crate::{PsockConfig, PsockError, PsockTls};
 
 /// One ordered, reliable, bidirectional byte stream over N TCP
 /// connections.
@@ -43,8 +43,8 @@ use crate::{PsockConfig, PsockError};
 /// # Ok(()) }
 /// ```
 pub struct PsockStream {
-    tx: Sender<OwnedWriteHalf>,
-    rx: Receiver<OwnedReadHalf>,
+    tx: Sender<WriteHalf<Stream>>,
+    rx: Receiver<ReadHalf<Stream>>,
     session: SessionId,
     n: usize,
 }
@@ -79,12 +79,16 @@ impl PsockStream {
                 record_size: own,
             };
             let timeout = cfg.handshake_timeout;
+            let tls = match &cfg.tls {
+                Some(PsockTls::Client(t)) => Some(t.clone()),
+                _ => None,
+            };
             set.spawn(async move {
-                let r = tokio::time::timeout(timeout, open_one(addr, hello)).await;
+                let r = tokio::time::timeout(timeout, open_one(addr, hello, tls)).await;
                 (index, r.unwrap_or(Err(PsockError::Timeout)))
             });
         }
-        let mut conns: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+        let mut conns: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
         let mut peer_record = None;
         while let Some(j) = set.join_next().await {
             let (index, r) = j.map_err(|e| PsockError::Io {
@@ -106,7 +110,7 @@ impl PsockStream {
             }
             conns[index as usize] = Some(s);
         }
-        let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
+        let conns: Vec<Stream> = conns.into_iter().flatten().collect();
         Ok(Self::from_group(
             conns,
             session,
@@ -118,14 +122,14 @@ impl PsockStream {
 
     /// Build the stream from an ordered, complete group.
     pub(crate) fn from_group(
-        conns: Vec<TcpStream>,
+        conns: Vec<Stream>,
         session: SessionId,
         cfg: &PsockConfig,
         own_record: u32,
         peer_record: u32,
     ) -> Self {
         let n = conns.len();
-        let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(TcpStream::into_split).unzip();
+        let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(tokio::io::split).unzip();
         Self {
             tx: Sender::stream(w, own_record, cfg.send_buffer),
             rx: Receiver::stream(r, peer_record, cfg.reorder_cap),
@@ -163,20 +167,38 @@ impl PsockStream {
 async fn open_one(
     addr: std::net::SocketAddr,
     hello: Hello,
-) -> Result<(TcpStream, Reply), PsockError> {
-    let mut s = TcpStream::connect(addr)
+    tls: Option<xftp_tls::client::ClientTls>,
+) -> Result<(Stream, Reply), PsockError> {
+    let tcp = TcpStream::connect(addr)
         .await
         .map_err(PsockError::io("connecting"))?;
     // Records are flushed as whole writes; small flushed writes should
     // not wait for Nagle.
-    s.set_nodelay(true).map_err(PsockError::io("TCP_NODELAY"))?;
+    tcp.set_nodelay(true)
+        .map_err(PsockError::io("TCP_NODELAY"))?;
+    let mut s = match tls {
+        None => Stream::Plain(tcp),
+        // The handshake's own timeout is the caller's (handshake_timeout).
+        Some(t) => t
+            .connect(tcp, std::time::Duration::from_secs(3600))
+            .await
+            .map_err(|e| PsockError::Tls(xftp_tls::explain_handshake_error(&e)))?,
+    };
     s.write_all(&hello.encode())
         .await
         .map_err(PsockError::io("sending hello"))?;
+    s.flush().await.map_err(PsockError::io("sending hello"))?;
     let mut b = [0u8; handshake::REPLY_LEN];
-    s.read_exact(&mut b)
-        .await
-        .map_err(PsockError::io("reading the listener's reply"))?;
+    let plain = !s.is_tls();
+    s.read_exact(&mut b).await.map_err(|e| {
+        if plain && e.kind() == io::ErrorKind::UnexpectedEof {
+            PsockError::Tls(
+                "the listener closed the connection without a reply: it may want TLS (add --tls, --cacert FILE or --insecure)".into(),
+            )
+        } else {
+            PsockError::io("reading the listener's reply")(e)
+        }
+    })?;
     let reply = Reply::decode(&b)?.ok_or(PsockError::Timeout)?;
     if reply.status != Status::Ok {
         return Err(PsockError::Rejected {

@@ -172,3 +172,53 @@ fn nobody_listening_is_an_error() {
     let t = String::from_utf8_lossy(&o.stderr);
     assert_eq!(json_of(&t)["status"], "error");
 }
+
+#[test]
+fn pipe_over_tls_and_refused_without_it() {
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, c.cert.pem()).unwrap();
+    std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+    let tls = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let payload = data(3 << 20);
+    // A sender without TLS is refused by a TLS listener, with the reason.
+    let (mut recv, addr, _err) = listen("recv", &tls, Stdio::null());
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let out = Command::new(XFTP)
+        .args(["send", &format!("localhost:{port}"), "-p", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("TLS"), "{e}");
+    // With --cacert: every connection TLS, the bytes in order.
+    let mut send = Command::new(XFTP)
+        .args(["send", &format!("localhost:{port}"), "-p", "4"])
+        .args(["--cacert", cert.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The receiver's output is drained while the sender runs (the sender
+    // waits for the receiver, which waits for room in its stdout pipe).
+    let mut out = recv.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        out.read_to_end(&mut got).unwrap();
+        got
+    });
+    send.stdin.take().unwrap().write_all(&payload).unwrap();
+    let st = send.wait().unwrap();
+    let got = reader.join().unwrap();
+    assert!(st.success());
+    assert!(recv.wait().unwrap().success());
+    assert_eq!(Sha256::digest(&got), Sha256::digest(&payload));
+}

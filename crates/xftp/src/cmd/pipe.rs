@@ -7,13 +7,14 @@
 //! then waits until `recv` closes the reverse direction, which `recv` does
 //! only after the whole stream reached stdout. So both exit 0 only when
 //! every byte arrived.
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context as _;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use xftp_psock::{PsockConfig, PsockListener, PsockStream};
+use xftp_psock::{PsockConfig, PsockListener, PsockStream, PsockTls};
 
 /// Copy buffer: large enough that one read fills several records.
 const BUF: usize = 1024 * 1024;
@@ -41,6 +42,25 @@ pub struct Endpoint {
     /// Write a JSON summary to stderr at the end.
     #[arg(long)]
     pub json: bool,
+    /// Listening side: TLS on every connection with this certificate
+    /// chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key", requires = "listen")]
+    pub tls_cert: Option<PathBuf>,
+    /// Listening side: the private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Connecting side: TLS on every connection, the listener's
+    /// certificate checked against the system's CAs (or --cacert).
+    #[arg(long, conflicts_with = "listen")]
+    pub tls: bool,
+    /// Connecting side: trust only the CA certificate(s) in this PEM file
+    /// (implies --tls).
+    #[arg(long, value_name = "FILE", conflicts_with = "listen")]
+    pub cacert: Option<PathBuf>,
+    /// Connecting side: TLS without checking the listener's certificate
+    /// (implies --tls; anyone on the path can pose as the listener).
+    #[arg(long, conflicts_with = "listen")]
+    pub insecure: bool,
 }
 
 /// `xftp send`: stdin to the peer.
@@ -71,15 +91,40 @@ struct Summary {
     error: Option<String>,
 }
 
-fn config(ep: &Endpoint) -> PsockConfig {
-    PsockConfig {
+fn config(ep: &Endpoint) -> anyhow::Result<PsockConfig> {
+    let tls = if let (Some(c), Some(k)) = (&ep.tls_cert, &ep.tls_key) {
+        Some(PsockTls::Server(std::sync::Arc::new(
+            xftp_tls::server::ServerTls::load(c, k).context("loading --tls-cert/--tls-key")?,
+        )))
+    } else if ep.tls || ep.cacert.is_some() || ep.insecure {
+        let peer = ep.peer.as_deref().context("no peer address given")?;
+        // The name the certificate must carry: the host of HOST:PORT.
+        let host = match peer.rsplit_once(':') {
+            Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+            None => peer,
+        };
+        if ep.insecure {
+            eprintln!("xftp: warning: --insecure: the listener's certificate is not checked; the connections are encrypted, but anyone on the path can pose as the listener");
+        }
+        let verify = xftp_tls::client::ClientTlsConfig {
+            cacert: ep.cacert.clone(),
+            insecure: ep.insecure,
+        };
+        Some(PsockTls::Client(
+            xftp_tls::client::ClientTls::new(&verify, host).context("setting up TLS")?,
+        ))
+    } else {
+        None
+    };
+    Ok(PsockConfig {
         record_size: ep.record_size,
+        tls,
         ..PsockConfig::default()
-    }
+    })
 }
 
 async fn open(ep: &Endpoint) -> anyhow::Result<PsockStream> {
-    let cfg = config(ep);
+    let cfg = config(ep)?;
     if let Some(addr) = &ep.listen {
         let mut l = PsockListener::bind(addr.as_str(), cfg)
             .await
