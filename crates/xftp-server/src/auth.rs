@@ -1,8 +1,11 @@
 //! Users: anonymous access and a users file with Argon2id password hashes.
 //!
 //! File format, one user per line, `#` starts a comment:
-//! `name:PHC-hash:rw` or `name:PHC-hash:ro`. PHC strings
-//! (`$argon2id$v=19$...`) never contain `:`.
+//! `name:PHC-hash:rw` or `name:PHC-hash:ro`, optionally followed by
+//! `:home`, the user's home directory relative to the served root (the
+//! session is confined to it). PHC strings (`$argon2id$v=19$...`) never
+//! contain `:`; a home may not either. Files without homes (the older
+//! format) load unchanged.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -37,6 +40,11 @@ pub enum AuthError {
     /// A user name that cannot be stored (empty, or with `:` or whitespace).
     #[error("invalid user name {0:?}: use letters, digits, '.', '-', '_' or '@'")]
     BadName(String),
+    /// A home directory that is not relative to the served root.
+    #[error(
+        "invalid home {0:?}: give a directory relative to the served root, without '..' or ':'"
+    )]
+    BadHome(String),
     /// Hashing failed (should not happen with valid parameters).
     #[error("password hashing failed: {0}")]
     Hash(String),
@@ -55,6 +63,26 @@ pub enum Access {
 struct Entry {
     hash: String,
     access: Access,
+    home: Option<String>,
+}
+
+/// What a successful login grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Read-only or read-write.
+    pub access: Access,
+    /// Home directory relative to the served root, if the user has one.
+    pub home: Option<String>,
+}
+
+/// A home directory as the users file may hold it: relative, no `..`,
+/// no `:` (the field separator), no control characters.
+fn valid_home(h: &str) -> bool {
+    !h.is_empty()
+        && !h.starts_with('/')
+        && !h.contains(':')
+        && !h.chars().any(char::is_control)
+        && h.split('/').all(|c| c != "..")
 }
 
 /// The named users allowed to log in.
@@ -104,9 +132,19 @@ impl UserDb {
                 reason: reason.to_owned(),
             };
             let parts: Vec<&str> = line.split(':').collect();
-            if parts.len() != 3 {
-                return Err(err("expected name:hash:rw or name:hash:ro"));
+            if parts.len() != 3 && parts.len() != 4 {
+                return Err(err(
+                    "expected name:hash:rw or name:hash:ro, then :home optionally",
+                ));
             }
+            let home =
+                match parts.get(3) {
+                    None => None,
+                    Some(h) if valid_home(h) => Some(h.trim_end_matches('/').to_string()),
+                    Some(_) => return Err(err(
+                        "the home must be a directory relative to the served root, without '..'",
+                    )),
+                };
             if !valid_name(parts[0]) {
                 return Err(err("invalid user name"));
             }
@@ -121,6 +159,7 @@ impl UserDb {
                 Entry {
                     hash: parts[1].to_owned(),
                     access,
+                    home,
                 },
             );
         }
@@ -129,11 +168,28 @@ impl UserDb {
 
     /// Add or replace a user.
     pub fn set(&mut self, name: &str, password: &str, access: Access) -> Result<(), AuthError> {
+        self.set_with_home(name, password, access, None)
+    }
+
+    /// Add or replace a user confined to `home` (relative to the served
+    /// root).
+    pub fn set_with_home(
+        &mut self,
+        name: &str,
+        password: &str,
+        access: Access,
+        home: Option<&str>,
+    ) -> Result<(), AuthError> {
         if !valid_name(name) {
             return Err(AuthError::BadName(name.to_owned()));
         }
+        if let Some(h) = home.filter(|h| !valid_home(h)) {
+            return Err(AuthError::BadHome(h.to_owned()));
+        }
         let hash = hash_password(password)?;
-        self.users.insert(name.to_owned(), Entry { hash, access });
+        let home = home.map(|h| h.trim_end_matches('/').to_owned());
+        self.users
+            .insert(name.to_owned(), Entry { hash, access, home });
         Ok(())
     }
 
@@ -141,14 +197,17 @@ impl UserDb {
     pub fn render(&self) -> String {
         let mut names: Vec<&String> = self.users.keys().collect();
         names.sort();
-        let mut out = String::from("# xftp users: name:argon2-hash:rw|ro\n");
+        let mut out = String::from("# xftp users: name:argon2-hash:rw|ro[:home]\n");
         for n in names {
             let e = &self.users[n];
             let acc = match e.access {
                 Access::ReadOnly => "ro",
                 Access::ReadWrite => "rw",
             };
-            out.push_str(&format!("{n}:{}:{acc}\n", e.hash));
+            match &e.home {
+                Some(h) => out.push_str(&format!("{n}:{}:{acc}:{h}\n", e.hash)),
+                None => out.push_str(&format!("{n}:{}:{acc}\n", e.hash)),
+            }
         }
         out
     }
@@ -156,11 +215,23 @@ impl UserDb {
     /// Check a password; `Some(access)` when it matches. Slow on purpose
     /// (Argon2): call it off the async executor.
     pub fn verify(&self, name: &str, password: &str) -> Option<Access> {
+        self.login(name, password).map(|g| g.access)
+    }
+
+    /// Check a password; what the login grants when it matches. Slow on
+    /// purpose (Argon2): call it off the async executor.
+    pub fn login(&self, name: &str, password: &str) -> Option<Grant> {
         // An unknown name costs the same Argon2 work as a wrong password,
         // so the time of the 530 does not tell which names exist.
         static UNKNOWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let (phc, access) = match self.users.get(name) {
-            Some(e) => (e.hash.as_str(), Some(e.access)),
+        let (phc, grant) = match self.users.get(name) {
+            Some(e) => (
+                e.hash.as_str(),
+                Some(Grant {
+                    access: e.access,
+                    home: e.home.clone(),
+                }),
+            ),
             None => (
                 UNKNOWN
                     .get_or_init(|| hash_password("no such user").unwrap_or_default())
@@ -172,7 +243,7 @@ impl UserDb {
         let ok = Argon2::default()
             .verify_password(password.as_bytes(), &hash)
             .is_ok();
-        access.filter(|_| ok)
+        grant.filter(|_| ok)
     }
 
     /// True if `name` is a known user (used to pick the reply to USER).
@@ -200,6 +271,31 @@ mod tests {
         // The stand-in hash an unknown name is checked against lets no
         // one in, not even with its own password.
         assert_eq!(back.verify("carol", "no such user"), None);
+    }
+
+    #[test]
+    fn homes_are_kept_and_old_files_still_load() {
+        let mut db = UserDb::default();
+        db.set_with_home("alice", "pw", Access::ReadWrite, Some("users/alice/"))
+            .unwrap();
+        db.set("bob", "pw", Access::ReadOnly).unwrap();
+        let text = db.render();
+        let back = UserDb::parse(&text, "t").unwrap();
+        let g = back.login("alice", "pw").unwrap();
+        assert_eq!(g.home.as_deref(), Some("users/alice"));
+        assert_eq!(back.login("bob", "pw").unwrap().home, None);
+        // A file of the older three-field form.
+        let old: String = text.lines().filter(|l| l.starts_with("bob:")).collect();
+        assert!(UserDb::parse(&old, "old").unwrap().contains("bob"));
+        for bad in ["/abs", "a/../..", "x:y", ""] {
+            assert!(
+                db.set_with_home("c", "pw", Access::ReadOnly, Some(bad))
+                    .is_err(),
+                "{bad}"
+            );
+        }
+        let hash = text.lines().find(|l| l.starts_with("bob:")).unwrap();
+        assert!(UserDb::parse(&format!("{hash}:../up"), "t").is_err());
     }
 
     #[test]

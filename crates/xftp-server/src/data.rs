@@ -68,16 +68,41 @@ pub fn check_active_addr(addr: SocketAddr, peer: IpAddr) -> Result<(), String> {
 /// Bind a passive listener on the control connection's local address.
 /// Accepted sockets inherit the listener's buffer sizes (and so the
 /// window scale their SYN-ACK announces).
-pub fn passive_listener(local: IpAddr, bufsize: Option<u64>) -> std::io::Result<TcpListener> {
-    let sock = match local {
-        IpAddr::V4(_) => TcpSocket::new_v4()?,
-        IpAddr::V6(_) => TcpSocket::new_v6()?,
+/// With `ports`, only a port in that range (inclusive) is used, tried from
+/// a random place; a range with no free port is an error that names it.
+pub fn passive_listener(
+    local: IpAddr,
+    bufsize: Option<u64>,
+    ports: Option<(u16, u16)>,
+) -> std::io::Result<TcpListener> {
+    let bind = |port: u16| -> std::io::Result<TcpListener> {
+        let sock = match local {
+            IpAddr::V4(_) => TcpSocket::new_v4()?,
+            IpAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        if let Some(b) = bufsize {
+            xftp_tune::sockbuf::apply(&sock, b)?;
+        }
+        sock.bind(SocketAddr::new(local, port))?;
+        sock.listen(256)
     };
-    if let Some(b) = bufsize {
-        xftp_tune::sockbuf::apply(&sock, b)?;
+    let Some((lo, hi)) = ports else {
+        return bind(0);
+    };
+    let span = u32::from(hi.saturating_sub(lo)) + 1;
+    let start = rand::random::<u32>() % span;
+    for i in 0..span {
+        let port = lo + ((start + i) % span) as u16;
+        match bind(port) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(e),
+        }
     }
-    sock.bind(SocketAddr::new(local, 0))?;
-    sock.listen(256)
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!("no free passive port in {lo}-{hi}; try again later"),
+    ))
 }
 
 /// Open `n` data connections according to `plan` within `timeout`.

@@ -21,6 +21,7 @@ pub mod auth;
 pub mod fs;
 
 mod data;
+mod limits;
 mod live;
 mod secure;
 mod session;
@@ -74,6 +75,19 @@ pub struct Config {
     /// A TLS data connection must resume its control session's TLS
     /// session (vsftpd's `require_ssl_reuse`); see docs/security.md.
     pub tls_require_reuse: bool,
+    /// Failed logins from one address before it must wait (0: never).
+    pub login_max_failures: u32,
+    /// The window those failures are counted in, and the wait after.
+    pub login_window: Duration,
+    /// Most concurrent sessions from one client address.
+    pub max_sessions_per_ip: usize,
+    /// Largest upload accepted (552 beyond it); `None`: no limit.
+    pub max_upload_size: Option<u64>,
+    /// Passive data ports come from this range (inclusive); `None`: any.
+    pub passive_ports: Option<(u16, u16)>,
+    /// The IPv4 address PASV replies name (behind NAT); `None`: the
+    /// control connection's local address.
+    pub public_address: Option<std::net::Ipv4Addr>,
 }
 
 /// How the server treats clients without TLS.
@@ -109,6 +123,12 @@ impl Config {
             tls: None,
             tls_mode: TlsMode::Off,
             tls_require_reuse: true,
+            login_max_failures: 5,
+            login_window: Duration::from_secs(300),
+            max_sessions_per_ip: 32,
+            max_upload_size: None,
+            passive_ports: None,
+            public_address: None,
         })
     }
 }
@@ -135,6 +155,10 @@ pub async fn serve_all(
 ) -> std::io::Result<()> {
     let tracker = TaskTracker::new();
     let active = Arc::new(AtomicUsize::new(0));
+    let shared = Arc::new(Shared {
+        throttle: limits::LoginThrottle::new(config.login_max_failures, config.login_window),
+        per_ip: Arc::new(limits::PerAddress::default()),
+    });
     loop {
         let mut tls_first = false;
         let (stream, peer) = tokio::select! {
@@ -172,6 +196,7 @@ pub async fn serve_all(
         let guard = ActiveGuard(active.clone());
         let cfg = config.clone();
         let stop = shutdown.clone();
+        let shared = shared.clone();
         tracker.spawn(async move {
             let _guard = guard;
             if n > cfg.max_sessions {
@@ -180,8 +205,30 @@ pub async fn serve_all(
                 }
                 return;
             }
+            let Some(_place) = shared.per_ip.enter(peer.ip(), cfg.max_sessions_per_ip) else {
+                tracing::warn!(%peer, "session refused: too many from this address");
+                if !tls_first {
+                    session::refuse(
+                        stream,
+                        "421 Too many sessions from your address, try again later.\r\n",
+                    )
+                    .await;
+                }
+                return;
+            };
+            if let Some(wait) = shared.throttle.locked(peer.ip(), std::time::Instant::now()) {
+                tracing::warn!(%peer, "session refused: too many failed logins");
+                if !tls_first {
+                    let msg = format!(
+                        "421 Too many failed logins from your address; try again in {} s.\r\n",
+                        wait.as_secs().max(1)
+                    );
+                    session::refuse(stream, &msg).await;
+                }
+                return;
+            }
             tracing::info!(%peer, implicit_tls = tls_first, "session start");
-            if let Err(e) = session::run(stream, tls_first, cfg, stop).await {
+            if let Err(e) = session::run(stream, tls_first, cfg, shared, stop).await {
                 tracing::info!(%peer, "session ended: {e}");
             } else {
                 tracing::info!(%peer, "session end");
@@ -201,6 +248,13 @@ async fn accept_opt(
         Some(l) => l.accept().await,
         None => std::future::pending().await,
     }
+}
+
+/// State shared by every session of one server.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub throttle: limits::LoginThrottle,
+    pub per_ip: Arc<limits::PerAddress>,
 }
 
 struct ActiveGuard(Arc<AtomicUsize>);

@@ -45,6 +45,7 @@ pub async fn run(
     stream: TcpStream,
     tls_first: bool,
     cfg: Arc<Config>,
+    shared: Arc<crate::Shared>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr()?;
@@ -67,7 +68,9 @@ pub async fn run(
         (Stream::Plain(stream), None)
     };
     let mut s = Session {
+        root: cfg.root.clone(),
         cfg,
+        shared,
         ctl,
         tls,
         pbsz: false,
@@ -91,6 +94,7 @@ pub async fn run(
         mult_set: false,
         shutdown,
         stop_upload: None,
+        upload_limit: None,
     };
     s.reply(220, "xftp ready").await?;
     loop {
@@ -148,6 +152,9 @@ enum Flow {
 
 struct Session {
     cfg: Arc<Config>,
+    shared: Arc<crate::Shared>,
+    /// Where this session may go: the served root, or the user's home.
+    root: crate::Root,
     /// The control connection (TLS after AUTH TLS or on the implicit port).
     ctl: Stream,
     /// This session's TLS (ticket key) once AUTH TLS was accepted.
@@ -182,6 +189,8 @@ struct Session {
     shutdown: CancellationToken,
     /// The running stream-mode upload's stop signal (see `halt`).
     stop_upload: Option<CancellationToken>,
+    /// The running upload's size limit (`--max-upload-size`).
+    upload_limit: Option<u64>,
 }
 
 /// Stop a transfer task. A stream-mode upload (`stop` given) is asked to
@@ -553,22 +562,58 @@ impl Session {
                 return Ok(Flow::Continue);
             }
         };
-        let access = if anonymous {
-            Some(if self.cfg.anonymous_write {
-                Access::ReadWrite
-            } else {
-                Access::ReadOnly
+        let ip = self.peer_ip();
+        if let Some(wait) = self.shared.throttle.locked(ip, std::time::Instant::now()) {
+            self.reply(
+                421,
+                format!(
+                    "Too many failed logins from your address; try again in {} s.",
+                    wait.as_secs().max(1)
+                ),
+            )
+            .await?;
+            return Ok(Flow::Quit);
+        }
+        let grant = if anonymous {
+            Some(crate::auth::Grant {
+                access: if self.cfg.anonymous_write {
+                    Access::ReadWrite
+                } else {
+                    Access::ReadOnly
+                },
+                home: None,
             })
         } else {
             let cfg = self.cfg.clone();
             let u = user.clone();
-            tokio::task::spawn_blocking(move || cfg.users.verify(&u, &pw))
+            tokio::task::spawn_blocking(move || cfg.users.login(&u, &pw))
                 .await
                 .ok()
                 .flatten()
         };
-        match access {
-            Some(access) => {
+        // A user with a home is confined to it: it becomes the session's
+        // root. A home that is missing (or leads out of the served root)
+        // refuses the login rather than serving the whole root.
+        let grant = match grant {
+            Some(g) => match &g.home {
+                None => Some((g.access, self.cfg.root.clone())),
+                Some(h) => match crate::Root::new(&self.cfg.root.path().join(h)) {
+                    Ok(r) if r.path().starts_with(self.cfg.root.path()) => Some((g.access, r)),
+                    _ => {
+                        tracing::warn!(peer = %self.peer, %user, home = %h, "login refused: home directory missing or outside the root");
+                        self.reply(530, "Login refused: your home directory is not available.")
+                            .await?;
+                        return Ok(Flow::Continue);
+                    }
+                },
+            },
+            None => None,
+        };
+        match grant {
+            Some((access, root)) => {
+                self.root = root;
+                self.cwd = VPath::root();
+                self.shared.throttle.succeeded(ip);
                 let mode = match access {
                     Access::ReadOnly => "read-only",
                     Access::ReadWrite => "read-write",
@@ -585,6 +630,18 @@ impl Session {
                 tracing::warn!(peer = %self.peer, %user, "login failed");
                 // Slow down password guessing.
                 tokio::time::sleep(Duration::from_millis(500)).await;
+                if let Some(wait) = self.shared.throttle.failed(ip, std::time::Instant::now()) {
+                    tracing::warn!(peer = %self.peer, "address locked out for {} s after repeated failed logins", wait.as_secs());
+                    self.reply(
+                        421,
+                        format!(
+                            "Too many failed logins from your address; try again in {} s.",
+                            wait.as_secs().max(1)
+                        ),
+                    )
+                    .await?;
+                    return Ok(Flow::Quit);
+                }
                 if self.failures >= MAX_LOGIN_FAILURES {
                     self.reply(421, "Too many failed logins, closing connection.")
                         .await?;
@@ -973,7 +1030,7 @@ impl Session {
             Ok(v) => v,
             Err((c, t)) => return self.reply(c, t).await,
         };
-        match self.cfg.root.existing(&v) {
+        match self.root.existing(&v) {
             Ok(p) if p.is_dir() => {
                 self.cwd = v;
                 let d = self.cwd.display();
@@ -996,7 +1053,7 @@ impl Session {
                 return Ok(None);
             }
         };
-        match self.cfg.root.existing(&v) {
+        match self.root.existing(&v) {
             Ok(p) => Ok(Some((v, p))),
             Err(e) => {
                 let (c, t) = fs_reply(&e);
@@ -1064,7 +1121,7 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
-        let r = self.cfg.root.entry(&v).and_then(|p| {
+        let r = self.root.entry(&v).and_then(|p| {
             let md = std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
             if md.is_dir() {
                 return Err(FsError::IsDir);
@@ -1082,7 +1139,6 @@ impl Session {
             return Ok(());
         };
         let r = self
-            .cfg
             .root
             .creatable(&v)
             .and_then(|p| std::fs::create_dir(&p).map_err(FsError::from_io));
@@ -1103,7 +1159,6 @@ impl Session {
             return self.reply(550, "Cannot remove the root directory.").await;
         }
         let r = self
-            .cfg
             .root
             .entry(&v)
             .and_then(|p| std::fs::remove_dir(&p).map_err(FsError::from_io));
@@ -1120,7 +1175,7 @@ impl Session {
         if v.is_root() {
             return self.reply(550, "Cannot rename the root directory.").await;
         }
-        match self.cfg.root.entry(&v) {
+        match self.root.entry(&v) {
             Ok(p) => {
                 self.rnfr = Some(p);
                 self.reply(350, "Ready for RNTO.").await
@@ -1137,7 +1192,6 @@ impl Session {
             return Ok(());
         };
         let r = self
-            .cfg
             .root
             .creatable(&v)
             .and_then(|to| std::fs::rename(&from, &to).map_err(FsError::from_io));
@@ -1203,13 +1257,17 @@ impl Session {
                     .await
             }
         };
-        match data::passive_listener(IpAddr::V4(ip), self.bufsize).and_then(|l| {
-            let port = l.local_addr()?.port();
-            Ok((l, port))
-        }) {
+        match data::passive_listener(IpAddr::V4(ip), self.bufsize, self.cfg.passive_ports).and_then(
+            |l| {
+                let port = l.local_addr()?.port();
+                Ok((l, port))
+            },
+        ) {
             Ok((l, port)) => {
                 self.data = DataPlan::Passive(l);
-                let a = std::net::SocketAddrV4::new(ip, port);
+                // Behind NAT the client must be told the outside address.
+                let shown = self.cfg.public_address.unwrap_or(ip);
+                let a = std::net::SocketAddrV4::new(shown, port);
                 self.reply(227, hostport::format_pasv_reply(a)).await
             }
             Err(e) => {
@@ -1237,7 +1295,7 @@ impl Session {
             }
             Some(other) => return self.reply(501, format!("Bad EPSV argument {other}.")).await,
         }
-        match data::passive_listener(self.local.ip(), self.bufsize)
+        match data::passive_listener(self.local.ip(), self.bufsize, self.cfg.passive_ports)
             .and_then(|l| Ok((l.local_addr()?.port(), l)))
         {
             Ok((port, l)) => {
@@ -1303,6 +1361,7 @@ impl Session {
         // Set by `store` for a stream-mode upload just before; this
         // transfer's alone.
         let mut stop = self.stop_upload.take();
+        let limit = self.upload_limit.take();
         let mut buf = [0u8; 4096];
         let moved = |live: &Option<Live>| match live {
             Some(lv) => lv.meters.totals().bytes,
@@ -1316,6 +1375,11 @@ impl Session {
                     // A data connection that moves nothing for this long is
                     // dead (peer gone without a reset): give up, 426.
                     let now = moved(&live);
+                    // An upload past the limit stops now, not at its end.
+                    if let Some(max) = limit.filter(|m| now > *m) {
+                        halt(&mut task, stop.take()).await;
+                        return Ok(Outcome::Failed(TransferError::TooLarge(max)));
+                    }
                     if now != last.0 {
                         last = (now, tokio::time::Instant::now());
                     } else if last.1.elapsed() >= self.cfg.stall_timeout {
@@ -1388,6 +1452,14 @@ impl Session {
     ) -> std::io::Result<()> {
         match outcome {
             Outcome::Done(t) => self.reply(226, ok(t)).await,
+            Outcome::Failed(TransferError::TooLarge(max)) => {
+                // RFC 959: 552, exceeded storage allocation.
+                self.reply(
+                    552,
+                    format!("Upload refused: larger than this server's limit of {max} bytes; nothing was stored."),
+                )
+                .await
+            }
             Outcome::Failed(TransferError::Storage(e)) => {
                 self.reply(451, format!("Local error, transfer aborted: {e}"))
                     .await
@@ -1560,9 +1632,9 @@ impl Session {
         // APPE and REST+STOR open the file, which follows a link, so its
         // target is checked to be inside the root.
         let target = if kind == UploadKind::Replace {
-            self.cfg.root.creatable(&v)
+            self.root.creatable(&v)
         } else {
-            self.cfg.root.in_place(&v)
+            self.root.in_place(&v)
         };
         let target = match target {
             Ok(p) => p,
@@ -1609,6 +1681,8 @@ impl Session {
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
+        let limit = self.cfg.max_upload_size;
+        self.upload_limit = limit;
         let (task, lv) = if !framed {
             // Stopped by `halt`, which waits for its file writes.
             let stop = CancellationToken::new();
@@ -1617,7 +1691,7 @@ impl Session {
                 let conn = conns.into_iter().next().ok_or_else(|| {
                     TransferError::Network(std::io::Error::other("no data connection"))
                 })?;
-                let b = transfer::recv_stream(file, offset, conn, ascii, prog, stop).await?;
+                let b = transfer::recv_stream(file, offset, conn, ascii, prog, stop, limit).await?;
                 upload.commit().map_err(TransferError::Storage)?;
                 Ok((b, 1))
             });
@@ -1642,6 +1716,9 @@ impl Session {
             }
             let task = tokio::spawn(async move {
                 let r = receiver.finish().await?;
+                if let Some(max) = limit.filter(|m| r.bytes > *m) {
+                    return Err(TransferError::TooLarge(max));
+                }
                 upload.commit().map_err(TransferError::Storage)?;
                 Ok((r.bytes, r.streams.len()))
             });
@@ -1677,12 +1754,12 @@ impl Session {
             Some(a) => self.vpath(&a)?,
             None => self.cwd.clone(),
         };
-        let real = self.cfg.root.existing(&v).map_err(|e| {
+        let real = self.root.existing(&v).map_err(|e| {
             let (c, t) = fs_reply(&e);
             (c, format!("{}: {t}.", v.display()))
         })?;
         let writable = self.may_write();
-        let root = self.cfg.root.clone();
+        let root = self.root.clone();
         tokio::task::spawn_blocking(move || listing(&root, &real, kind, writable))
             .await
             .map_err(|e| (451, e.to_string()))?
@@ -1732,7 +1809,6 @@ impl Session {
             None => self.cwd.clone(),
         };
         let md = match self
-            .cfg
             .root
             .existing(&v)
             .and_then(|p| std::fs::metadata(p).map_err(FsError::from_io))

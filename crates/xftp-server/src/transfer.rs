@@ -29,6 +29,9 @@ pub enum TransferError {
     /// The data connection failed (426).
     #[error("data connection failed: {0}")]
     Network(std::io::Error),
+    /// The upload passed `--max-upload-size` (552); nothing is kept.
+    #[error("upload larger than the limit of {0} bytes")]
+    TooLarge(u64),
     /// A striped transfer failed (426): lost connection, hole, bad block.
     #[error("{0}")]
     Stripe(#[from] StripeError),
@@ -134,9 +137,10 @@ pub async fn recv_stream(
     ascii_mode: bool,
     progress: Progress,
     stop: CancellationToken,
+    limit: Option<u64>,
 ) -> Result<u64, TransferError> {
     let mut file = tokio::fs::File::from_std(file);
-    let r = recv_stream_into(&mut file, offset, conn, ascii_mode, progress, stop).await;
+    let r = recv_stream_into(&mut file, offset, conn, ascii_mode, progress, stop, limit).await;
     if r.is_err() {
         let _ = file.flush().await;
     }
@@ -150,6 +154,7 @@ async fn recv_stream_into(
     ascii_mode: bool,
     progress: Progress,
     stop: CancellationToken,
+    limit: Option<u64>,
 ) -> Result<u64, TransferError> {
     file.seek(SeekFrom::Start(offset))
         .await
@@ -172,6 +177,9 @@ async fn recv_stream_into(
             break;
         }
         total += n as u64;
+        if let Some(max) = limit.filter(|m| total > *m) {
+            return Err(TransferError::TooLarge(max));
+        }
         if ascii_mode {
             local.clear();
             conv.convert(&buf[..n], &mut local);

@@ -69,6 +69,47 @@ pub struct Args {
     /// Python's ftplib). Weaker: see docs/security.md.
     #[arg(long)]
     pub tls_allow_fresh_data: bool,
+    /// Most concurrent sessions from one client address.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_sessions_per_ip: usize,
+    /// Failed logins from one address within --login-window before the
+    /// address must wait out the window (0: never lock out).
+    #[arg(long, value_name = "K", default_value_t = 5)]
+    pub login_failures: u32,
+    /// Seconds over which failed logins count, and the wait after K of them.
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub login_window: u64,
+    /// Refuse uploads larger than BYTES (552; suffixes k, M, G).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub max_upload_size: Option<u64>,
+    /// Passive data ports only from this range, e.g. 50000-50100 (for a
+    /// firewall); a range with no free port gives 425.
+    #[arg(long, value_name = "A-B", value_parser = parse_port_range)]
+    pub passive_ports: Option<(u16, u16)>,
+    /// The IPv4 address (or host name) PASV replies announce, for a server
+    /// behind NAT.
+    #[arg(long, value_name = "HOST")]
+    pub public_address: Option<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    match xftp_proto::parse_bufsize("--max-upload-size", s) {
+        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(n),
+        _ => Err(format!("{s:?} is not a size (e.g. 500M, 2G)")),
+    }
+}
+
+fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("{s:?} is not a port range like 50000-50100 (ports 1024-65535)");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let (a, b): (u16, u16) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
+    if a < 1024 || b < a {
+        return Err(bad());
+    }
+    Ok((a, b))
 }
 
 /// `--tls` values.
@@ -96,6 +137,10 @@ pub struct UseraddArgs {
     /// Read the password from this file (first line) instead of standard input.
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
+    /// The user's home directory, relative to the served root: the user's
+    /// sessions are confined to it.
+    #[arg(long, value_name = "DIR")]
+    pub home: Option<String>,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -142,6 +187,28 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--implicit-listen needs TLS on: drop --tls off");
     }
     config.tls = server_tls.clone();
+    config.max_sessions_per_ip = a.max_sessions_per_ip;
+    config.login_max_failures = a.login_failures;
+    config.login_window = Duration::from_secs(a.login_window);
+    config.max_upload_size = a.max_upload_size;
+    config.passive_ports = a.passive_ports;
+    config.public_address = match &a.public_address {
+        None => None,
+        Some(h) => Some(
+            tokio::net::lookup_host((h.as_str(), 0))
+                .await
+                .ok()
+                .and_then(|mut it| {
+                    it.find_map(|s| match s.ip() {
+                        std::net::IpAddr::V4(v4) => Some(v4),
+                        _ => None,
+                    })
+                })
+                .with_context(|| {
+                    format!("--public-address {h}: not an IPv4 address or a name with one (PASV carries IPv4 only)")
+                })?,
+        ),
+    };
     config.tls_require_reuse = !a.tls_allow_fresh_data;
     let implicit = match a.implicit_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
@@ -235,7 +302,7 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
     } else {
         Access::ReadWrite
     };
-    db.set(&a.name, &password, access)?;
+    db.set_with_home(&a.name, &password, access, a.home.as_deref())?;
     let tmp = a.users.with_extension("tmp");
     std::fs::write(&tmp, db.render()).with_context(|| format!("writing {}", tmp.display()))?;
     #[cfg(unix)]

@@ -1,0 +1,188 @@
+//! Limits that keep one client address from starving the others: failed
+//! logins per address, sessions per address. Time comes in as an argument
+//! so the rules are tested without waiting.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Entries kept before old ones are pruned (bounds memory under a scan
+/// from many addresses).
+const PRUNE_AT: usize = 10_000;
+
+/// Failed logins per client address: after `max` failures within
+/// `window`, the address waits out the rest of `window` from its last
+/// failure before it may log in again.
+#[derive(Debug)]
+pub struct LoginThrottle {
+    max: u32,
+    window: Duration,
+    map: Mutex<HashMap<IpAddr, Failures>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    first: Instant,
+    last: Instant,
+}
+
+impl LoginThrottle {
+    /// `max` failures (0: never lock) in `window`.
+    pub fn new(max: u32, window: Duration) -> LoginThrottle {
+        LoginThrottle {
+            max,
+            window,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, Failures>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long `ip` must still wait, if it is locked out.
+    pub fn locked(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        if self.max == 0 {
+            return None;
+        }
+        let f = *self.lock().get(&ip.to_canonical())?;
+        let until = f.last + self.window;
+        (f.count >= self.max && now < until).then(|| until - now)
+    }
+
+    /// Count a failure; returns the wait if `ip` is now locked out.
+    pub fn failed(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        let ip = ip.to_canonical();
+        {
+            let mut m = self.lock();
+            if m.len() >= PRUNE_AT {
+                let w = self.window;
+                m.retain(|_, f| now.saturating_duration_since(f.last) < w);
+            }
+            let f = m.entry(ip).or_insert(Failures {
+                count: 0,
+                first: now,
+                last: now,
+            });
+            // Failures older than the window are forgotten.
+            if now.saturating_duration_since(f.first) >= self.window && f.count < self.max.max(1) {
+                *f = Failures {
+                    count: 0,
+                    first: now,
+                    last: now,
+                };
+            }
+            f.count += 1;
+            f.last = now;
+        }
+        self.locked(ip, now)
+    }
+
+    /// A successful login clears the address's failures.
+    pub fn succeeded(&self, ip: IpAddr) {
+        self.lock().remove(&ip.to_canonical());
+    }
+}
+
+/// Sessions open per client address.
+#[derive(Debug, Default)]
+pub struct PerAddress {
+    map: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerAddress {
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take a place for `ip` if it holds fewer than `max`; the place is
+    /// given back when the guard is dropped.
+    pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressGuard> {
+        let ip = ip.to_canonical();
+        let mut m = self.lock();
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressGuard {
+            set: self.clone(),
+            ip,
+        })
+    }
+
+    /// Places taken by `ip`.
+    #[cfg(test)]
+    pub fn count(&self, ip: IpAddr) -> usize {
+        self.lock().get(&ip.to_canonical()).copied().unwrap_or(0)
+    }
+}
+
+/// One session's place (see [`PerAddress::enter`]).
+#[derive(Debug)]
+pub struct AddressGuard {
+    set: Arc<PerAddress>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressGuard {
+    fn drop(&mut self) {
+        let mut m = self.set.lock();
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_is_locked_after_k_failures_and_waits_out_the_window() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t0 = Instant::now();
+        assert_eq!(t.failed(a, t0), None);
+        assert_eq!(t.failed(a, t0 + Duration::from_secs(1)), None);
+        let w = t.failed(a, t0 + Duration::from_secs(2)).unwrap();
+        assert_eq!(w, Duration::from_secs(60));
+        // Another address is not affected.
+        assert_eq!(t.locked(b, t0 + Duration::from_secs(3)), None);
+        assert!(t.locked(a, t0 + Duration::from_secs(61)).is_some());
+        assert_eq!(t.locked(a, t0 + Duration::from_secs(62)), None);
+        // An IPv4-mapped IPv6 address is the same client.
+        t.failed(b, t0);
+        t.failed(b, t0);
+        let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
+        assert!(t.failed(mapped, t0).is_some());
+        // Failures spread wider than the window never lock.
+        let c: IpAddr = "10.0.0.3".parse().unwrap();
+        for i in 0..10 {
+            assert_eq!(t.failed(c, t0 + Duration::from_secs(40 * i)), None, "{i}");
+        }
+        // A success clears.
+        t.succeeded(a);
+        assert_eq!(t.locked(a, t0 + Duration::from_secs(3)), None);
+    }
+
+    #[test]
+    fn places_per_address_are_given_back() {
+        let p = Arc::new(PerAddress::default());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let g1 = p.enter(a, 2).unwrap();
+        let g2 = p.enter(a, 2).unwrap();
+        assert!(p.enter(a, 2).is_none());
+        assert!(p.enter("10.0.0.9".parse().unwrap(), 2).is_some());
+        drop(g1);
+        assert_eq!(p.count(a), 1);
+        let _g3 = p.enter(a, 2).unwrap();
+        drop(g2);
+        assert_eq!(p.count(a), 1);
+    }
+}

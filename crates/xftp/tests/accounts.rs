@@ -1,0 +1,415 @@
+//! Accounts and limits of `xftp serve`: homes, rights, failed logins per
+//! address, no secret in the logs at any verbosity, sessions per address,
+//! upload size, the passive port range and the announced address, and
+//! passive connections only from the control connection's address.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const XFTP: &str = env!("CARGO_BIN_EXE_xftp");
+
+struct Srv {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `xftp serve --root ROOT ARGS..`; stderr to `log` if given.
+fn serve(root: &Path, args: &[&str], log: Option<&Path>) -> Srv {
+    let mut c = Command::new(XFTP);
+    c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    match log {
+        Some(p) => {
+            c.env("XFTP_LOG", "trace")
+                .stderr(std::fs::File::create(p).unwrap());
+        }
+        None => {
+            c.stderr(Stdio::null());
+        }
+    }
+    let mut child = c.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    Srv { child, port }
+}
+
+fn useradd(users: &Path, name: &str, pw: &str, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("pw");
+    std::fs::write(&f, pw).unwrap();
+    let out = Command::new(XFTP)
+        .args(["useradd", "--users"])
+        .arg(users)
+        .arg("--password-file")
+        .arg(&f)
+        .args(extra)
+        .arg(name)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bare control connection.
+struct Ctl {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Ctl {
+    fn open(port: u16) -> (Ctl, String) {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut c = Ctl {
+            w: s.try_clone().unwrap(),
+            r: BufReader::new(s),
+        };
+        let greeting = c.reply();
+        (c, greeting)
+    }
+
+    /// One whole reply (multi-line replies joined); "" when closed.
+    fn reply(&mut self) -> String {
+        let mut all = String::new();
+        loop {
+            let mut line = String::new();
+            if self.r.read_line(&mut line).unwrap_or(0) == 0 {
+                return all;
+            }
+            all.push_str(&line);
+            let b = line.as_bytes();
+            if b.len() >= 4 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b' ' {
+                return all;
+            }
+        }
+    }
+
+    fn cmd(&mut self, c: &str) -> String {
+        if self.w.write_all(format!("{c}\r\n").as_bytes()).is_err() {
+            return String::new();
+        }
+        self.reply()
+    }
+
+    fn login(&mut self, user: &str, pw: &str) -> String {
+        self.cmd(&format!("USER {user}"));
+        self.cmd(&format!("PASS {pw}"))
+    }
+
+    /// EPSV and the data port.
+    fn epsv(&mut self) -> u16 {
+        let r = self.cmd("EPSV");
+        assert!(r.starts_with("229"), "{r}");
+        let inner = r.split("(|||").nth(1).unwrap();
+        inner.split('|').next().unwrap().parse().unwrap()
+    }
+
+    fn retr(&mut self, path: &str) -> Result<Vec<u8>, String> {
+        let port = self.epsv();
+        let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let r = self.cmd(&format!("RETR {path}"));
+        if !r.starts_with("150") {
+            return Err(r);
+        }
+        let mut v = Vec::new();
+        d.read_to_end(&mut v).unwrap();
+        let end = self.reply();
+        if end.starts_with("226") {
+            Ok(v)
+        } else {
+            Err(end)
+        }
+    }
+}
+
+#[test]
+fn a_user_is_confined_to_their_home_with_their_rights() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("users/alice")).unwrap();
+    std::fs::create_dir_all(root.path().join("users/bob")).unwrap();
+    std::fs::write(root.path().join("users/alice/a.txt"), b"alice's").unwrap();
+    std::fs::write(root.path().join("users/bob/secret"), b"bob's").unwrap();
+    std::fs::write(root.path().join("top"), b"top").unwrap();
+    let users = cfg.path().join("users.txt");
+    useradd(&users, "alice", "alice-pw", &["--home", "users/alice"]);
+    useradd(
+        &users,
+        "reader",
+        "reader-pw",
+        &["--read-only", "--home", "users/bob"],
+    );
+    useradd(&users, "ghost", "ghost-pw", &["--home", "users/nobody"]);
+    let srv = serve(root.path(), &["--users", users.to_str().unwrap()], None);
+
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.login("alice", "alice-pw").starts_with("230"));
+    assert!(c.cmd("PWD").contains("\"/\""));
+    assert_eq!(c.retr("a.txt").unwrap(), b"alice's");
+    // Nothing above the home: .. stays at its top, absolute paths start there.
+    c.cmd("CWD ..");
+    assert!(c.cmd("PWD").contains("\"/\""));
+    assert!(c.retr("../bob/secret").is_err());
+    assert!(c.retr("/top").is_err());
+    assert!(c.cmd("SIZE /users/bob/secret").starts_with("550"));
+    // Read-write: she may store.
+    assert!(c.cmd("MKD made").starts_with("257"));
+    assert!(root.path().join("users/alice/made").is_dir());
+
+    // A read-only user in another home.
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.login("reader", "reader-pw").starts_with("230"));
+    assert_eq!(c.retr("secret").unwrap(), b"bob's");
+    assert!(c.cmd("MKD x").starts_with("550"));
+    assert!(c.cmd("DELE secret").starts_with("550"));
+
+    // A home that does not exist refuses the login (never the whole root).
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.login("ghost", "ghost-pw").starts_with("530"));
+
+    // Anonymous is off unless asked for.
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.cmd("USER anonymous").starts_with("530"));
+}
+
+#[test]
+fn failed_logins_lock_the_address_out_for_the_window() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = tempfile::tempdir().unwrap();
+    let users = cfg.path().join("users.txt");
+    useradd(&users, "alice", "right", &[]);
+    let srv = serve(
+        root.path(),
+        &[
+            "--users",
+            users.to_str().unwrap(),
+            "--login-failures",
+            "2",
+            "--login-window",
+            "3",
+        ],
+        None,
+    );
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.login("alice", "wrong").starts_with("530"));
+    let r = c.login("alice", "wrong");
+    assert!(r.starts_with("421") && r.contains("failed logins"), "{r}");
+    let locked_at = Instant::now();
+    // A new connection from the address is turned away, even with the
+    // right password.
+    let (_, greeting) = Ctl::open(srv.port);
+    assert!(greeting.starts_with("421"), "{greeting}");
+    // After the window it may log in again.
+    std::thread::sleep(
+        Duration::from_secs(3).saturating_sub(locked_at.elapsed()) + Duration::from_millis(300),
+    );
+    let (mut c, greeting) = Ctl::open(srv.port);
+    assert!(greeting.starts_with("220"), "{greeting}");
+    assert!(c.login("alice", "right").starts_with("230"));
+}
+
+#[test]
+fn no_password_reaches_the_log_at_trace_level() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = tempfile::tempdir().unwrap();
+    let users = cfg.path().join("users.txt");
+    const PW: &str = "Tr0ub4dor&3-never-logged";
+    useradd(&users, "alice", PW, &[]);
+    let log = cfg.path().join("server.log");
+    let srv = serve(
+        root.path(),
+        &["--users", users.to_str().unwrap()],
+        Some(&log),
+    );
+    let (mut c, _) = Ctl::open(srv.port);
+    assert!(c.login("alice", PW).starts_with("230"));
+    let (mut c2, _) = Ctl::open(srv.port);
+    assert!(c2.login("alice", &format!("{PW}-wrong")).starts_with("530"));
+    c.cmd("QUIT");
+    drop(srv);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("PASS ****"),
+        "the trace log shows commands: {text}"
+    );
+    assert!(!text.contains("Tr0ub4dor"), "a password in the log");
+    // Nor the stored hash.
+    let hash = std::fs::read_to_string(&users).unwrap();
+    let phc = hash.lines().find(|l| l.starts_with("alice:")).unwrap();
+    assert!(!text.contains(phc.split(':').nth(1).unwrap()));
+}
+
+#[test]
+fn sessions_per_address_are_limited() {
+    let root = tempfile::tempdir().unwrap();
+    let srv = serve(
+        root.path(),
+        &["--anonymous", "--max-sessions-per-ip", "2"],
+        None,
+    );
+    let (_a, g1) = Ctl::open(srv.port);
+    let (_b, g2) = Ctl::open(srv.port);
+    let (_c, g3) = Ctl::open(srv.port);
+    assert!(g1.starts_with("220") && g2.starts_with("220"));
+    assert!(g3.starts_with("421") && g3.contains("your address"), "{g3}");
+    drop(_a);
+    // The place is given back when a session ends.
+    let mut ok = false;
+    for _ in 0..50 {
+        let (_d, g) = Ctl::open(srv.port);
+        if g.starts_with("220") {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ok);
+}
+
+#[test]
+fn uploads_over_the_size_limit_are_refused_and_leave_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let srv = serve(
+        root.path(),
+        &["--anonymous-write", "--max-upload-size", "100k"],
+        None,
+    );
+    let small = local.path().join("small");
+    let big = local.path().join("big");
+    support::write_prng_file(&small, 50_000, 1);
+    support::write_prng_file(&big, 3_000_000, 2);
+    for n in ["1", "4"] {
+        let url = format!("ftp://127.0.0.1:{}/big-{n}", srv.port);
+        let out = Command::new(XFTP)
+            .args(["put", "-p", n, big.to_str().unwrap(), &url])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("552"), "{e}");
+        let names: Vec<_> = std::fs::read_dir(root.path()).unwrap().collect();
+        assert!(
+            names.is_empty(),
+            "nothing stored, not even a temporary: {names:?}"
+        );
+        let url = format!("ftp://127.0.0.1:{}/small-{n}", srv.port);
+        let out = Command::new(XFTP)
+            .args(["put", "-p", n, small.to_str().unwrap(), &url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::remove_file(root.path().join(format!("small-{n}"))).unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn passive_ports_come_from_the_range_and_a_full_range_says_so() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("f"), b"data").unwrap();
+    let p = free_port();
+    let range = format!("{p}-{p}");
+    let srv = serve(
+        root.path(),
+        &[
+            "--anonymous",
+            "--passive-ports",
+            &range,
+            "--public-address",
+            "198.18.0.7",
+        ],
+        None,
+    );
+    let (mut a, _) = Ctl::open(srv.port);
+    a.login("anonymous", "x");
+    assert_eq!(a.epsv(), p);
+    // PASV announces the public address (the port is the real one).
+    let (mut b, _) = Ctl::open(srv.port);
+    b.login("anonymous", "x");
+    let r = b.cmd("PASV");
+    // The one port is held by the first session: a clear 425, no hang.
+    assert!(r.starts_with("425") && r.contains(&range), "{r}");
+    drop(a);
+    let mut r = String::new();
+    for _ in 0..50 {
+        r = b.cmd("PASV");
+        if r.starts_with("227") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(r.contains("198,18,0,7"), "{r}");
+    let port_hi = p / 256;
+    let port_lo = p % 256;
+    assert!(r.contains(&format!(",{port_hi},{port_lo})")), "{r}");
+    // The data connection itself still goes to the real address.
+    let mut d = TcpStream::connect(("127.0.0.1", p)).unwrap();
+    assert!(b.cmd("RETR f").starts_with("150"));
+    let mut v = Vec::new();
+    d.read_to_end(&mut v).unwrap();
+    assert_eq!(v, b"data");
+    assert!(b.reply().starts_with("226"));
+}
+
+#[test]
+fn a_passive_connection_from_another_address_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("f"), b"only for the client").unwrap();
+    let srv = serve(root.path(), &["--anonymous"], None);
+    let (mut c, _) = Ctl::open(srv.port);
+    c.login("anonymous", "x");
+    let port = c.epsv();
+    // Another host (127.0.0.2 is loopback too, but not the client's
+    // address) races the client to the port.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&"127.0.0.2:0".parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    sock.connect(&SocketAddr::from(([127, 0, 0, 1], port)).into())
+        .unwrap();
+    let mut thief: TcpStream = sock.into();
+    thief
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(c.cmd("RETR f").starts_with("150"));
+    let mut v = Vec::new();
+    d.read_to_end(&mut v).unwrap();
+    assert_eq!(v, b"only for the client");
+    assert!(c.reply().starts_with("226"));
+    let mut stolen = Vec::new();
+    let _ = thief.read_to_end(&mut stolen);
+    assert!(stolen.is_empty(), "the other address got data");
+}
