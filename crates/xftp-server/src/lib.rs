@@ -81,6 +81,9 @@ pub struct Config {
     pub login_window: Duration,
     /// Most concurrent sessions from one client address.
     pub max_sessions_per_ip: usize,
+    /// Most data connections granted by MULT to one client address over
+    /// all its sessions.
+    pub max_streams_per_ip: u32,
     /// Largest upload accepted (552 beyond it); `None`: no limit.
     pub max_upload_size: Option<u64>,
     /// Passive data ports come from this range (inclusive); `None`: any.
@@ -126,6 +129,7 @@ impl Config {
             login_max_failures: 5,
             login_window: Duration::from_secs(300),
             max_sessions_per_ip: 32,
+            max_streams_per_ip: 256,
             max_upload_size: None,
             passive_ports: None,
             public_address: None,
@@ -158,6 +162,7 @@ pub async fn serve_all(
     let shared = Arc::new(Shared {
         throttle: limits::LoginThrottle::new(config.login_max_failures, config.login_window),
         per_ip: Arc::new(limits::PerAddress::default()),
+        streams: Arc::new(limits::StreamBudget::default()),
     });
     loop {
         let mut tls_first = false;
@@ -255,6 +260,7 @@ async fn accept_opt(
 pub(crate) struct Shared {
     pub throttle: limits::LoginThrottle,
     pub per_ip: Arc<limits::PerAddress>,
+    pub streams: Arc<limits::StreamBudget>,
 }
 
 struct ActiveGuard(Arc<AtomicUsize>);

@@ -139,6 +139,63 @@ impl Drop for AddressGuard {
     }
 }
 
+/// Data connections granted (MULT) per client address, summed over its
+/// sessions.
+#[derive(Debug, Default)]
+pub struct StreamBudget {
+    map: Mutex<HashMap<IpAddr, u32>>,
+}
+
+impl StreamBudget {
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, u32>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A session's claim, holding nothing yet.
+    pub fn claim(self: &Arc<Self>, ip: IpAddr) -> StreamClaim {
+        StreamClaim {
+            budget: self.clone(),
+            ip: ip.to_canonical(),
+            held: 0,
+        }
+    }
+}
+
+/// What one session holds of its address's budget; given back on drop.
+#[derive(Debug)]
+pub struct StreamClaim {
+    budget: Arc<StreamBudget>,
+    ip: IpAddr,
+    held: u32,
+}
+
+impl StreamClaim {
+    /// Ask for `want` connections when the address may hold `max` in
+    /// all; returns the grant (at least 1: one connection is always
+    /// allowed).
+    pub fn set(&mut self, want: u32, max: u32) -> u32 {
+        let mut m = self.budget.lock();
+        let total = m.entry(self.ip).or_insert(0);
+        let others = total.saturating_sub(self.held);
+        let grant = want.min(max.saturating_sub(others)).max(1);
+        *total = others + grant;
+        self.held = grant;
+        grant
+    }
+}
+
+impl Drop for StreamClaim {
+    fn drop(&mut self) {
+        let mut m = self.budget.lock();
+        if let Some(t) = m.get_mut(&self.ip) {
+            *t = t.saturating_sub(self.held);
+            if *t == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +226,26 @@ mod tests {
         // A success clears.
         t.succeeded(a);
         assert_eq!(t.locked(a, t0 + Duration::from_secs(3)), None);
+    }
+
+    #[test]
+    fn stream_grants_share_the_address_budget() {
+        let b = Arc::new(StreamBudget::default());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut s1 = b.claim(a);
+        let mut s2 = b.claim(a);
+        assert_eq!(s1.set(8, 12), 8);
+        assert_eq!(s2.set(8, 12), 4);
+        // Lowering and raising one's own grant counts only the others.
+        assert_eq!(s1.set(2, 12), 2);
+        assert_eq!(s2.set(16, 12), 10);
+        let mut other = b.claim("10.0.0.2".parse().unwrap());
+        assert_eq!(other.set(12, 12), 12);
+        drop(s2);
+        assert_eq!(s1.set(64, 12), 12);
+        // Always at least one.
+        let mut s3 = b.claim(a);
+        assert_eq!(s3.set(4, 12), 1);
     }
 
     #[test]

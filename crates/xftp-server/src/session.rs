@@ -68,6 +68,7 @@ pub async fn run(
         (Stream::Plain(stream), None)
     };
     let mut s = Session {
+        streams_claim: shared.streams.claim(peer.ip()),
         root: cfg.root.clone(),
         cfg,
         shared,
@@ -155,6 +156,8 @@ struct Session {
     shared: Arc<crate::Shared>,
     /// Where this session may go: the served root, or the user's home.
     root: crate::Root,
+    /// This session's share of its address's data connections.
+    streams_claim: crate::limits::StreamClaim,
     /// The control connection (TLS after AUTH TLS or on the implicit port).
     ctl: Stream,
     /// This session's TLS (ticket key) once AUTH TLS was accepted.
@@ -490,13 +493,22 @@ impl Session {
             Command::Epsv(arg) => self.epsv(arg).await?,
             Command::Mult(n) => {
                 self.mult_set = true;
-                let g = n
+                let want = n
                     .unwrap_or(self.cfg.default_streams)
                     .clamp(1, self.cfg.max_streams.max(1));
+                let g = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
                 self.streams = g;
                 let max = self.cfg.max_streams;
-                self.reply(200, format!("MULT {g} granted (server maximum {max})."))
+                if g < want {
+                    self.reply(
+                        200,
+                        format!("MULT {g} granted (server maximum {max}; your address holds the rest of its {} connections).", self.cfg.max_streams_per_ip),
+                    )
                     .await?
+                } else {
+                    self.reply(200, format!("MULT {g} granted (server maximum {max})."))
+                        .await?
+                }
             }
             Command::Mprt(addrs) => self.mprt(addrs).await?,
             Command::Site(s) => self.site(&s).await?,
@@ -1430,7 +1442,10 @@ impl Session {
                             // Answered at once: clients time round trips with it.
                             self.reply(200, "NOOP ok.").await?;
                         } else if let (Some(lv), Ok(Ok(Command::Mult(n)))) = (live.as_mut(), l.as_ref().map(|l| Command::parse(l))) {
-                            let want = n.unwrap_or(self.cfg.default_streams);
+                            let want = n
+                                .unwrap_or(self.cfg.default_streams)
+                                .clamp(1, self.cfg.max_streams.max(1));
+                            let want = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
                             let (code, text) = lv.set_streams(want);
                             if code == 200 {
                                 self.streams = want.clamp(1, self.cfg.max_streams.max(1));

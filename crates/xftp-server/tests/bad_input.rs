@@ -343,3 +343,16 @@ async fn stalled_data_connection_is_aborted() {
     drop(d);
     c.cmd("NOOP", 200).await;
 }
+
+#[tokio::test]
+async fn an_overlong_command_line_is_refused_and_the_session_goes_on() {
+    let srv = start(|_| {}).await;
+    let mut c = Ctl::login(srv.addr).await;
+    let mut line = b"SIZE ".to_vec();
+    line.extend(std::iter::repeat_n(b'a', 20_000));
+    line.extend_from_slice(b"\r\n");
+    c.send_raw(&line).await;
+    let r = c.expect(500).await;
+    assert!(r.text().contains("too long"), "{r}");
+    c.cmd("NOOP", 200).await;
+}

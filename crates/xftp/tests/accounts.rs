@@ -413,3 +413,32 @@ fn a_passive_connection_from_another_address_is_refused() {
     let _ = thief.read_to_end(&mut stolen);
     assert!(stolen.is_empty(), "the other address got data");
 }
+
+#[test]
+fn data_connections_per_address_are_shared_across_its_sessions() {
+    let root = tempfile::tempdir().unwrap();
+    let srv = serve(
+        root.path(),
+        &["--anonymous", "--max-streams-per-ip", "6"],
+        None,
+    );
+    let (mut a, _) = Ctl::open(srv.port);
+    a.login("anonymous", "x");
+    assert!(a.cmd("MULT 4").starts_with("200 MULT 4 granted"));
+    let (mut b, _) = Ctl::open(srv.port);
+    b.login("anonymous", "x");
+    let r = b.cmd("MULT 4");
+    assert!(r.starts_with("200 MULT 2 granted"), "{r}");
+    // A session that ends gives its connections back.
+    a.cmd("QUIT");
+    drop(a);
+    let mut r = String::new();
+    for _ in 0..50 {
+        r = b.cmd("MULT 6");
+        if r.starts_with("200 MULT 6") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(r.starts_with("200 MULT 6 granted"), "{r}");
+}

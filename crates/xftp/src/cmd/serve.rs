@@ -72,6 +72,10 @@ pub struct Args {
     /// Most concurrent sessions from one client address.
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_sessions_per_ip: usize,
+    /// Most data connections (MULT) one client address may hold over all
+    /// its sessions.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_ip: u32,
     /// Failed logins from one address within --login-window before the
     /// address must wait out the window (0: never lock out).
     #[arg(long, value_name = "K", default_value_t = 5)]
@@ -188,6 +192,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     config.tls = server_tls.clone();
     config.max_sessions_per_ip = a.max_sessions_per_ip;
+    config.max_streams_per_ip = a.max_streams_per_ip;
     config.login_max_failures = a.login_failures;
     config.login_window = Duration::from_secs(a.login_window);
     config.max_upload_size = a.max_upload_size;
