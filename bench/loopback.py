@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Loopback throughput and CPU per GiB: xftp get -p N against xftp serve,
-and globus-url-copy -p N against globus-gridftp-server, on the same file in
-the same run (issue: multi-stream transfers, point 8).
+in clear and under TLS (every data connection encrypted), against
+globus-url-copy -p N with globus-gridftp-server (clear), curl --ssl-reqd
+and lftp with ftp:ssl-force/ssl-protect-data (TLS, one stream), and iperf3
+memory to memory (-P N) as the ceiling of the sockets, on the same file in
+the same run.
 
-    bench/loopback.py [--size-mib 1024] [--streams 1,4,16] [--repeat 3]
+    bench/loopback.py [--size-mib 1024] [--streams 1,4,16] [--repeat 3] [--no-tls]
 
 Writes bench/out/loopback/{results.csv,report.md}. CPU is user+system
 seconds of client and server together (the GridFTP server forks a child per
@@ -85,6 +88,7 @@ def main():
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
     if not a.no_build:
@@ -106,33 +110,102 @@ def main():
     rows, commands = [], []
     logf = open(os.path.join(OUT, "servers.log"), "w")
     try:
-        # xftp
-        srv_cmd = [XFTP, "serve", "--root", work, "--listen", "127.0.0.1:0", "--anonymous-write"]
-        srv, line = start_server(srv_cmd, r"listening on", logf)
-        port = int(line.strip().rsplit(":", 1)[1])
-        commands.append(" ".join(srv_cmd))
-        try:
+        def xftp_rows(tool, extra_srv, scheme, extra_cli):
+            srv_cmd = [XFTP, "serve", "--root", work, "--listen", "127.0.0.1:0", "--anonymous-write"] + extra_srv
+            srv, line = start_server(srv_cmd, r"listening on", logf)
+            port = int(line.strip().rsplit(":", 1)[1])
+            commands.append(" ".join(srv_cmd))
+            try:
+                for n in streams:
+                    for r in range(a.repeat):
+                        dst = os.path.join(work, "dst.bin")
+                        argv = [XFTP, "get", f"{scheme}://localhost:{port}/src.bin", dst, "-p", str(n),
+                                "--json"] + extra_cli
+                        c0 = proc_cpu(srv.pid)
+                        wall, ccpu, out, crss = run_timed(argv)
+                        scpu = proc_cpu(srv.pid) - c0
+                        srss = peak_rss_kib(srv.pid)
+                        js = json.loads(out.strip().splitlines()[-1])
+                        ok = js.get("status") == "ok" and same(src, dst)
+                        if extra_cli:
+                            ok = ok and js.get("tls") is True
+                        rows.append(dict(tool=tool, streams=n, run=r, bytes=size, seconds=wall,
+                                         mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
+                                         cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
+                                         streams_used=js.get("streams"), client_peak_rss_kib=crss,
+                                         server_peak_rss_kib=srss))
+                        if r == 0:
+                            commands.append(" ".join(argv))
+                        os.unlink(dst)
+            finally:
+                srv.terminate()
+                srv.wait()
+            return port
+
+        xftp_rows("xftp", [], "ftp", [])
+        tls = not a.no_tls and shutil.which("openssl")
+        if tls:
+            cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                            "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
+                            "subjectAltName=DNS:localhost", "-keyout", key, "-out", cert],
+                           check=True, capture_output=True)
+            tls_srv = ["--tls-cert", cert, "--tls-key", key, "--tls", "required"]
+            xftp_rows("xftp TLS", tls_srv, "ftpes", ["--cacert", cert])
+            # One-stream TLS baselines against xftp serve: curl and lftp.
+            srv_cmd = [XFTP, "serve", "--root", work, "--listen", "127.0.0.1:0", "--anonymous"] + tls_srv
+            srv, line = start_server(srv_cmd, r"listening on", logf)
+            port = int(line.strip().rsplit(":", 1)[1])
+            try:
+                dst = os.path.join(work, "dst.bin")
+                clients = []
+                if shutil.which("curl"):
+                    clients.append(("curl TLS", ["curl", "-s", "--ssl-reqd", "--cacert", cert, "-o", dst,
+                                                 f"ftp://localhost:{port}/src.bin"]))
+                if shutil.which("lftp"):
+                    clients.append(("lftp TLS", ["lftp", "-c",
+                                                 f"set ssl:ca-file {cert}; set ftp:ssl-force true; "
+                                                 f"set ftp:ssl-protect-data true; set ftp:ssl-allow-anonymous true; "
+                                                 f"open -p {port} localhost; get src.bin -o {dst}"]))
+                for tool, argv in clients:
+                    commands.append(" ".join(argv))
+                    for r in range(a.repeat):
+                        c0 = proc_cpu(srv.pid)
+                        wall, ccpu, _, crss = run_timed(argv)
+                        scpu = proc_cpu(srv.pid) - c0
+                        ok = same(src, dst)
+                        rows.append(dict(tool=tool, streams=1, run=r, bytes=size, seconds=wall,
+                                         mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
+                                         cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
+                                         streams_used=1, client_peak_rss_kib=crss, server_peak_rss_kib=0))
+                        os.unlink(dst)
+            finally:
+                srv.terminate()
+                srv.wait()
+        # The ceiling: iperf3 memory to memory, the same byte count.
+        if shutil.which("iperf3"):
             for n in streams:
                 for r in range(a.repeat):
-                    dst = os.path.join(work, "dst.bin")
-                    argv = [XFTP, "get", f"ftp://127.0.0.1:{port}/src.bin", dst, "-p", str(n), "--json"]
-                    c0 = proc_cpu(srv.pid)
-                    wall, ccpu, out, crss = run_timed(argv)
-                    scpu = proc_cpu(srv.pid) - c0
-                    srss = peak_rss_kib(srv.pid)
-                    js = json.loads(out.strip().splitlines()[-1])
-                    ok = js.get("status") == "ok" and same(src, dst)
-                    rows.append(dict(tool="xftp", streams=n, run=r, bytes=size, seconds=wall,
-                                     mbit_s=size * 8 / wall / 1e6, client_cpu=ccpu, server_cpu=scpu,
-                                     cpu_s_per_gib=(ccpu + scpu) / (size / 2**30), verified=ok,
-                                     streams_used=js.get("streams"), client_peak_rss_kib=crss,
-                                     server_peak_rss_kib=srss))
-                    if r == 0:
-                        commands.append(" ".join(argv))
-                    os.unlink(dst)
-        finally:
-            srv.terminate()
-            srv.wait()
+                    iport = 40000 + (os.getpid() + n + r) % 20000
+                    isrv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(iport)], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
+                    time.sleep(0.3)
+                    argv = ["iperf3", "-c", "127.0.0.1", "-p", str(iport), "-n", str(size), "-P", str(n), "-J"]
+                    try:
+                        c0 = proc_cpu(isrv.pid)
+                        wall, ccpu, out, crss = run_timed(argv)
+                        scpu = proc_cpu(isrv.pid) - c0
+                        js = json.loads(out)
+                        bps = js["end"]["sum_received"]["bits_per_second"]
+                        rows.append(dict(tool="iperf3 (memory)", streams=n, run=r, bytes=size,
+                                         seconds=size * 8 / bps, mbit_s=bps / 1e6, client_cpu=ccpu,
+                                         server_cpu=scpu, cpu_s_per_gib=(ccpu + scpu) / (size / 2**30),
+                                         verified=True, streams_used=n, client_peak_rss_kib=crss,
+                                         server_peak_rss_kib=0))
+                        if r == 0:
+                            commands.append(" ".join(argv))
+                    finally:
+                        isrv.wait(timeout=30)
         if have_gridftp:
             gport = 50000 + os.getpid() % 10000
             gcmd = ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-hostname", "127.0.0.1",
@@ -168,14 +241,14 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    lines = ["# Loopback: xftp vs GridFTP", "",
+    lines = ["# Loopback: xftp (clear and TLS) vs GridFTP, curl, lftp, iperf3", "",
              f"File {size} bytes, {a.repeat} runs each, median shown. Machine: {platform.node()}, "
              f"{os.cpu_count()} CPUs, kernel {platform.release()}, congestion control "
              f"{open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()}.", "",
              "| tool | N | Mbit/s (median) | CPU s/GiB (client+server, median) | client peak RSS MiB | verified |",
              "|---|---|---|---|---|---|"]
     bad = False
-    for tool in ["xftp", "globus-url-copy"]:
+    for tool in ["xftp", "globus-url-copy", "xftp TLS", "curl TLS", "lftp TLS", "iperf3 (memory)"]:
         for n in streams:
             rs = [r for r in rows if r["tool"] == tool and r["streams"] == n]
             if not rs:
@@ -185,11 +258,13 @@ def main():
             lines.append(f"| {tool} | {n} | {statistics.median(r['mbit_s'] for r in rs):.0f} | "
                          f"{statistics.median(r['cpu_s_per_gib'] for r in rs):.3f} | "
                          f"{max(r['client_peak_rss_kib'] for r in rs) / 1024:.1f} | {'yes' if v else 'NO'} |")
-    srv_rss = max((r["server_peak_rss_kib"] for r in rows if r["tool"] == "xftp"), default=0)
+    srv_rss = max((r["server_peak_rss_kib"] for r in rows if r["tool"].startswith("xftp")), default=0)
     lines += ["", f"xftp server peak RSS over all its runs: {srv_rss / 1024:.1f} MiB "
               "(the GridFTP server forks a child per session, not measured).",
               "", "Commands (first run of each):", "", "```"] + commands + ["```", "",
-              "Rerun: `bench/loopback.py` (options: --size-mib, --streams, --repeat)."]
+              "Rerun: `bench/loopback.py` (options: --size-mib, --streams, --repeat, --no-tls).",
+              "iperf3 wall time and CPU include its own start and control exchange; its Mbit/s is "
+              "its receiver's figure."]
     with open(os.path.join(OUT, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -290,8 +290,18 @@ impl Client {
                     ctl = ctl.start_tls(&t).await?;
                 }
                 // Every data connection is TLS too (RFC 4217 section 9).
-                let (pbsz, prot) = (Cmd::with("PBSZ", "0"), Cmd::with("PROT", "P"));
-                ctl.send(&[&pbsz, &prot]).await?;
+                // OPTS TLS BIND: an xftp server then takes the session's
+                // binding token as the proof that a data connection is
+                // ours, and no data connection needs a session ticket (a
+                // ticket is used once; uploads never bring new ones back).
+                // Other servers refuse it: data connections then resume
+                // the control session with the tickets in hand.
+                let (pbsz, prot, bind) = (
+                    Cmd::with("PBSZ", "0"),
+                    Cmd::with("PROT", "P"),
+                    Cmd::with("OPTS", "TLS BIND"),
+                );
+                ctl.send(&[&pbsz, &prot, &bind]).await?;
                 ctl.expect(&pbsz, &[200]).await?;
                 let r = ctl.read_reply().await?;
                 if r.code != 200 {
@@ -300,6 +310,12 @@ impl Client {
                         r.code,
                         reply_text(&r)
                     )));
+                }
+                let mut t = t;
+                if ctl.read_reply().await?.code == 200 {
+                    if let Some(token) = ctl.binding_token() {
+                        t.bind(token);
+                    }
                 }
                 Some(t)
             }
@@ -1672,7 +1688,7 @@ async fn connect_data(
 async fn secure_data(s: TcpStream, tls: Option<&ClientTls>, limit: Duration) -> Result<Stream> {
     match tls {
         None => Ok(Stream::Plain(s)),
-        Some(t) => t.connect(s, limit).await.map_err(|e| {
+        Some(t) => t.connect_data(s, limit).await.map_err(|e| {
             ClientError::Tls(format!(
                 "data connection: {}",
                 xftp_tls::explain_handshake_error(&e)

@@ -124,6 +124,12 @@ impl Control {
             .filter(|r| !r.is_zero())
     }
 
+    /// The control connection's binding token (see
+    /// [`xftp_tls::binding_token`]), under TLS.
+    pub fn binding_token(&self) -> Option<[u8; xftp_tls::TOKEN_LEN]> {
+        xftp_tls::binding_token(&self.io)
+    }
+
     /// TLS negotiated on the control connection, if any.
     pub fn tls_info(&self) -> Option<xftp_tls::TlsInfo> {
         self.io.tls_info()

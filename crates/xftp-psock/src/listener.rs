@@ -168,7 +168,12 @@ async fn handshake(tcp: TcpStream, peer: SocketAddr, inner: &Arc<Inner>) -> Resu
     let mut s = match &inner.tls {
         None => Stream::Plain(tcp),
         Some(t) => t
-            .accept_data(tcp, cfg.handshake_timeout, false)
+            .accept_data(
+                tcp,
+                cfg.handshake_timeout,
+                xftp_tls::server::Proof::None,
+                false,
+            )
             .await
             .map_err(|e| PsockError::Tls(e.to_string()))?,
     };

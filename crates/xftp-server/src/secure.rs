@@ -5,15 +5,17 @@
 use std::time::Duration;
 
 use tokio::net::TcpStream;
-use xftp_tls::server::{DataTlsError, SessionTls};
+use xftp_tls::server::{DataTlsError, Proof, SessionTls};
 use xftp_tls::Stream;
 
 /// The data-connection side of one session's TLS.
 #[derive(Clone, Debug)]
 pub(crate) struct DataTls {
     pub tls: SessionTls,
-    pub require_reuse: bool,
+    pub proof: Proof,
     pub timeout: Duration,
+    /// Hand out session tickets (where the client reads the connection).
+    pub tickets: bool,
 }
 
 impl DataTls {
@@ -22,7 +24,7 @@ impl DataTls {
         let peer = tcp.peer_addr().ok();
         let r = self
             .tls
-            .accept_data(tcp, self.timeout, self.require_reuse)
+            .accept_data(tcp, self.timeout, self.proof, self.tickets)
             .await;
         if let Err(e) = &r {
             tracing::warn!(?peer, "data connection refused: {e}");

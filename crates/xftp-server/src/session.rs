@@ -76,6 +76,7 @@ pub async fn run(
         tls,
         pbsz: false,
         prot_private: false,
+        bind_token: None,
         peer,
         local,
         reader: LineReader::new(),
@@ -166,6 +167,9 @@ struct Session {
     pbsz: bool,
     /// PROT P: data connections are TLS.
     prot_private: bool,
+    /// OPTS TLS BIND: each data connection proves it belongs to this
+    /// session by sending this token first (instead of resuming).
+    bind_token: Option<[u8; xftp_tls::TOKEN_LEN]>,
     peer: SocketAddr,
     local: SocketAddr,
     reader: LineReader,
@@ -752,13 +756,23 @@ impl Session {
         }
     }
 
-    /// TLS for data connections, when PROT P is in force.
-    fn data_tls(&self) -> Option<DataTls> {
+    /// TLS for data connections, when PROT P is in force. `sending`: the
+    /// server sends on them, so the client reads them and they may carry
+    /// new session tickets (on an upload the client never reads, and
+    /// unread tickets make its kernel reset the connection at close).
+    fn data_tls(&self, sending: bool) -> Option<DataTls> {
+        use xftp_tls::server::Proof;
+        let proof = match (self.cfg.tls_require_reuse, self.bind_token) {
+            (false, _) => Proof::None,
+            (true, Some(t)) => Proof::Token(t),
+            (true, None) => Proof::Resume,
+        };
         match (&self.tls, self.prot_private) {
             (Some(tls), true) => Some(DataTls {
                 tls: tls.clone(),
-                require_reuse: self.cfg.tls_require_reuse,
+                proof,
                 timeout: self.cfg.data_timeout,
+                tickets: sending,
             }),
             _ => None,
         }
@@ -848,6 +862,18 @@ impl Session {
                     self.reply(200, format!("Parallelism set to {g}.")).await
                 }
                 None => self.reply(200, "OPTS RETR: nothing to change.").await,
+            }
+        } else if up == "TLS BIND" {
+            match xftp_tls::binding_token(&self.ctl) {
+                Some(t) => {
+                    self.bind_token = Some(t);
+                    self.reply(
+                        200,
+                        "Data connections will send the session's binding token first.",
+                    )
+                    .await
+                }
+                None => self.reply(503, "OPTS TLS BIND needs AUTH TLS first.").await,
             }
         } else if let Some(rest) = up.strip_prefix("MULT") {
             match rest.trim() {
@@ -1326,6 +1352,7 @@ impl Session {
     async fn open_data(
         &mut self,
         n: usize,
+        sending: bool,
     ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>)>> {
         let plan = std::mem::take(&mut self.data);
         let opened = match data::open(
@@ -1350,7 +1377,7 @@ impl Session {
             }
         };
         let (conns, grow) = opened;
-        match crate::secure::secure_all(self.data_tls().as_ref(), conns).await {
+        match crate::secure::secure_all(self.data_tls(sending).as_ref(), conns).await {
             Ok(c) => Ok(Some((c, grow))),
             Err(e) => {
                 // RFC 4217: 522, TLS negotiation on the data connection failed.
@@ -1523,6 +1550,7 @@ impl Session {
     }
 
     fn live(&self, meters: MeterSet, ctl: live::Ctl, grow: Option<Grow>, n: usize) -> Live {
+        let sending = matches!(ctl, live::Ctl::Send(_));
         Live::new(
             meters,
             ctl,
@@ -1533,7 +1561,7 @@ impl Session {
             self.local.ip(),
             self.bufsize,
             self.cfg.data_timeout,
-            self.data_tls(),
+            self.data_tls(sending),
         )
     }
 
@@ -1587,7 +1615,7 @@ impl Session {
             ),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n).await? else {
+        let Some((conns, grow)) = self.open_data(n, true).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -1691,7 +1719,7 @@ impl Session {
             format!("Ready to receive {} on {n} connection(s).", v.display()),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n).await? else {
+        let Some((conns, grow)) = self.open_data(n, false).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -1794,7 +1822,7 @@ impl Session {
             return Ok(());
         }
         self.reply(150, "Here comes the directory listing.").await?;
-        let Some((conns, _)) = self.open_data(1).await? else {
+        let Some((conns, _)) = self.open_data(1, true).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));

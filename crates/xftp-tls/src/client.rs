@@ -36,6 +36,9 @@ pub struct ClientTls {
     connector: TlsConnector,
     name: ServerName<'static>,
     store: Arc<TicketPool>,
+    /// The binding token sent first on each data connection, once the
+    /// server accepted `OPTS TLS BIND`.
+    token: Option<[u8; crate::TOKEN_LEN]>,
 }
 
 impl fmt::Debug for ClientTls {
@@ -122,6 +125,7 @@ impl ClientTls {
             connector: TlsConnector::from(Arc::new(config)),
             name,
             store,
+            token: None,
         })
     }
 
@@ -144,6 +148,26 @@ impl ClientTls {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
             })??;
         Ok(Stream::Client(Box::new(s)))
+    }
+
+    /// Send `token` first on every data connection from now on (the
+    /// server accepted `OPTS TLS BIND`).
+    pub fn bind(&mut self, token: [u8; crate::TOKEN_LEN]) {
+        self.token = Some(token);
+    }
+
+    /// The handshake on a data connection, then the binding token if
+    /// there is one. Without a token the server takes the connection only
+    /// if it resumed the control connection's session (with one of the
+    /// tickets in hand).
+    pub async fn connect_data(&self, tcp: TcpStream, limit: Duration) -> std::io::Result<Stream> {
+        use tokio::io::AsyncWriteExt;
+        let mut s = self.connect(tcp, limit).await?;
+        if let Some(t) = &self.token {
+            s.write_all(t).await?;
+            s.flush().await?;
+        }
+        Ok(s)
     }
 
     /// Session tickets in hand (each data connection uses one and is given

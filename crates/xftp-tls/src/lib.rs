@@ -32,6 +32,34 @@ mod stream;
 
 pub use stream::{Stream, TlsInfo};
 
+/// Length of a data-connection binding token.
+pub const TOKEN_LEN: usize = 32;
+
+/// RFC 5705 exporter label of the binding token.
+const TOKEN_LABEL: &[u8] = b"EXPORTER-xftp-data-connection-binding";
+
+/// The control connection's binding token: keying material exported from
+/// its TLS session (RFC 5705), the same at both ends and known to no one
+/// else. A client that negotiated `OPTS TLS BIND` sends it first on each
+/// data connection, inside that connection's TLS, to prove the connection
+/// belongs to the session (docs/security.md). `None` without TLS.
+pub fn binding_token(control: &Stream) -> Option<[u8; TOKEN_LEN]> {
+    let out = [0u8; TOKEN_LEN];
+    match control {
+        Stream::Plain(_) => None,
+        Stream::Server(s) => s
+            .get_ref()
+            .1
+            .export_keying_material(out, TOKEN_LABEL, None)
+            .ok(),
+        Stream::Client(s) => s
+            .get_ref()
+            .1
+            .export_keying_material(out, TOKEN_LABEL, None)
+            .ok(),
+    }
+}
+
 use std::path::PathBuf;
 
 /// Errors setting up TLS (certificates, keys, configuration).

@@ -116,8 +116,8 @@ impl ServerTls {
     /// so that only this session's tickets can resume on its data
     /// connections. `tickets` is how many tickets the control handshake
     /// hands out: enough for the most data connections a client may open
-    /// at once (each data handshake then hands out two more, so a client
-    /// that loses some still has enough).
+    /// at once. A data handshake hands out two more where the client reads
+    /// (see [`SessionTls::accept_data`]).
     pub fn session(&self, tickets: usize) -> Result<SessionTls, TlsError> {
         let ticketer = rustls::crypto::ring::Ticketer::new()?;
         let cache = ServerSessionMemoryCache::new(1024);
@@ -127,9 +127,12 @@ impl ServerTls {
         control.send_tls13_tickets = tickets.max(2);
         let mut data = control.clone();
         data.send_tls13_tickets = 2;
+        let mut quiet = control.clone();
+        quiet.send_tls13_tickets = 0;
         Ok(SessionTls {
             control: TlsAcceptor::from(Arc::new(control)),
             data: TlsAcceptor::from(Arc::new(data)),
+            quiet: TlsAcceptor::from(Arc::new(quiet)),
         })
     }
 }
@@ -145,13 +148,32 @@ pub enum DataTlsError {
     /// the peer cannot prove it belongs to the session.
     #[error("TLS data connection did not resume the control connection's TLS session (session reuse is required; see docs/security.md)")]
     NotResumed,
+    /// The data connection's first bytes were not the session's binding
+    /// token.
+    #[error("TLS data connection did not send the session's binding token")]
+    BadToken,
+}
+
+/// How a data connection proves that it belongs to its control session.
+#[derive(Clone, Copy, Debug)]
+pub enum Proof {
+    /// It need not (`--tls-allow-fresh-data`).
+    None,
+    /// Its handshake resumes the session (what stock clients do).
+    Resume,
+    /// It sends this token first (`OPTS TLS BIND`, see
+    /// [`crate::binding_token`]).
+    Token([u8; crate::TOKEN_LEN]),
 }
 
 /// One control session's TLS acceptors (see [`ServerTls::session`]).
 #[derive(Clone)]
 pub struct SessionTls {
     control: TlsAcceptor,
+    /// Data connections that hand out session tickets.
     data: TlsAcceptor,
+    /// Data connections that hand out none.
+    quiet: TlsAcceptor,
 }
 
 impl fmt::Debug for SessionTls {
@@ -178,14 +200,20 @@ impl SessionTls {
 
     /// The handshake on a data connection (the FTP server is the TLS
     /// server whichever end connected, RFC 4217 section 9). With
-    /// `require_reuse` it must resume this session.
+    /// `require_reuse` it must resume this session. With `tickets` it
+    /// hands the client two new session tickets: only where the client
+    /// reads the connection, because a client that closes a socket with
+    /// unread bytes in it (tickets on an upload it never reads) makes its
+    /// kernel reset the connection, which can cut off the upload's end.
     pub async fn accept_data(
         &self,
         tcp: TcpStream,
         limit: Duration,
-        require_reuse: bool,
+        proof: Proof,
+        tickets: bool,
     ) -> Result<Stream, DataTlsError> {
-        let s = tokio::time::timeout(limit, self.data.accept(tcp))
+        let acceptor = if tickets { &self.data } else { &self.quiet };
+        let s = tokio::time::timeout(limit, acceptor.accept(tcp))
             .await
             .map_err(|_| {
                 DataTlsError::Handshake(std::io::Error::new(
@@ -195,10 +223,27 @@ impl SessionTls {
             })?
             .map_err(DataTlsError::Handshake)?;
         let resumed = s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-        if require_reuse && !resumed {
-            // Dropped before a byte of payload: the peer is told nothing
-            // beyond the closed connection.
-            return Err(DataTlsError::NotResumed);
+        // Dropped before a byte of payload: the peer is told nothing beyond
+        // the closed connection.
+        match proof {
+            Proof::None => {}
+            Proof::Resume if resumed => {}
+            Proof::Resume => return Err(DataTlsError::NotResumed),
+            Proof::Token(want) => {
+                use tokio::io::AsyncReadExt;
+                let mut got = [0u8; crate::TOKEN_LEN];
+                let mut s = s;
+                let read = tokio::time::timeout(limit, s.read_exact(&mut got)).await;
+                // Compared in constant time.
+                let diff = got
+                    .iter()
+                    .zip(want.iter())
+                    .fold(0u8, |d, (a, b)| d | (a ^ b));
+                if !matches!(read, Ok(Ok(_))) || diff != 0 {
+                    return Err(DataTlsError::BadToken);
+                }
+                return Ok(Stream::Server(Box::new(s)));
+            }
         }
         Ok(Stream::Server(Box::new(s)))
     }

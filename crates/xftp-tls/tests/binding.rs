@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use xftp_tls::client::{ClientTls, ClientTlsConfig};
-use xftp_tls::server::{DataTlsError, ServerTls};
+use xftp_tls::server::{DataTlsError, Proof, ServerTls};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -78,7 +78,10 @@ async fn data_connections_must_resume_their_control_session() {
         let (a, b) = pair(&l).await;
         let (client, sess) = (client.clone(), sess.clone());
         tasks.push(tokio::spawn(async move {
-            let (c, s) = tokio::join!(client.connect(a, T), sess.accept_data(b, T, true));
+            let (c, s) = tokio::join!(
+                client.connect(a, T),
+                sess.accept_data(b, T, Proof::Resume, true)
+            );
             let (mut c, mut s) = (c.unwrap(), s.unwrap());
             assert!(c.tls_info().unwrap().resumed);
             s.write_all(b"payload").await.unwrap();
@@ -98,13 +101,19 @@ async fn data_connections_must_resume_their_control_session() {
     let intruder = ClientTls::new(&cfg, "localhost").unwrap();
     let _ = control(&intruder, &other_sess, &l).await;
     let (a, b) = pair(&l).await;
-    let (_c, s) = tokio::join!(intruder.connect(a, T), sess.accept_data(b, T, true));
+    let (_c, s) = tokio::join!(
+        intruder.connect(a, T),
+        sess.accept_data(b, T, Proof::Resume, false)
+    );
     assert!(matches!(s, Err(DataTlsError::NotResumed)), "{s:?}");
 
     // Nor can a client with no session at all.
     let fresh = ClientTls::new(&cfg, "localhost").unwrap();
     let (a, b) = pair(&l).await;
-    let (_c, s) = tokio::join!(fresh.connect(a, T), sess.accept_data(b, T, true));
+    let (_c, s) = tokio::join!(
+        fresh.connect(a, T),
+        sess.accept_data(b, T, Proof::Resume, false)
+    );
     assert!(matches!(s, Err(DataTlsError::NotResumed)), "{s:?}");
 }
 
@@ -197,4 +206,56 @@ fn reload_takes_new_files_and_keeps_old_ones_on_error() {
     server.reload().unwrap();
     std::fs::write(&a.key, "garbage").unwrap();
     assert!(server.reload().is_err());
+}
+
+#[tokio::test]
+async fn a_data_connection_may_prove_itself_with_the_binding_token() {
+    let p = pki(&["localhost"]);
+    let server = ServerTls::load(&p.cert, &p.key).unwrap();
+    let cfg = ClientTlsConfig {
+        cacert: Some(p.cert.clone()),
+        insecure: false,
+    };
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sess = server.session(2).unwrap();
+    let mut client = ClientTls::new(&cfg, "localhost").unwrap();
+    let (ctl, sctl) = control(&client, &sess, &l).await;
+    let (ct, st) = (
+        xftp_tls::binding_token(&ctl).unwrap(),
+        xftp_tls::binding_token(&sctl).unwrap(),
+    );
+    assert_eq!(ct, st, "both ends export the same token");
+    client.bind(ct);
+    // Many more data connections than tickets: the token suffices.
+    for _ in 0..6 {
+        let (a, b) = pair(&l).await;
+        let (c, s) = tokio::join!(
+            client.connect_data(a, T),
+            sess.accept_data(b, T, Proof::Token(st), false)
+        );
+        assert!(c.is_ok() && s.is_ok(), "{s:?}");
+    }
+    // Another session's token is refused, as is none at all.
+    let other = server.session(2).unwrap();
+    let mut intruder = ClientTls::new(&cfg, "localhost").unwrap();
+    let (ictl, _) = control(&intruder, &other, &l).await;
+    intruder.bind(xftp_tls::binding_token(&ictl).unwrap());
+    let (a, b) = pair(&l).await;
+    let (_c, s) = tokio::join!(
+        intruder.connect_data(a, T),
+        sess.accept_data(b, T, Proof::Token(st), false)
+    );
+    assert!(matches!(s, Err(DataTlsError::BadToken)), "{s:?}");
+    let silent = ClientTls::new(&cfg, "localhost").unwrap();
+    let (a, b) = pair(&l).await;
+    let (c, s) = tokio::join!(
+        async {
+            let s = silent.connect_data(a, T).await;
+            // Say nothing, then close.
+            drop(s);
+        },
+        sess.accept_data(b, Duration::from_secs(2), Proof::Token(st), false)
+    );
+    let _ = c;
+    assert!(matches!(s, Err(DataTlsError::BadToken)), "{s:?}");
 }

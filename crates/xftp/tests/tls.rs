@@ -96,7 +96,8 @@ fn have(prog: &str) -> bool {
 fn ok(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
-        "{what} failed: {}\n{}",
+        "{what} failed ({}): {}\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -750,4 +751,55 @@ f.quit()
     assert_eq!(line.trim(), "GOT 300000");
     assert!(py.wait().unwrap().success());
     drop(a.dir);
+}
+
+/// Many TLS uploads at once, from curl (one stream) and from xftp (eight):
+/// a client that closes an upload connection with unread bytes in it
+/// (session tickets it never reads) makes its kernel reset the
+/// connection, which can cut off the end of the upload: none may fail.
+#[test]
+fn concurrent_tls_uploads_all_complete() {
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("src.bin");
+    write_prng_file(&src, 2 * 1024 * 1024 + 3, 21);
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    let ca = pki.cert.clone();
+    let port = srv.port;
+    let mut jobs = Vec::new();
+    for i in 0..8 {
+        let (ca, src) = (ca.clone(), src.clone());
+        jobs.push(std::thread::spawn(move || {
+            let curl = have("curl").then(|| {
+                Command::new("curl")
+                    .args(["-sS", "--ssl-reqd", "--cacert", s(&ca), "-T", s(&src)])
+                    .arg(format!("ftp://localhost:{port}/curl-{i}.bin"))
+                    .output()
+                    .unwrap()
+            });
+            let x = xftp(&[
+                "put",
+                "--cacert",
+                s(&ca),
+                "-p",
+                "8",
+                s(&src),
+                &format!("ftpes://localhost:{port}/xftp-{i}.bin"),
+            ]);
+            (curl, x)
+        }));
+    }
+    for j in jobs {
+        let (curl, x) = j.join().unwrap();
+        if let Some(c) = curl {
+            ok(c, "curl upload");
+        }
+        ok(x, "xftp upload");
+    }
+    let want = sha256_file(&src);
+    for e in std::fs::read_dir(root.path()).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(sha256_file(&p), want, "{}", p.display());
+    }
 }
