@@ -1,7 +1,7 @@
 //! Fuzzing on stable Rust, in every test run: each fuzz entry of the
 //! libraries (the same functions the cargo-fuzz targets in fuzz/ call)
 //! runs for a bounded time on inputs made from the committed seed corpus
-//! (fuzz/corpus/TARGET/) by random mutations, and on random bytes.
+//! (fuzz/seeds/TARGET/) by random mutations, and on random bytes.
 //!
 //! `XFTP_FUZZ_SECS` sets the time per target (default 2), `XFTP_FUZZ_SEED`
 //! the random seed (default: from the clock; printed, so a failing run
@@ -139,7 +139,7 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>], mut v: Vec<u8>) -> Vec<u8> {
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
+        .join("../../fuzz/seeds")
         .join(target)
 }
 
