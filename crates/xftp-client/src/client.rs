@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use xftp_proto::cksum::Algorithm;
 use xftp_proto::hostport;
 use xftp_proto::Reply;
 use xftp_tls::client::{ClientTls, ClientTlsConfig};
@@ -23,6 +24,7 @@ use adaptive::{EngineCtl, Grow, Live, Socks};
 use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};
 use crate::negotiate::{self, Features};
+use crate::progress::Progress;
 use crate::sockbuf::{self, InForce};
 use crate::watchdog::Watchdog;
 
@@ -79,6 +81,39 @@ pub struct ClientConfig {
     /// TLS on the control connection and every data connection (RFC 4217,
     /// PROT P); `None` for plain FTP.
     pub tls: Option<TlsSetup>,
+    /// End-to-end verification: after each transfer the server's checksum
+    /// (CKSM or HASH) is compared with one computed here.
+    pub verify: Verify,
+    /// Where transfers count their bytes as they move, for a display.
+    pub progress: Option<Arc<Progress>>,
+}
+
+/// Whether and how transfers are verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// No verification (byte counts are still checked).
+    #[default]
+    Off,
+    /// The strongest algorithm the server lists.
+    Auto,
+    /// This algorithm; an error if the server does not offer it.
+    With(Algorithm),
+}
+
+/// A checksum both ends agreed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checksum {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Its value, lower-case hex.
+    pub value: String,
+}
+
+/// How a server computes checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Cksm,
+    Hash,
 }
 
 /// How the session uses TLS.
@@ -127,6 +162,8 @@ impl Default for ClientConfig {
             auto: None,
             static_split: false,
             tls: None,
+            verify: Verify::Off,
+            progress: None,
         }
     }
 }
@@ -142,6 +179,8 @@ pub struct TransferReport {
     pub elapsed: Duration,
     /// How the number of connections was chosen and how it moved.
     pub timeline: Option<Timeline>,
+    /// The checksum both ends computed (`--verify`).
+    pub checksum: Option<Checksum>,
 }
 
 impl TransferReport {
@@ -626,9 +665,12 @@ impl Client {
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         let tmp = temp_next_to(local)?;
         let start = Instant::now();
+        let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
         if let Some(n) = self.gridftp_parallel().await? {
-            let r = self.download_gridftp(remote, local, tmp, start, n).await;
+            let r = self
+                .download_gridftp(remote, local, tmp, start, n, verify)
+                .await;
             if r.is_err() {
                 // Best effort: leave the session in stream mode.
                 let _ = self.leave_mode_e().await;
@@ -638,6 +680,7 @@ impl Client {
         let c_size = Cmd::with("SIZE", remote);
         let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        self.progress_begin(remote, expected);
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
         let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
@@ -646,7 +689,7 @@ impl Client {
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            let dog = Watchdog::new(self.cfg.data_timeout);
+            let dog = self.watchdog();
             let meters = MeterSet::new();
             let socks = Socks::default();
             let conns: Vec<_> = conns
@@ -670,7 +713,8 @@ impl Client {
         } else if !self.mode_e && n == 1 {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let mut file = tokio::fs::File::from_std(file);
-            let got = self.recv_plain(conns, &mut file, tmp.path()).await?;
+            let count = self.progress_counter();
+            let got = self.recv_plain(conns, &mut file, tmp.path(), count).await?;
             file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
             self.expect_complete(&c_retr).await?;
             vec![got]
@@ -680,13 +724,61 @@ impl Client {
             v
         };
         let timeline = self.timeline(adaptive, n);
-        complete_download(per_stream, expected, tmp, local, start, timeline)
+        let done = Done {
+            per_stream,
+            expected,
+            start,
+            timeline,
+        };
+        self.complete_download(remote, done, tmp, local, verify)
+            .await
     }
 
     /// Upload `local` to `remote`. The bytes sent must equal the local
     /// file's length, and after the 226 the server's SIZE (when it answers)
     /// must agree too.
+    ///
+    /// With `--verify`, the file goes up under a temporary name beside
+    /// `remote` (`.NAME.xftp-part`), is checked against the server's
+    /// checksum, and only then renamed over `remote`; on a mismatch the
+    /// temporary is deleted.
     pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        let Some(v) = self.verify_plan().await? else {
+            return self.upload_as(local, remote).await;
+        };
+        let tmp = temp_remote_name(remote);
+        let r = match self.upload_as(local, &tmp).await {
+            Ok(mut rep) => match self.verify_file(&tmp, local, rep.bytes, v).await {
+                Ok(c) => {
+                    rep.checksum = Some(c);
+                    self.rename(&tmp, remote).await.map(|()| rep)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            // Best effort: leave nothing half-checked behind.
+            let c = Cmd::with("DELE", &tmp);
+            if self.send(&[&c]).await.is_ok() {
+                let _ = self.ctl.read_reply().await;
+            }
+        }
+        r
+    }
+
+    /// RNFR `from`, RNTO `to`.
+    pub async fn rename(&mut self, from: &str, to: &str) -> Result<()> {
+        let a = Cmd::with("RNFR", from);
+        self.send(&[&a]).await?;
+        self.ctl.expect(&a, &[350]).await?;
+        let b = Cmd::with("RNTO", to);
+        self.send(&[&b]).await?;
+        self.ctl.expect(&b, &[250]).await?;
+        Ok(())
+    }
+
+    async fn upload_as(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
         let file = std::fs::File::open(local).map_err(|e| local_err(local, e))?;
         let meta = file.metadata().map_err(|e| local_err(local, e))?;
         if !meta.is_file() {
@@ -728,6 +820,7 @@ impl Client {
         start: Instant,
     ) -> Result<TransferReport> {
         let (_, setup) = self.prepare_data(false, None).await?;
+        self.progress_begin(remote, Some(len));
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
         let (conns, grow) = self.start_transfer(&c_stor, setup).await?;
@@ -735,7 +828,7 @@ impl Client {
         let n = conns.len() as u32;
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
-            let dog = Watchdog::new(self.cfg.data_timeout);
+            let dog = self.watchdog();
             let meters = MeterSet::new();
             let socks = Socks::default();
             let conns: Vec<_> = conns
@@ -763,7 +856,8 @@ impl Client {
             rep.streams.iter().map(|s| s.bytes).collect()
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
-            let v = match self.send_plain(conns, &mut file, local).await {
+            let count = self.progress_counter();
+            let v = match self.send_plain(conns, &mut file, local, count).await {
                 Ok(b) => vec![b],
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
@@ -800,6 +894,7 @@ impl Client {
             per_stream_bytes: per_stream,
             elapsed: start.elapsed(),
             timeline: Some(timeline),
+            checksum: None,
         })
     }
 
@@ -975,7 +1070,7 @@ impl Client {
             out: &mut out,
             left: MAX_LISTING,
         };
-        self.recv_plain(conns, &mut capped, Path::new("(listing)"))
+        self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
             .await?;
         self.expect_complete(&c_list).await?;
         Ok(out)
@@ -1133,12 +1228,14 @@ impl Client {
         tmp: tempfile::NamedTempFile,
         start: Instant,
         n: u32,
+        verify: Option<(Algorithm, Via)>,
     ) -> Result<TransferReport> {
         let listener = self.listen().await?;
         let addr = listener.local_addr().map_err(ClientError::DataIo)?;
         let c_size = Cmd::with("SIZE", remote);
         let size_reply = self.announce_port(addr, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        self.progress_begin(remote, expected);
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
         self.expect_preliminary(&c_retr).await?;
@@ -1147,7 +1244,7 @@ impl Client {
         let first = accept_from(&listener, peer, t, tls.as_ref()).await?;
         self.note_buffers(std::slice::from_ref(&first));
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-        let dog = Watchdog::new(self.cfg.data_timeout);
+        let dog = self.watchdog();
         let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, vec![dog.guard(first)]);
         let ctl = rx.control();
         let more = async {
@@ -1181,7 +1278,161 @@ impl Client {
             per_stream.len() as u32,
             self.ctl.rtt(),
         );
-        complete_download(per_stream, expected, tmp, local, start, timeline)
+        let done = Done {
+            per_stream,
+            expected,
+            start,
+            timeline,
+        };
+        self.complete_download(remote, done, tmp, local, verify)
+            .await
+    }
+
+    // ---- progress ----
+
+    /// The watchdog of a transfer's data connections, counting for the
+    /// progress display.
+    fn watchdog(&self) -> Arc<Watchdog> {
+        Watchdog::counting(self.cfg.data_timeout, self.cfg.progress.clone())
+    }
+
+    fn progress_begin(&self, label: &str, total: Option<u64>) {
+        if let Some(p) = &self.cfg.progress {
+            p.begin(label, total);
+        }
+    }
+
+    fn progress_counter(&self) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        self.cfg.progress.as_ref().map(|p| p.counter())
+    }
+
+    // ---- verification ----
+
+    /// With `--verify`: the algorithm and command to use, chosen before
+    /// anything moves, so that a server without checksums fails the
+    /// command before the transfer rather than after.
+    async fn verify_plan(&mut self) -> Result<Option<(Algorithm, Via)>> {
+        if self.cfg.verify == Verify::Off {
+            return Ok(None);
+        }
+        self.settle().await?;
+        let f = self.features().await?;
+        choose_checksum(&f, self.cfg.verify).map(Some)
+    }
+
+    /// The server's checksum of `path` (the whole file), by CKSM or HASH.
+    /// The reply may take a while on a large file: the limit grows with
+    /// `size` (at 50 MB/s).
+    async fn remote_checksum(
+        &mut self,
+        path: &str,
+        alg: Algorithm,
+        via: Via,
+        size: u64,
+    ) -> Result<String> {
+        let limit = self.cfg.reply_timeout + Duration::from_secs(size / 50_000_000);
+        let c = match via {
+            Via::Cksm => Cmd::with("CKSM", format!("{} 0 -1 {path}", alg.cksm_name())),
+            Via::Hash => {
+                let name = alg.hash_name().unwrap_or("SHA-256");
+                let o = Cmd::with("OPTS", format!("HASH {name}"));
+                self.send(&[&o]).await?;
+                self.ctl.expect(&o, &[200]).await?;
+                Cmd::with("HASH", path)
+            }
+        };
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply_within(limit).await?;
+        if r.code != 213 {
+            return Err(unexpected(&c, &r));
+        }
+        let text = reply_text(&r);
+        // CKSM: "213 HEX"; HASH: "213 ALG RANGE HEX NAME".
+        let value = match via {
+            Via::Cksm => text.split_ascii_whitespace().next(),
+            Via::Hash => text.split_ascii_whitespace().nth(2),
+        };
+        match value {
+            Some(v) if v.len() == alg.hex_len() && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Ok(v.to_ascii_lowercase())
+            }
+            _ => Err(bad_reply(
+                &c,
+                &r,
+                xftp_proto::ProtoError::BadArgument {
+                    verb: "CKSM",
+                    reason: format!("no {alg} value of {} hex digits", alg.hex_len()),
+                },
+            )),
+        }
+    }
+
+    /// Compare the server's checksum of `remote` with ours of `file`.
+    async fn verify_file(
+        &mut self,
+        remote: &str,
+        file: &Path,
+        size: u64,
+        (alg, via): (Algorithm, Via),
+    ) -> Result<Checksum> {
+        let path = file.to_owned();
+        let local = tokio::task::spawn_blocking(move || {
+            let f = std::fs::File::open(&path)?;
+            xftp_proto::cksum::digest_file(alg, &f, 0, None)
+        });
+        // The server hashes its copy while we hash ours.
+        let remote_value = self.remote_checksum(remote, alg, via, size).await;
+        let local = local
+            .await
+            .map_err(|e| local_err(file, std::io::Error::other(e)))?
+            .map_err(|e| local_err(file, e))?
+            .0;
+        let remote_value = remote_value?;
+        if remote_value != local {
+            return Err(ClientError::ChecksumMismatch {
+                algorithm: alg,
+                remote: remote_value,
+                local,
+            });
+        }
+        tracing::info!("verified: {alg} {local}");
+        Ok(Checksum {
+            algorithm: alg,
+            value: local,
+        })
+    }
+
+    /// The end of every download: the byte count against SIZE, the
+    /// checksums with `--verify`, then the rename into place.
+    async fn complete_download(
+        &mut self,
+        remote: &str,
+        done: Done,
+        tmp: tempfile::NamedTempFile,
+        local: &Path,
+        verify: Option<(Algorithm, Via)>,
+    ) -> Result<TransferReport> {
+        let bytes: u64 = done.per_stream.iter().sum();
+        if let Some(exp) = done.expected {
+            if exp != bytes {
+                return Err(ClientError::ShortTransfer {
+                    expected: exp,
+                    got: bytes,
+                });
+            }
+        }
+        let checksum = match verify {
+            Some(v) => Some(self.verify_file(remote, tmp.path(), bytes, v).await?),
+            None => None,
+        };
+        finish_temp(tmp, local)?;
+        Ok(TransferReport {
+            bytes,
+            per_stream_bytes: done.per_stream,
+            elapsed: done.start.elapsed(),
+            timeline: Some(done.timeline),
+            checksum,
+        })
     }
 
     // ---- data connections ----
@@ -1462,6 +1713,7 @@ impl Client {
         mut conns: Vec<Stream>,
         out: &mut W,
         out_path: &Path,
+        count: Option<Arc<std::sync::atomic::AtomicU64>>,
     ) -> Result<u64> {
         let mut conn = conns
             .pop()
@@ -1479,6 +1731,7 @@ impl Client {
             out.write_all(&buf[..n])
                 .await
                 .map_err(|e| local_err(out_path, e))?;
+            crate::progress::add(&count, n);
             got += n as u64;
         }
     }
@@ -1488,6 +1741,7 @@ impl Client {
         mut conns: Vec<Stream>,
         src: &mut R,
         src_path: &Path,
+        count: Option<Arc<std::sync::atomic::AtomicU64>>,
     ) -> Result<u64> {
         let mut conn = ResetUnlessDone(conns.pop());
         let Some(c) = conn.0.as_mut() else {
@@ -1508,6 +1762,7 @@ impl Client {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(t, sent)),
             }
+            crate::progress::add(&count, n);
             sent += n as u64;
         }
         // Half-close: end of file for the server, then wait for its close.
@@ -1529,7 +1784,7 @@ impl Client {
         expected: Option<u64>,
     ) -> Result<Vec<u64>> {
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-        let dog = Watchdog::new(self.cfg.data_timeout);
+        let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
         let report = xftp_stripe::recv_file(Arc::new(file), conns, expected)
             .await
@@ -1544,7 +1799,7 @@ impl Client {
         file: std::fs::File,
         len: u64,
     ) -> Result<Vec<u64>> {
-        let dog = Watchdog::new(self.cfg.data_timeout);
+        let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
         let cfg = xftp_stripe::SendConfig {
             schedule: if self.cfg.static_split {
@@ -1563,30 +1818,63 @@ impl Client {
 
 /// The end of a download: the bytes must match the announced size; then
 /// the temporary file takes the target's name.
-fn complete_download(
+/// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands
+/// until its checksum matched.
+fn temp_remote_name(remote: &str) -> String {
+    let (dir, name) = match remote.rfind('/') {
+        Some(i) => remote.split_at(i + 1),
+        None => ("", remote),
+    };
+    format!("{dir}.{name}.xftp-part")
+}
+
+/// What a finished download moved, before its checks.
+struct Done {
     per_stream: Vec<u64>,
     expected: Option<u64>,
-    tmp: tempfile::NamedTempFile,
-    local: &Path,
     start: Instant,
     timeline: Timeline,
-) -> Result<TransferReport> {
-    let bytes: u64 = per_stream.iter().sum();
-    if let Some(exp) = expected {
-        if exp != bytes {
-            return Err(ClientError::ShortTransfer {
-                expected: exp,
-                got: bytes,
-            });
+}
+
+/// The algorithm and command for `--verify`: the one asked for, or the
+/// strongest the server lists; CKSM before HASH.
+fn choose_checksum(f: &Features, want: Verify) -> Result<(Algorithm, Via)> {
+    let offered = |a: Algorithm| {
+        if f.cksm.contains(&a) {
+            Some((a, Via::Cksm))
+        } else if f.hash.contains(&a) {
+            Some((a, Via::Hash))
+        } else {
+            None
         }
+    };
+    let listed = || {
+        let mut names: Vec<&str> = f.cksm.iter().map(|a| a.cksm_name()).collect();
+        names.extend(f.hash.iter().map(|a| a.cksm_name()));
+        names.sort_unstable();
+        names.dedup();
+        names.join(", ")
+    };
+    if f.cksm.is_empty() && f.hash.is_empty() {
+        return Err(ClientError::Usage(
+            "--verify: the server lists no checksum command (CKSM or HASH) in FEAT, so the copy cannot be checked; drop --verify, or compare checksums by other means".into(),
+        ));
     }
-    finish_temp(tmp, local)?;
-    Ok(TransferReport {
-        bytes,
-        per_stream_bytes: per_stream,
-        elapsed: start.elapsed(),
-        timeline: Some(timeline),
-    })
+    match want {
+        Verify::With(a) => offered(a).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "--verify={}: the server does not offer it (it offers {}); pick one of those",
+                a.cksm_name().to_ascii_lowercase(),
+                listed()
+            ))
+        }),
+        _ => Algorithm::ALL.into_iter().find_map(offered).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "--verify: no algorithm in common with the server (it offers {})",
+                listed()
+            ))
+        }),
+    }
 }
 
 /// A stalled connection surfaces as a timeout; the rest keeps the engine's words.

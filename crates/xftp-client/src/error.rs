@@ -119,6 +119,17 @@ pub enum ClientError {
     /// the fix.
     #[error("TLS: {0}")]
     Tls(String),
+    /// `--verify`: the server's checksum of the file and ours differ. The
+    /// downloaded file was not put in place (an upload's was removed).
+    #[error("checksum mismatch ({algorithm}): the server has {remote}, the local copy {local}")]
+    ChecksumMismatch {
+        /// The algorithm used.
+        algorithm: xftp_proto::cksum::Algorithm,
+        /// The server's value.
+        remote: String,
+        /// Ours.
+        local: String,
+    },
     /// The caller asked for something impossible (a bad URL, a path that
     /// names no file, ...).
     #[error("{0}")]

@@ -41,17 +41,20 @@ mod client;
 mod control;
 mod error;
 pub mod negotiate;
+pub mod progress;
 pub mod sockbuf;
 pub mod url;
 mod watchdog;
 
 pub use client::{
-    AutoConfig, BufferReport, Client, ClientConfig, DataMode, Timeline, TlsSetup, TransferReport,
-    ANONYMOUS_PASSWORD, MAX_LISTING,
+    AutoConfig, BufferReport, Checksum, Client, ClientConfig, DataMode, Timeline, TlsSetup,
+    TransferReport, Verify, ANONYMOUS_PASSWORD, MAX_LISTING,
 };
 pub use error::{ClientError, Result};
 pub use negotiate::Features;
+pub use progress::{Progress, Snapshot};
 pub use url::{FtpUrl, UrlTls};
+pub use xftp_proto::cksum::Algorithm;
 /// TLS settings and the stream type of data connections.
 pub use xftp_tls;
 /// The tuning crate (cache, controller), for callers of the automatic mode.

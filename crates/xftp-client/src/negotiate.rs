@@ -29,6 +29,10 @@ pub struct Features {
     /// `SPAS` or `SPOR` (GridFTP striping): a GridFTP server, which takes
     /// `OPTS RETR Parallelism=n,n,n;` in MODE E.
     pub gridftp: bool,
+    /// `CKSM` (GridFTP): the algorithms listed.
+    pub cksm: Vec<xftp_proto::cksum::Algorithm>,
+    /// `HASH` (draft-bryan-ftpext-hash): the algorithms listed.
+    pub hash: Vec<xftp_proto::cksum::Algorithm>,
     /// Every feature line, trimmed.
     pub lines: Vec<String>,
 }
@@ -51,6 +55,16 @@ pub fn features(reply: &Reply) -> Features {
             (Some("MPRT"), _) => f.mprt = true,
             (Some("SPAS" | "SPOR"), _) => f.gridftp = true,
             (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,
+            (Some("CKSM"), rest) => {
+                f.cksm = xftp_proto::cksum::parse_cksm_feat(rest.unwrap_or(""));
+                // A bare CKSM line: GridFTP servers know MD5 at least.
+                if f.cksm.is_empty() {
+                    f.cksm.push(xftp_proto::cksum::Algorithm::Md5);
+                }
+            }
+            (Some("HASH"), rest) => {
+                f.hash = xftp_proto::cksum::parse_hash_feat(rest.unwrap_or(""));
+            }
             _ => {}
         }
         if !t.is_empty() {

@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use crate::progress::{self, Progress};
+
 /// Shared "last progress" clock of one transfer.
 #[derive(Debug)]
 pub struct Watchdog {
@@ -22,15 +24,25 @@ pub struct Watchdog {
     /// Milliseconds after `start` of the last progress on any connection.
     last_ms: AtomicU64,
     limit: Duration,
+    /// Where each guarded connection's bytes are counted, if anywhere.
+    progress: Option<Arc<Progress>>,
 }
 
 impl Watchdog {
     /// A watchdog that fires after `limit` without progress.
+    #[cfg(test)]
     pub fn new(limit: Duration) -> Arc<Watchdog> {
+        Watchdog::counting(limit, None)
+    }
+
+    /// A watchdog whose guarded connections also count their bytes in
+    /// `progress`.
+    pub fn counting(limit: Duration, progress: Option<Arc<Progress>>) -> Arc<Watchdog> {
         Arc::new(Watchdog {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             limit,
+            progress,
         })
     }
 
@@ -48,6 +60,7 @@ impl Watchdog {
         let d = self.deadline();
         Guarded {
             inner,
+            count: self.progress.as_ref().map(|p| p.counter()),
             dog: self.clone(),
             read_sleep: Box::pin(tokio::time::sleep_until(d)),
             write_sleep: Box::pin(tokio::time::sleep_until(d)),
@@ -60,6 +73,7 @@ impl Watchdog {
 #[derive(Debug)]
 pub struct Guarded<S> {
     inner: S,
+    count: Option<Arc<AtomicU64>>,
     dog: Arc<Watchdog>,
     read_sleep: Pin<Box<Sleep>>,
     write_sleep: Pin<Box<Sleep>>,
@@ -99,9 +113,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 this.dog.touch();
+                progress::add(&this.count, buf.filled().len().saturating_sub(before));
                 Poll::Ready(r)
             }
             Poll::Pending => poll_stall(&this.dog, &mut this.read_sleep, cx).map(Err),
@@ -119,6 +135,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         match Pin::new(&mut this.inner).poll_write(cx, buf) {
             Poll::Ready(r) => {
                 this.dog.touch();
+                if let Ok(n) = &r {
+                    progress::add(&this.count, *n);
+                }
                 Poll::Ready(r)
             }
             Poll::Pending => poll_stall(&this.dog, &mut this.write_sleep, cx).map(Err),

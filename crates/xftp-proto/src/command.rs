@@ -112,6 +112,11 @@ pub enum Command {
     Prot(char),
     /// RFC 4217: CCC, clear the control channel.
     Ccc,
+    /// GridFTP: CKSM algorithm offset length path — a file's checksum.
+    Cksm(crate::cksum::CksmArgs),
+    /// draft-bryan-ftpext-hash: HASH path — the file's hash in the
+    /// algorithm chosen with OPTS HASH.
+    Hash(Vec<u8>),
     /// A verb we do not implement (upper-cased).
     Unknown(String),
 }
@@ -230,6 +235,10 @@ impl Command {
             }
             "PROT" => Command::Prot(one_letter("PROT", &text("PROT")?)?),
             "CCC" => Command::Ccc,
+            "CKSM" => Command::Cksm(crate::cksum::parse_cksm_arg(
+                arg.ok_or(ProtoError::MissingArgument("CKSM"))?,
+            )?),
+            "HASH" => Command::Hash(path("HASH")?),
             _ => Command::Unknown(verb),
         })
     }

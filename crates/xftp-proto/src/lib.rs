@@ -12,6 +12,7 @@
 //! ```
 
 pub mod ascii;
+pub mod cksum;
 pub mod command;
 pub mod hostport;
 pub mod path;

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use xftp_proto::cksum::Algorithm;
 use xftp_proto::command::TransferType;
 use xftp_proto::path::VPath;
 use xftp_proto::{hostport, BufSize, Command, LineReader, ProtoError, Reply};
@@ -97,6 +98,7 @@ pub async fn run(
         shutdown,
         stop_upload: None,
         upload_limit: None,
+        hash_alg: Algorithm::Sha256,
     };
     s.reply(220, "xftp ready").await?;
     loop {
@@ -198,6 +200,8 @@ struct Session {
     stop_upload: Option<CancellationToken>,
     /// The running upload's size limit (`--max-upload-size`).
     upload_limit: Option<u64>,
+    /// The algorithm of HASH (OPTS HASH), SHA-256 until changed.
+    hash_alg: Algorithm,
 }
 
 /// Stop a transfer task. A stream-mode upload (`stop` given) is asked to
@@ -216,6 +220,18 @@ async fn halt<T>(task: &mut JoinHandle<Result<T, TransferError>>, stop: Option<C
     }
     task.abort();
     let _ = task.await;
+}
+
+/// The FEAT HASH list, the current algorithm starred.
+fn hash_feat(current: Algorithm) -> String {
+    Algorithm::ALL
+        .into_iter()
+        .filter_map(|a| {
+            a.hash_name()
+                .map(|n| format!("{n}{}", if a == current { "*" } else { "" }))
+        })
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 fn quote(path: &str) -> String {
@@ -474,6 +490,8 @@ impl Session {
             Command::Mlst(a) => self.mlst(a).await?,
             Command::Size(p) => self.size(&p).await?,
             Command::Mdtm(p) => self.mdtm(&p).await?,
+            Command::Cksm(a) => self.cksm(a).await?,
+            Command::Hash(p) => self.hash(&p).await?,
             Command::Retr(p) => self.retr(&p).await?,
             Command::Stor(p) => self.store(&p, false).await?,
             Command::Appe(p) => self.store(&p, true).await?,
@@ -788,6 +806,7 @@ impl Session {
             "Extensions supported:",
             "EPRT",
             "EPSV",
+            "CKSM MD5:10;ADLER32:10;CRC32:10;CRC32C:10;SHA1:10;SHA256:11;SHA512:12;",
             "MDTM",
             "MLST type*;size*;modify*;perm*;UNIX.mode*;",
             "MULT",
@@ -798,11 +817,12 @@ impl Session {
             "TVFS",
             "UTF8",
         ];
+        let hash = format!("HASH {}", hash_feat(self.hash_alg));
         let lines = lines
             .iter()
             .chain(tls)
-            .chain(&["End"])
             .map(|s| s.to_string())
+            .chain([hash, "End".to_string()])
             .collect();
         let r = Reply::multi(211, lines);
         self.send(&r).await
@@ -814,6 +834,7 @@ impl Session {
             "USER PASS QUIT NOOP SYST STAT HELP FEAT OPTS TYPE MODE STRU".to_string(),
             "PWD CWD CDUP LIST NLST MLSD MLST SIZE MDTM RETR STOR APPE REST".to_string(),
             "DELE MKD RMD RNFR RNTO ABOR PORT PASV EPRT EPSV ALLO MULT MPRT".to_string(),
+            "CKSM HASH AUTH PBSZ PROT".to_string(),
             "Help OK.".to_string(),
         ];
         self.send(&Reply::multi(214, lines)).await
@@ -862,6 +883,27 @@ impl Session {
                     self.reply(200, format!("Parallelism set to {g}.")).await
                 }
                 None => self.reply(200, "OPTS RETR: nothing to change.").await,
+            }
+        } else if up == "HASH" {
+            let name = self.hash_alg.hash_name().unwrap_or("SHA-256");
+            self.reply(200, name).await
+        } else if let Some(name) = up.strip_prefix("HASH ") {
+            match Algorithm::parse(name) {
+                Ok(a) if a.hash_name().is_some() => {
+                    self.hash_alg = a;
+                    self.reply(200, a.hash_name().unwrap_or_default()).await
+                }
+                _ => {
+                    self.reply(
+                        504,
+                        format!(
+                            "Unknown hash algorithm {:?}; known: {}.",
+                            name.trim(),
+                            hash_feat(self.hash_alg).replace('*', "")
+                        ),
+                    )
+                    .await
+                }
             }
         } else if up == "TLS BIND" {
             match xftp_tls::binding_token(&self.ctl) {
@@ -1138,6 +1180,77 @@ impl Session {
             Ok(Ok(n)) => self.reply(213, n.to_string()).await,
             Ok(Err(e)) => self.reply(550, e.to_string()).await,
             Err(e) => self.reply(451, e.to_string()).await,
+        }
+    }
+
+    /// GridFTP CKSM: the checksum of a file or of a range of it, read on a
+    /// blocking thread (the session waits; other sessions do not).
+    async fn cksm(&mut self, a: xftp_proto::cksum::CksmArgs) -> std::io::Result<()> {
+        let alg = match Algorithm::parse(&a.algorithm) {
+            Ok(alg) => alg,
+            Err(e) => return self.reply(504, format!("{e}.")).await,
+        };
+        let Some((v, p)) = self.existing(&a.path).await? else {
+            return Ok(());
+        };
+        match self.digest(&v, p, alg, a.offset, a.length).await {
+            Ok((hex, _)) => self.reply(213, hex).await,
+            Err((code, text)) => self.reply(code, text).await,
+        }
+    }
+
+    /// HASH (draft-bryan-ftpext-hash): `213 ALG 0-LAST HEX PATH`, the
+    /// range inclusive as in the draft.
+    async fn hash(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        let Some((v, p)) = self.existing(arg).await? else {
+            return Ok(());
+        };
+        let alg = self.hash_alg;
+        match self.digest(&v, p, alg, 0, None).await {
+            Ok((hex, n)) => {
+                let name = alg.hash_name().unwrap_or("SHA-256");
+                let last = n.saturating_sub(1);
+                self.reply(
+                    213,
+                    format!("{name} 0-{last} {hex} {}", String::from_utf8_lossy(arg)),
+                )
+                .await
+            }
+            Err((code, text)) => self.reply(code, text).await,
+        }
+    }
+
+    async fn digest(
+        &mut self,
+        v: &VPath,
+        p: PathBuf,
+        alg: Algorithm,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<(String, u64), (u16, String)> {
+        let started = std::time::Instant::now();
+        let r = tokio::task::spawn_blocking(move || {
+            let f = std::fs::File::open(&p)?;
+            if !f.metadata()?.is_file() {
+                return Err(std::io::Error::other("not a plain file"));
+            }
+            xftp_proto::cksum::digest_file(alg, &f, offset, len)
+        })
+        .await;
+        match r {
+            Ok(Ok((hex, n))) => {
+                tracing::debug!(
+                    "{alg} of {} ({n} bytes) in {:.3} s",
+                    v.display(),
+                    started.elapsed().as_secs_f64()
+                );
+                Ok((hex, n))
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                Err((501, format!("{}: {e}.", v.display())))
+            }
+            Ok(Err(e)) => Err((550, format!("{}: {e}.", v.display()))),
+            Err(e) => Err((451, format!("checksum failed: {e}."))),
         }
     }
 

@@ -42,6 +42,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    cmd::transfer::set_verbose(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,5 +1,6 @@
 //! One module per group of subcommands.
 pub mod pipe;
 pub mod probe;
+pub mod progress;
 pub mod serve;
 pub mod transfer;

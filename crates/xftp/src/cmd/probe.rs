@@ -104,7 +104,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
 
 async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
     let url = FtpUrl::parse(&a.url)?;
-    let mut client = session(&url, &a.common, None).await?;
+    let mut client = session(&url, &a.common, None, None).await?;
     let feat = client
         .features()
         .await

@@ -13,6 +13,7 @@ use serde::Serialize;
 use xftp_client::xftp_tune::{self, Cache, PathRecord, TuneConfig};
 use xftp_client::{
     AutoConfig, Client, ClientConfig, ClientError, DataMode, FtpUrl, Timeline, TransferReport,
+    Verify,
 };
 
 /// Largest `-p` accepted.
@@ -48,6 +49,53 @@ pub struct TransferArgs {
     /// OPTS MULT STATIC). Needs a fixed -p N.
     #[arg(long = "static")]
     static_split: bool,
+    /// Check the copy end to end: the server computes a checksum (CKSM or
+    /// HASH) of its file, xftp one of the local file, and a mismatch fails
+    /// the command (a download is not put in place; an upload stays
+    /// under a temporary name until it matched, and is deleted if not).
+    /// --verify=ALG: sha256, sha512, sha1, md5, crc32c, adler32 or crc32; without
+    /// it, the strongest the server offers.
+    #[arg(long, value_name = "ALG", num_args = 0..=1, require_equals = true, default_missing_value = "auto", value_parser = parse_verify)]
+    verify: Option<Verify>,
+    /// No progress bar and no summary line (errors are still printed).
+    #[arg(short, long)]
+    quiet: bool,
+    /// Print a JSON object on stdout every second while data moves
+    /// (`"type":"progress"`: bytes, total, rate, streams), for programs
+    /// that drive xftp; with --json the summary follows as the last line.
+    #[arg(long)]
+    json_progress: bool,
+}
+
+/// `-v` as given, for the per-stream rates of the progress bar.
+static VERBOSE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Remember `-v` (the progress bar adds per-stream rates).
+pub fn set_verbose(v: u8) {
+    VERBOSE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The progress counters and their display for one command.
+fn progress_for(
+    t: &TransferArgs,
+    json: bool,
+) -> (
+    Option<std::sync::Arc<xftp_client::Progress>>,
+    super::progress::Mode,
+) {
+    let v = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
+    let mode = super::progress::Mode::choose(t.quiet, json, t.json_progress, v);
+    let p = (mode.bar || mode.json).then(xftp_client::Progress::new);
+    (p, mode)
+}
+
+fn parse_verify(s: &str) -> Result<Verify, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(Verify::Auto);
+    }
+    xftp_client::Algorithm::parse(s)
+        .map(Verify::With)
+        .map_err(|e| e.to_string())
 }
 
 /// Options shared by get, put and ls.
@@ -248,6 +296,12 @@ struct Summary {
     /// The TLS cipher suite, when TLS was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     tls_cipher: Option<String>,
+    /// `--verify`: the algorithm both ends used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum_algorithm: Option<String>,
+    /// `--verify`: the value both ends computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -276,6 +330,8 @@ impl Summary {
             tls: false,
             tls_version: None,
             tls_cipher: None,
+            checksum_algorithm: r.checksum.as_ref().map(|c| c.algorithm.to_string()),
+            checksum: r.checksum.as_ref().map(|c| c.value.clone()),
             error: None,
             listing: None,
         }
@@ -306,6 +362,8 @@ impl Summary {
             tls: false,
             tls_version: None,
             tls_cipher: None,
+            checksum_algorithm: None,
+            checksum: None,
             error: Some(msg),
             listing: None,
         }
@@ -337,8 +395,11 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             Some(p) if p.is_dir() => p.join(&name),
             Some(p) => p.clone(),
         };
-        let mut client = session(&url, &a.common, Some(&a.t)).await?;
+        let (progress, mode) = progress_for(&a.t, json);
+        let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+        let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
+        display.finish().await;
         print_notices(&mut client);
         let r = r.map_err(|e| explain(e, Op::Get, &url))?;
         let summary = conclude(&client, &url, &r, start);
@@ -346,7 +407,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(summary)
     }
     .await;
-    finish(result, json, start, "get")
+    finish(result, json, a.t.quiet, start, "get")
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
@@ -369,8 +430,11 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                 a.local.display()
             );
         }
-        let mut client = session(&url, &a.common, Some(&a.t)).await?;
+        let (progress, mode) = progress_for(&a.t, json);
+        let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+        let display = super::progress::start(progress, mode);
         let r = client.upload(&a.local, &remote).await;
+        display.finish().await;
         print_notices(&mut client);
         let r = r.map_err(|e| explain(e, Op::Put, &url))?;
         let summary = conclude(&client, &url, &r, start);
@@ -378,7 +442,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(summary)
     }
     .await;
-    finish(result, json, start, "put")
+    finish(result, json, a.t.quiet, start, "put")
 }
 
 pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
@@ -386,7 +450,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
     let json = a.common.json;
     let result = async {
         let url = FtpUrl::parse(&a.url)?;
-        let mut client = session(&url, &a.common, None).await?;
+        let mut client = session(&url, &a.common, None, None).await?;
         let t0 = Instant::now();
         let listing = client
             .list(Some(&url.path))
@@ -404,6 +468,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             per_stream_bytes: vec![listing.len() as u64],
             elapsed,
             timeline: None,
+            checksum: None,
         };
         let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
@@ -415,7 +480,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
         }
         s
     });
-    finish(summary, json, start, "ls")
+    finish(summary, json, false, start, "ls")
 }
 
 /// The parameter-cache key of a destination.
@@ -465,6 +530,7 @@ pub(crate) async fn session(
     url: &FtpUrl,
     c: &CommonArgs,
     t: Option<&TransferArgs>,
+    progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> anyhow::Result<Client> {
     let password = password_for(url, c)?;
     let (streams, auto) = match t.map(|t| t.parallel) {
@@ -505,6 +571,8 @@ pub(crate) async fn session(
         auto,
         static_split,
         tls: tls_setup(url, c.tls, c.cacert.as_deref(), c.insecure)?,
+        verify: t.and_then(|t| t.verify).unwrap_or_default(),
+        progress,
     };
     let mut client = Client::connect(&url.host, url.port, cfg)
         .await
@@ -620,6 +688,10 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 .into(),
         ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
+        ClientError::ChecksumMismatch { .. } => Some(match op {
+            Op::Put => "the server's copy differs from the local file and was deleted; run it again (if it repeats, the local file may be changing, or a disk or memory fault corrupts data)".into(),
+            _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
+        }),
         ClientError::Stripe(_) => Some(
             "a data connection broke mid-transfer (nothing was kept); run it again, perhaps with fewer connections (-p)"
                 .into(),
@@ -638,6 +710,7 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
 fn finish(
     result: anyhow::Result<Summary>,
     json: bool,
+    quiet: bool,
     start: Instant,
     what: &str,
 ) -> anyhow::Result<ExitCode> {
@@ -652,7 +725,7 @@ fn finish(
     if json {
         let line = serde_json::to_string(&summary).context("cannot format the JSON summary")?;
         println!("{line}");
-    } else if summary.status == "ok" && what != "ls" {
+    } else if summary.status == "ok" && what != "ls" && !quiet {
         eprintln!(
             "xftp {what}: {} bytes in {:.3} s ({:.1} MB/s, {} connection{})",
             summary.bytes,
@@ -661,6 +734,9 @@ fn finish(
             summary.streams,
             if summary.streams == 1 { "" } else { "s" }
         );
+        if let (Some(a), Some(v)) = (&summary.checksum_algorithm, &summary.checksum) {
+            eprintln!("xftp {what}: verified, {a} {v} at both ends");
+        }
     }
     Ok(code)
 }
@@ -749,6 +825,10 @@ mod tests {
             per_stream_bytes: vec![6, 4],
             elapsed: Duration::from_secs(2),
             timeline: None,
+            checksum: Some(xftp_client::Checksum {
+                algorithm: xftp_client::Algorithm::Md5,
+                value: "900150983cd24fb0d6963f7d28e17f72".into(),
+            }),
         };
         let v: serde_json::Value =
             serde_json::to_value(Summary::ok(&r, Duration::from_secs(3))).unwrap();
@@ -757,6 +837,8 @@ mod tests {
         assert_eq!(v["streams"], 2);
         assert_eq!(v["throughput_bps"], 5.0);
         assert_eq!(v["per_stream_bytes"], serde_json::json!([6, 4]));
+        assert_eq!(v["checksum_algorithm"], "MD5");
+        assert_eq!(v["checksum"], "900150983cd24fb0d6963f7d28e17f72");
         assert!(v.get("error").is_none());
         let v = serde_json::to_value(Summary::failed("boom".into(), Duration::ZERO)).unwrap();
         assert_eq!(v["status"], "error");
