@@ -25,6 +25,7 @@ use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};
 use crate::negotiate::{self, Features};
 use crate::progress::Progress;
+use crate::resume;
 use crate::sockbuf::{self, InForce};
 use crate::watchdog::Watchdog;
 
@@ -86,6 +87,13 @@ pub struct ClientConfig {
     pub verify: Verify,
     /// Where transfers count their bytes as they move, for a display.
     pub progress: Option<Arc<Progress>>,
+    /// The most bytes per second all data connections together move
+    /// (`--limit-rate`).
+    pub limit_rate: Option<Arc<crate::watchdog::RateLimit>>,
+    /// Downloads are resumable (`-c`): a partial file and its record of
+    /// ranges stay beside the target on failure, and the next run with
+    /// `resume` fetches only what is missing.
+    pub resume: bool,
 }
 
 /// Whether and how transfers are verified.
@@ -164,6 +172,8 @@ impl Default for ClientConfig {
             tls: None,
             verify: Verify::Off,
             progress: None,
+            limit_rate: None,
+            resume: false,
         }
     }
 }
@@ -181,6 +191,8 @@ pub struct TransferReport {
     pub timeline: Option<Timeline>,
     /// The checksum both ends computed (`--verify`).
     pub checksum: Option<Checksum>,
+    /// Bytes a resumed download found already in place (not in `bytes`).
+    pub already: u64,
 }
 
 impl TransferReport {
@@ -662,7 +674,13 @@ impl Client {
     /// `local`, renamed over it only after the server's 226 and, when the
     /// server answers SIZE, a matching byte count. On any error nothing is
     /// left under either name.
+    ///
+    /// With [`ClientConfig::resume`], the download is resumable instead:
+    /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        if self.cfg.resume {
+            return self.download_resumable(remote, local).await;
+        }
         let tmp = temp_next_to(local)?;
         let start = Instant::now();
         let verify = self.verify_plan().await?;
@@ -689,27 +707,8 @@ impl Client {
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            let dog = self.watchdog();
-            let meters = MeterSet::new();
-            let socks = Socks::default();
-            let conns: Vec<_> = conns
-                .into_iter()
-                .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
-                .collect();
-            let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, conns);
-            let live = Live {
-                ctl: EngineCtl::Recv(rx.control()),
-                socks: Some(socks),
-                meters,
-                dog,
-                grow,
-                total: expected,
-                live_idx: (0..n as usize).collect(),
-                current: n,
-            };
-            let ctlr = self.new_controller(n);
-            let rep = self.adapt(&c_retr, rx.finish(), live, ctlr).await?;
-            rep.streams.iter().map(|s| s.bytes).collect()
+            self.recv_adaptive(&c_retr, conns, grow, Arc::new(file), None, expected)
+                .await?
         } else if !self.mode_e && n == 1 {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let mut file = tokio::fs::File::from_std(file);
@@ -732,6 +731,230 @@ impl Client {
         };
         self.complete_download(remote, done, tmp, local, verify)
             .await
+    }
+
+    /// The adaptive receive of a download: the controller grows and sheds
+    /// connections while the engine writes records into `dst` (`have`: the
+    /// ranges a resumed download already holds).
+    async fn recv_adaptive(
+        &mut self,
+        c_retr: &Cmd,
+        conns: Vec<Stream>,
+        grow: Grow,
+        dst: Arc<dyn xftp_stripe::WriteAt>,
+        have: Option<xftp_stripe::ranges::RangeSet>,
+        expected: Option<u64>,
+    ) -> Result<Vec<u64>> {
+        let n = conns.len() as u32;
+        let dog = self.watchdog();
+        let meters = MeterSet::new();
+        let socks = Socks::default();
+        let conns: Vec<_> = conns
+            .into_iter()
+            .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
+            .collect();
+        // The controller judges the payload of this transfer.
+        let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
+        let rx = match have {
+            Some(h) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+            None => xftp_stripe::Receiver::file(dst, expected, conns),
+        };
+        let live = Live {
+            ctl: EngineCtl::Recv(rx.control()),
+            socks: Some(socks),
+            meters,
+            dog,
+            grow,
+            total,
+            live_idx: (0..n as usize).collect(),
+            current: n,
+        };
+        let ctlr = self.new_controller(n);
+        let rep = self.adapt(c_retr, rx.finish(), live, ctlr).await?;
+        Ok(rep.streams.iter().map(|s| s.bytes).collect())
+    }
+
+    /// `-c`: download what `local`'s partial file lacks. The partial
+    /// (`.NAME.xftp-part`) and its record of ranges stay on any failure,
+    /// for the next `-c`; a source whose size or modification time
+    /// changed since is refused.
+    async fn download_resumable(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        let start = Instant::now();
+        let verify = self.verify_plan().await?;
+        self.auto_prelude().await?;
+        let size = self.size(remote).await?.ok_or_else(|| {
+            ClientError::Usage(format!(
+                "-c: the server does not tell the size of {remote} (SIZE), so what is missing cannot be known; run without -c"
+            ))
+        })?;
+        let mdtm = self.mdtm(remote).await?;
+        let source = format!("{}/{}", self.ctl.peer(), remote.trim_start_matches('/'));
+        let meta = resume::SourceMeta { size, mdtm };
+        let partial = match resume::Partial::open(local, &source, meta) {
+            Ok(p) => p,
+            Err(resume::ResumeError::Io(p, e)) => return Err(local_err(&p, e)),
+            Err(resume::ResumeError::Changed { was, now, partial }) => {
+                return Err(ClientError::SourceChanged {
+                    partial,
+                    was: describe_meta(&was),
+                    now: describe_meta(&now),
+                })
+            }
+        };
+        let already = partial.already();
+        partial
+            .checkpoint()
+            .map_err(|e| local_err(&partial.path, e))?;
+        let mut guard = KeepPartial(Some(&partial));
+        let missing = size - already;
+        if already > 0 {
+            tracing::info!("resuming: {already} of {size} bytes in place, {missing} to fetch");
+        }
+        let per_stream = if missing == 0 {
+            Vec::new()
+        } else {
+            self.fetch_missing(remote, &partial, size).await?
+        };
+        let adaptive = self.last_controller.is_some();
+        let timeline = self.timeline(adaptive, per_stream.len().max(1) as u32);
+        let moved: u64 = per_stream.iter().sum();
+        let have = partial.rec.ranges();
+        if !have.is_complete(size) {
+            return Err(ClientError::ShortTransfer {
+                expected: size,
+                got: have.covered(),
+            });
+        }
+        let checksum = match verify {
+            Some(v) => Some(self.verify_file(remote, &partial.path, size, v).await?),
+            None => None,
+        };
+        partial
+            .checkpoint()
+            .map_err(|e| local_err(&partial.path, e))?;
+        set_new_file_mode(&partial.path, local);
+        std::fs::rename(&partial.path, local).map_err(|e| local_err(local, e))?;
+        partial.remove_record();
+        guard.0 = None;
+        Ok(TransferReport {
+            bytes: moved,
+            per_stream_bytes: per_stream,
+            elapsed: start.elapsed(),
+            timeline: Some(timeline),
+            checksum,
+            already,
+        })
+    }
+
+    /// One RETR of the ranges `partial` lacks: `REST a-b,...` when the
+    /// transfer is framed (MULT or MODE E), `REST offset` past the
+    /// contiguous head in stream mode (the bytes after a hole are then
+    /// fetched again).
+    async fn fetch_missing(
+        &mut self,
+        remote: &str,
+        partial: &resume::Partial,
+        size: u64,
+    ) -> Result<Vec<u64>> {
+        let (_, setup) = self.prepare_data(false, None).await?;
+        let framed = self.mode_e || self.granted > 1;
+        // What the server is told we have (at most MAX_REST_RANGES of the
+        // largest ranges: the rest is fetched again).
+        let mut told = xftp_stripe::ranges::RangeSet::new();
+        if framed {
+            let mut v: Vec<(u64, u64)> = partial.had.iter().collect();
+            v.sort_by_key(|(a, b)| std::cmp::Reverse(b - a));
+            v.truncate(xftp_proto::command::MAX_REST_RANGES);
+            for (a, b) in v {
+                told.union(a, b);
+            }
+        } else {
+            told.union(0, partial.had.contiguous_prefix());
+        }
+        if !told.is_empty() {
+            let arg = if framed {
+                xftp_proto::command::format_ranges(&told.iter().collect::<Vec<_>>())
+            } else {
+                told.contiguous_prefix().to_string()
+            };
+            let c = Cmd::with("REST", arg);
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[350]).await?;
+        }
+        self.progress_begin(remote, Some(size - told.covered()));
+        let c_retr = Cmd::with("RETR", remote);
+        self.ctl.send(&[&c_retr]).await?;
+        let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
+        self.note_buffers(&conns);
+        let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
+        let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
+        let adaptive = self.adaptive_now(&grow);
+        let r = if adaptive {
+            self.recv_adaptive(&c_retr, conns, grow, dst, Some(told), Some(size))
+                .await
+        } else if !framed {
+            let at = told.contiguous_prefix();
+            match self.recv_plain_at(conns, partial, at).await {
+                Ok(got) => self.expect_complete(&c_retr).await.map(|()| vec![got]),
+                Err(e) => Err(e),
+            }
+        } else {
+            let dog = self.watchdog();
+            let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
+            let rx = xftp_stripe::Receiver::file_resume(dst, Some(size), told, conns);
+            match rx.finish().await {
+                Ok(rep) => self
+                    .expect_complete(&c_retr)
+                    .await
+                    .map(|()| rep.streams.iter().map(|s| s.bytes).collect()),
+                Err(e) => Err(stripe_err(e, self.cfg.data_timeout)),
+            }
+        };
+        drop(checkpoints);
+        r
+    }
+
+    /// Stream mode into the partial file from `at`, every chunk recorded.
+    async fn recv_plain_at(
+        &mut self,
+        mut conns: Vec<Stream>,
+        partial: &resume::Partial,
+        mut at: u64,
+    ) -> Result<u64> {
+        let conn = conns
+            .pop()
+            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut conn = self.watchdog().guard(conn);
+        let mut got = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
+            if n == 0 {
+                return Ok(got);
+            }
+            let rec = partial.rec.clone();
+            let chunk = buf[..n].to_vec();
+            tokio::task::spawn_blocking(move || xftp_stripe::WriteAt::write_at(&*rec, &chunk, at))
+                .await
+                .map_err(|e| local_err(&partial.path, std::io::Error::other(e)))?
+                .map_err(|e| local_err(&partial.path, e))?;
+            at += n as u64;
+            got += n as u64;
+        }
+    }
+
+    /// Make the next downloads resumable (`-c`), or not.
+    pub fn set_resume(&mut self, on: bool) {
+        self.cfg.resume = on;
+    }
+
+    /// The modification time of a remote file (MDTM), `None` when the
+    /// server does not tell.
+    pub async fn mdtm(&mut self, path: &str) -> Result<Option<String>> {
+        let c = Cmd::with("MDTM", path);
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        Ok((r.code == 213).then(|| reply_text(&r).trim().to_owned()))
     }
 
     /// Upload `local` to `remote`. The bytes sent must equal the local
@@ -895,6 +1118,7 @@ impl Client {
             elapsed: start.elapsed(),
             timeline: Some(timeline),
             checksum: None,
+            already: 0,
         })
     }
 
@@ -1293,7 +1517,11 @@ impl Client {
     /// The watchdog of a transfer's data connections, counting for the
     /// progress display.
     fn watchdog(&self) -> Arc<Watchdog> {
-        Watchdog::counting(self.cfg.data_timeout, self.cfg.progress.clone())
+        Watchdog::with(
+            self.cfg.data_timeout,
+            self.cfg.progress.clone(),
+            self.cfg.limit_rate.clone(),
+        )
     }
 
     fn progress_begin(&self, label: &str, total: Option<u64>) {
@@ -1432,6 +1660,7 @@ impl Client {
             elapsed: done.start.elapsed(),
             timeline: Some(done.timeline),
             checksum,
+            already: 0,
         })
     }
 
@@ -1732,6 +1961,9 @@ impl Client {
                 .await
                 .map_err(|e| local_err(out_path, e))?;
             crate::progress::add(&count, n);
+            if let Some(r) = &self.cfg.limit_rate {
+                r.take(n).await;
+            }
             got += n as u64;
         }
     }
@@ -1763,6 +1995,9 @@ impl Client {
                 Err(_) => return Err(stall(t, sent)),
             }
             crate::progress::add(&count, n);
+            if let Some(r) = &self.cfg.limit_rate {
+                r.take(n).await;
+            }
             sent += n as u64;
         }
         // Half-close: end of file for the server, then wait for its close.
@@ -1826,6 +2061,56 @@ fn temp_remote_name(remote: &str) -> String {
         None => ("", remote),
     };
     format!("{dir}.{name}.xftp-part")
+}
+
+/// Aborts a task when dropped (a download future dropped by Ctrl-C).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Until disarmed, writes the partial's last record when dropped: on an
+/// error or an interrupt, the next `-c` loses at most what was in flight.
+struct KeepPartial<'a>(Option<&'a resume::Partial>);
+
+impl Drop for KeepPartial<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            match p.checkpoint() {
+                Ok(()) => tracing::info!(
+                    "partial download kept in {} ({} of {} bytes); run again with -c to fetch the rest",
+                    p.path.display(),
+                    p.rec.ranges().covered(),
+                    p.meta.size
+                ),
+                Err(e) => tracing::warn!("cannot record the partial download: {e}"),
+            }
+        }
+    }
+}
+
+fn describe_meta(m: &resume::SourceMeta) -> String {
+    match &m.mdtm {
+        Some(t) => format!("{} bytes, modified {t}", m.size),
+        None => format!("{} bytes", m.size),
+    }
+}
+
+/// A new file's mode: the one of the file it replaces, else 0644 (under
+/// the usual umask), not the 0600 of a temporary.
+fn set_new_file_mode(tmp: &Path, target: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::symlink_metadata(target)
+            .ok()
+            .filter(|m| m.is_file())
+            .map_or(0o644, |m| m.permissions().mode() & 0o777);
+        let _ = std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode));
+    }
 }
 
 /// What a finished download moved, before its checks.

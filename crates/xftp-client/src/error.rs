@@ -119,6 +119,16 @@ pub enum ClientError {
     /// the fix.
     #[error("TLS: {0}")]
     Tls(String),
+    /// `-c`: the source is not the one the partial file came from.
+    #[error("the source changed since the partial download ({was}; now {now}): resuming would splice two versions")]
+    SourceChanged {
+        /// The partial file, left as it was.
+        partial: PathBuf,
+        /// What the partial's record says.
+        was: String,
+        /// What the server says now.
+        now: String,
+    },
     /// `--verify`: the server's checksum of the file and ours differ. The
     /// downloaded file was not put in place (an upload's was removed).
     #[error("checksum mismatch ({algorithm}): the server has {remote}, the local copy {local}")]

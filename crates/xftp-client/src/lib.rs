@@ -42,6 +42,7 @@ mod control;
 mod error;
 pub mod negotiate;
 pub mod progress;
+mod resume;
 pub mod sockbuf;
 pub mod url;
 mod watchdog;
@@ -53,7 +54,9 @@ pub use client::{
 pub use error::{ClientError, Result};
 pub use negotiate::Features;
 pub use progress::{Progress, Snapshot};
+pub use resume::partial_path;
 pub use url::{FtpUrl, UrlTls};
+pub use watchdog::RateLimit;
 pub use xftp_proto::cksum::Algorithm;
 /// TLS settings and the stream type of data connections.
 pub use xftp_tls;

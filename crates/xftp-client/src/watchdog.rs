@@ -26,23 +26,81 @@ pub struct Watchdog {
     limit: Duration,
     /// Where each guarded connection's bytes are counted, if anywhere.
     progress: Option<Arc<Progress>>,
+    /// The rate all guarded connections share (`--limit-rate`).
+    rate: Option<Arc<RateLimit>>,
+}
+
+/// A token bucket shared by every data connection of a client
+/// (`--limit-rate`): bytes are debited after they moved, and a connection
+/// whose next read or write would find the bucket in debt waits.
+#[derive(Debug)]
+pub struct RateLimit {
+    bytes_per_sec: f64,
+    burst: f64,
+    st: std::sync::Mutex<(f64, std::time::Instant)>,
+}
+
+impl RateLimit {
+    /// At most `bytes_per_sec` on average, with bursts of 100 ms (at
+    /// least 64 KiB).
+    pub fn new(bytes_per_sec: u64) -> Arc<RateLimit> {
+        let r = bytes_per_sec.max(1) as f64;
+        Arc::new(RateLimit {
+            bytes_per_sec: r,
+            burst: (r / 10.0).max(65536.0),
+            st: std::sync::Mutex::new((0.0, std::time::Instant::now())),
+        })
+    }
+
+    fn refill(&self) -> std::sync::MutexGuard<'_, (f64, std::time::Instant)> {
+        let mut g = self.st.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(g.1).as_secs_f64();
+        g.0 = (g.0 + dt * self.bytes_per_sec).min(self.burst);
+        g.1 = now;
+        g
+    }
+
+    /// `n` bytes moved.
+    pub fn debit(&self, n: usize) {
+        self.refill().0 -= n as f64;
+    }
+
+    /// How long to wait before moving more, if at all.
+    pub fn delay(&self) -> Option<Duration> {
+        let t = self.refill().0;
+        (t < 0.0).then(|| Duration::from_secs_f64(-t / self.bytes_per_sec))
+    }
+
+    /// Debit `n` and wait until the bucket is out of debt.
+    pub async fn take(&self, n: usize) {
+        self.debit(n);
+        if let Some(d) = self.delay() {
+            tokio::time::sleep(d).await;
+        }
+    }
 }
 
 impl Watchdog {
     /// A watchdog that fires after `limit` without progress.
     #[cfg(test)]
     pub fn new(limit: Duration) -> Arc<Watchdog> {
-        Watchdog::counting(limit, None)
+        Watchdog::with(limit, None, None)
     }
 
-    /// A watchdog whose guarded connections also count their bytes in
-    /// `progress`.
-    pub fn counting(limit: Duration, progress: Option<Arc<Progress>>) -> Arc<Watchdog> {
+    /// A watchdog that counts in `progress` and holds every guarded
+    /// connection to `rate`.
+    pub fn with(
+        limit: Duration,
+        progress: Option<Arc<Progress>>,
+        rate: Option<Arc<RateLimit>>,
+    ) -> Arc<Watchdog> {
         Arc::new(Watchdog {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             limit,
             progress,
+            rate,
         })
     }
 
@@ -61,6 +119,7 @@ impl Watchdog {
         Guarded {
             inner,
             count: self.progress.as_ref().map(|p| p.counter()),
+            throttle: Box::pin(tokio::time::sleep_until(Instant::now())),
             dog: self.clone(),
             read_sleep: Box::pin(tokio::time::sleep_until(d)),
             write_sleep: Box::pin(tokio::time::sleep_until(d)),
@@ -74,6 +133,8 @@ impl Watchdog {
 pub struct Guarded<S> {
     inner: S,
     count: Option<Arc<AtomicU64>>,
+    /// The wait of `--limit-rate`.
+    throttle: Pin<Box<Sleep>>,
     dog: Arc<Watchdog>,
     read_sleep: Pin<Box<Sleep>>,
     write_sleep: Pin<Box<Sleep>>,
@@ -106,6 +167,22 @@ fn poll_stall(
     }
 }
 
+/// Ready when the rate limit (if any) allows the next read or write.
+fn poll_throttle(dog: &Watchdog, sleep: &mut Pin<Box<Sleep>>, cx: &mut Context<'_>) -> Poll<()> {
+    let Some(rate) = &dog.rate else {
+        return Poll::Ready(());
+    };
+    loop {
+        let Some(d) = rate.delay() else {
+            return Poll::Ready(());
+        };
+        sleep.as_mut().reset(Instant::now() + d);
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -113,11 +190,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if poll_throttle(&this.dog, &mut this.throttle, cx).is_pending() {
+            return Poll::Pending;
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 this.dog.touch();
-                progress::add(&this.count, buf.filled().len().saturating_sub(before));
+                let n = buf.filled().len().saturating_sub(before);
+                progress::add(&this.count, n);
+                if let Some(rate) = &this.dog.rate {
+                    rate.debit(n);
+                }
                 Poll::Ready(r)
             }
             Poll::Pending => poll_stall(&this.dog, &mut this.read_sleep, cx).map(Err),
@@ -132,11 +216,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if poll_throttle(&this.dog, &mut this.throttle, cx).is_pending() {
+            return Poll::Pending;
+        }
         match Pin::new(&mut this.inner).poll_write(cx, buf) {
             Poll::Ready(r) => {
                 this.dog.touch();
                 if let Ok(n) = &r {
                     progress::add(&this.count, *n);
+                    if let Some(rate) = &this.dog.rate {
+                        rate.debit(*n);
+                    }
                 }
                 Poll::Ready(r)
             }
@@ -165,6 +255,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn the_rate_limit_holds_the_average() {
+        let rate = RateLimit::new(4_000_000);
+        let dog = Watchdog::with(Duration::from_secs(5), None, Some(rate));
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut g = dog.guard(a);
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 16];
+            while b.read(&mut buf).await.unwrap() > 0 {}
+        });
+        let t = std::time::Instant::now();
+        let chunk = vec![7u8; 1 << 16];
+        for _ in 0..32 {
+            g.write_all(&chunk).await.unwrap();
+        }
+        drop(g);
+        reader.await.unwrap();
+        // 2 MiB at 4 MB/s: about 0.5 s (the first burst is free).
+        let secs = t.elapsed().as_secs_f64();
+        assert!(secs > 0.4, "too fast: {secs} s");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn idle_read_times_out() {

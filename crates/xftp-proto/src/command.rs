@@ -76,6 +76,10 @@ pub enum Command {
     Appe(Vec<u8>),
     /// REST offset (stream mode restart)
     Rest(u64),
+    /// REST a-b,c-d,... (GridFTP extended block mode restart): the
+    /// half-open ranges the receiver already has; a RETR after it sends
+    /// the rest.
+    RestRanges(Vec<(u64, u64)>),
     /// DELE path
     Dele(Vec<u8>),
     /// MKD path / XMKD
@@ -188,6 +192,9 @@ impl Command {
             "RETR" => Command::Retr(path("RETR")?),
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
+            "REST" if arg.is_some_and(|a| a.contains(&b'-') || a.contains(&b',')) => {
+                Command::RestRanges(parse_ranges(&text("REST")?)?)
+            }
             "REST" => {
                 let t = text("REST")?;
                 Command::Rest(t.trim().parse().map_err(|_| ProtoError::BadArgument {
@@ -242,6 +249,47 @@ impl Command {
             _ => Command::Unknown(verb),
         })
     }
+}
+
+/// Most ranges one REST may carry (a line holds 4 KiB anyway).
+pub const MAX_REST_RANGES: usize = 256;
+
+/// Parse `a-b,c-d,...`: half-open byte ranges, each non-empty.
+pub fn parse_ranges(t: &str) -> Result<Vec<(u64, u64)>, ProtoError> {
+    let bad = |reason: String| ProtoError::BadArgument {
+        verb: "REST",
+        reason,
+    };
+    let mut out = Vec::new();
+    for part in t.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part
+            .split_once('-')
+            .ok_or_else(|| bad(format!("{part:?} is not a range START-END")))?;
+        let (a, b): (u64, u64) = match (a.trim().parse(), b.trim().parse()) {
+            (Ok(a), Ok(b)) if a < b => (a, b),
+            _ => {
+                return Err(bad(format!(
+                    "{part:?} is not a range START-END with START < END"
+                )))
+            }
+        };
+        out.push((a, b));
+        if out.len() > MAX_REST_RANGES {
+            return Err(bad(format!("more than {MAX_REST_RANGES} ranges")));
+        }
+    }
+    if out.is_empty() {
+        return Err(bad("no ranges".into()));
+    }
+    Ok(out)
+}
+
+/// Format ranges for `REST`, the inverse of [`parse_ranges`].
+pub fn format_ranges(r: &[(u64, u64)]) -> String {
+    r.iter()
+        .map(|(a, b)| format!("{a}-{b}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A TCP buffer size request: bytes, or back to kernel autotuning.
@@ -449,6 +497,25 @@ mod tests {
         assert_eq!(Command::parse(b"PROT p").unwrap(), Command::Prot('P'));
         assert!(Command::parse(b"PROT PP").is_err());
         assert_eq!(Command::parse(b"CCC").unwrap(), Command::Ccc);
+        assert_eq!(
+            Command::parse(b"REST 0-100,200-300").unwrap(),
+            Command::RestRanges(vec![(0, 100), (200, 300)])
+        );
+        assert_eq!(Command::parse(b"REST 100").unwrap(), Command::Rest(100));
+        for bad in [
+            &b"REST 5-5"[..],
+            b"REST 9-3",
+            b"REST -4",
+            b"REST 1-x",
+            b"REST ,",
+        ] {
+            assert!(
+                Command::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(format_ranges(&[(0, 1), (5, 9)]), "0-1,5-9");
         assert_eq!(Command::parse(b"MULT 8").unwrap(), Command::Mult(Some(8)));
         assert_eq!(Command::parse(b"XPWD").unwrap(), Command::Pwd);
         assert_eq!(

@@ -87,6 +87,7 @@ pub async fn run(
         cwd: VPath::root(),
         ttype: TransferType::Ascii,
         rest: 0,
+        rest_ranges: None,
         rnfr: None,
         data: DataPlan::None,
         streams: 1,
@@ -182,6 +183,8 @@ struct Session {
     cwd: VPath,
     ttype: TransferType,
     rest: u64,
+    /// REST a-b,...: the ranges a resuming receiver has (MODE E RETR).
+    rest_ranges: Option<xftp_stripe::ranges::RangeSet>,
     rnfr: Option<PathBuf>,
     data: DataPlan,
     /// Data connections per transfer, granted by MULT.
@@ -495,7 +498,22 @@ impl Session {
             Command::Retr(p) => self.retr(&p).await?,
             Command::Stor(p) => self.store(&p, false).await?,
             Command::Appe(p) => self.store(&p, true).await?,
+            Command::RestRanges(r) => {
+                let mut have = xftp_stripe::ranges::RangeSet::new();
+                for (a, b) in &r {
+                    have.union(*a, *b);
+                }
+                let msg = format!(
+                    "Restart ranges accepted ({} bytes in {} ranges); RETR sends the rest.",
+                    have.covered(),
+                    r.len()
+                );
+                self.rest = 0;
+                self.rest_ranges = Some(have);
+                self.reply(350, msg).await?
+            }
             Command::Rest(n) => {
+                self.rest_ranges = None;
                 self.rest = n;
                 self.reply(350, format!("Restarting at {n}. Send RETR or STOR."))
                     .await?
@@ -1680,6 +1698,7 @@ impl Session {
 
     async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
+        let have = self.rest_ranges.take();
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
@@ -1708,6 +1727,27 @@ impl Session {
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;
+        if let Some(h) = &have {
+            if !framed || ascii {
+                return self
+                    .reply(
+                        504,
+                        "REST with ranges needs MODE E (or MULT > 1) and TYPE I; stream mode takes REST OFFSET.",
+                    )
+                    .await;
+            }
+            if h.max_end() > len {
+                return self
+                    .reply(
+                        554,
+                        format!(
+                            "Invalid REST ranges: they reach {} but the file has {len} bytes (has it changed?).",
+                            h.max_end()
+                        ),
+                    )
+                    .await;
+            }
+        }
         if framed && (ascii || rest > 0) {
             return self
                 .reply(
@@ -1756,7 +1796,10 @@ impl Session {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
             };
-            let sender = Sender::file(Arc::new(file), len, conns, &cfg);
+            let sender = match &have {
+                Some(h) => Sender::file_except(Arc::new(file), len, h, conns, &cfg),
+                None => Sender::file(Arc::new(file), len, conns, &cfg),
+            };
             let ctl = live::Ctl::Send(sender.control());
             let lv = self.live(meters, ctl, grow, n);
             let task = tokio::spawn(async move { Ok(sender.finish().await?) });
@@ -1774,6 +1817,11 @@ impl Session {
 
     async fn store(&mut self, arg: &[u8], append: bool) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
+        if self.rest_ranges.take().is_some() {
+            return self
+                .reply(504, "REST with ranges applies to RETR only.")
+                .await;
+        }
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };

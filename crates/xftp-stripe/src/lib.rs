@@ -75,7 +75,8 @@ pub struct StreamStats {
 /// Result of a finished transfer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TransferReport {
-    /// Total payload bytes.
+    /// Payload bytes this transfer moved (a resumed receive does not
+    /// count what was already in place).
     pub bytes: u64,
     /// Per data connection, in the order connections were added.
     pub streams: Vec<StreamStats>,

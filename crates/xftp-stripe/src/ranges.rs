@@ -114,12 +114,101 @@ impl RangeSet {
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.map.iter().map(|(&s, &e)| (s, e))
     }
+
+    /// Add `[start, end)`, merging with whatever it overlaps (a byte range
+    /// written twice, as a resumed stream-mode download does).
+    pub fn union(&mut self, start: u64, end: u64) {
+        if end <= start {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        let touching: Vec<(u64, u64)> = self
+            .map
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &pe)| pe >= start)
+            .map(|(&ps, &pe)| (ps, pe))
+            .collect();
+        for (ps, pe) in touching {
+            self.map.remove(&ps);
+            self.covered -= pe - ps;
+            s = s.min(ps);
+            e = e.max(pe);
+        }
+        self.map.insert(s, e);
+        self.covered += e - s;
+    }
+
+    /// The range that holds `pos`, or else the first one after it.
+    pub fn at_or_after(&self, pos: u64) -> Option<(u64, u64)> {
+        if let Some((&s, &e)) = self.map.range(..=pos).next_back() {
+            if e > pos {
+                return Some((s, e));
+            }
+        }
+        self.map
+            .range((std::ops::Bound::Excluded(pos), std::ops::Bound::Unbounded))
+            .next()
+            .map(|(&s, &e)| (s, e))
+    }
+
+    /// What is missing of `[0, len)`.
+    pub fn missing(&self, len: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        for (s, e) in self.iter() {
+            if s >= len {
+                break;
+            }
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < len {
+            out.push((at, len));
+        }
+        out
+    }
+
+    /// The part of the set below `len`.
+    pub fn clamped(&self, len: u64) -> RangeSet {
+        let mut r = RangeSet::new();
+        for (s, e) in self.iter() {
+            r.union(s, e.min(len));
+        }
+        r
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn union_missing_and_lookup() {
+        let mut r = RangeSet::new();
+        r.union(10, 20);
+        r.union(30, 40);
+        r.union(15, 32);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(10, 40)]);
+        assert_eq!(r.covered(), 30);
+        r.union(40, 45);
+        r.union(0, 5);
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec![(0, 5), (10, 45)]);
+        assert_eq!(r.covered(), 40);
+        assert_eq!(r.missing(50), vec![(5, 10), (45, 50)]);
+        assert_eq!(r.missing(8), vec![(5, 8)]);
+        assert_eq!(r.at_or_after(3), Some((0, 5)));
+        assert_eq!(r.at_or_after(5), Some((10, 45)));
+        assert_eq!(r.at_or_after(45), None);
+        assert_eq!(
+            r.clamped(12).iter().collect::<Vec<_>>(),
+            vec![(0, 5), (10, 12)]
+        );
+        assert_eq!(RangeSet::new().missing(7), vec![(0, 7)]);
+    }
 
     #[test]
     fn basics() {

@@ -49,6 +49,16 @@ impl Reassembly {
         Self::default()
     }
 
+    /// A resumed transfer: `have` is already in place, so the sender
+    /// sends only the rest; data over `have` is refused as overlap, and
+    /// the completion rule counts `have` as received.
+    pub fn with_ranges(have: RangeSet) -> Self {
+        Self {
+            ranges: have,
+            ..Self::default()
+        }
+    }
+
     /// Refuse an EOF block that announces more than `max` connections:
     /// the receiver would wait for EODs from connections it never takes.
     pub fn limit_connections(&mut self, max: u64) {

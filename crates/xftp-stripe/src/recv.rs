@@ -122,7 +122,26 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
     /// Receive a file into `dst`, writing each record at its offset.
     /// `expected`: a size announced out of band, checked at the end.
     pub fn file(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
-        Self::start(Some(dst), expected, None, conns)
+        Self::start(Some(dst), expected, None, Reassembly::new(), conns)
+    }
+
+    /// Resume a file of which `have` is already in `dst`: the sender sends
+    /// the rest ([`Sender::file_except`](crate::Sender::file_except)), and
+    /// the transfer is complete when `have` and what arrived cover the
+    /// file exactly.
+    pub fn file_resume(
+        dst: Arc<dyn WriteAt>,
+        expected: Option<u64>,
+        have: crate::ranges::RangeSet,
+        conns: Vec<S>,
+    ) -> Self {
+        Self::start(
+            Some(dst),
+            expected,
+            None,
+            Reassembly::with_ranges(have),
+            conns,
+        )
     }
 
     /// Receive an ordered byte stream read with
@@ -139,19 +158,20 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             read_pos: 0,
             admitted: RangeSet::new(),
         };
-        Self::start(None, None, Some(ro), conns)
+        Self::start(None, None, Some(ro), Reassembly::new(), conns)
     }
 
     fn start(
         file: Option<Arc<dyn WriteAt>>,
         expected: Option<u64>,
         reorder: Option<Reorder>,
+        reasm: Reassembly,
         conns: Vec<S>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             st: Mutex::new(State {
-                reasm: Reassembly::new(),
+                reasm,
                 stats: Vec::new(),
                 failed: None,
                 result: None,
@@ -303,8 +323,8 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
                 break st
                     .reasm
                     .finish(shared.expected)
-                    .map(|total| TransferReport {
-                        bytes: total,
+                    .map(|_total| TransferReport {
+                        bytes: st.stats.iter().map(|s| s.bytes).sum(),
                         streams: st.stats.clone(),
                     });
             }

@@ -11,6 +11,8 @@
 //! [`Scheduler::close`]: a byte stream is scheduled like a file whose end is
 //! not known yet.
 
+use crate::ranges::RangeSet;
+
 /// How records are assigned to connections.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Schedule {
@@ -57,6 +59,10 @@ pub struct Scheduler {
     conns: Vec<Conn>,
     /// Ranges given back by retired static connections, taken by anyone.
     leftovers: Vec<(u64, u64)>,
+    /// Ranges the receiver already has (a resumed transfer): never sent.
+    skip: RangeSet,
+    /// Bytes of `skip` at or after `cursor`.
+    skip_ahead: u64,
 }
 
 /// A scheduler request that cannot be honoured.
@@ -94,7 +100,18 @@ impl Scheduler {
             cursor: 0,
             conns: Vec::new(),
             leftovers: Vec::new(),
+            skip: RangeSet::new(),
+            skip_ahead: 0,
         }
+    }
+
+    /// Dynamic scheduling of the bytes of `[0, len)` that are not in
+    /// `have` (the ranges a resuming receiver already holds).
+    pub fn dynamic_except(record_size: u32, len: u64, have: &RangeSet) -> Self {
+        let mut s = Self::dynamic(record_size, len);
+        s.skip = have.clamped(len);
+        s.skip_ahead = s.skip.covered();
+        s
     }
 
     /// Static scheduling of `len` bytes over exactly `n` connections
@@ -209,14 +226,28 @@ impl Scheduler {
         if self.schedule == Schedule::Static {
             return Next::Done;
         }
+        // Step over what the receiver has; stop records short of it.
+        let mut limit = self.available;
+        while let Some((a, b)) = self.skip.at_or_after(self.cursor) {
+            if a <= self.cursor {
+                self.skip_ahead -= b - a;
+                self.cursor = b.max(self.cursor);
+                continue;
+            }
+            limit = limit.min(a);
+            break;
+        }
         if self.cursor < self.available {
             let offset = self.cursor;
-            let rest = self.available - offset;
+            let rest = (self.available - offset).saturating_sub(self.skip_ahead);
+            let room = limit - offset;
             let len = if self.closed {
                 rs.min(self.tail_len(rest))
             } else {
                 rs.min(rest)
-            };
+            }
+            .min(room)
+            .max(1);
             self.cursor += len;
             return Next::Record { offset, len };
         }
@@ -358,6 +389,28 @@ mod tests {
         let mut all = got;
         all.insert(50, 60).unwrap();
         assert!(all.is_complete(100));
+    }
+
+    #[test]
+    fn resumed_schedules_only_what_is_missing() {
+        let mut have = RangeSet::new();
+        have.insert(0, 100).unwrap();
+        have.insert(250, 260).unwrap();
+        have.insert(900, 1000).unwrap();
+        let mut s = Scheduler::dynamic_except(64, 1000, &have);
+        let a = s.add_conn().unwrap();
+        let b = s.add_conn().unwrap();
+        let (got, _) = drain(&mut s, &[a, b, b, a]);
+        let mut want = RangeSet::new();
+        want.insert(100, 250).unwrap();
+        want.insert(260, 900).unwrap();
+        assert_eq!(got, want);
+        // Everything present: nothing to send.
+        let mut all = RangeSet::new();
+        all.insert(0, 1000).unwrap();
+        let mut s = Scheduler::dynamic_except(64, 1000, &all);
+        let c = s.add_conn().unwrap();
+        assert_eq!(s.next(c), Next::Done);
     }
 
     #[test]

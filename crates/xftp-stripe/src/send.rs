@@ -157,6 +157,20 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         Self::start(sched, None, Some(src), conns)
     }
 
+    /// Resume: send the bytes of `[0, len)` the receiver does not have
+    /// (`have`), dynamically scheduled whatever `cfg` says. The end of the
+    /// transfer (EOF, EODs) is as for [`Sender::file`].
+    pub fn file_except(
+        src: Arc<dyn ReadAt>,
+        len: u64,
+        have: &crate::ranges::RangeSet,
+        conns: Vec<S>,
+        cfg: &SendConfig,
+    ) -> Self {
+        let sched = Scheduler::dynamic_except(cfg.record_size, len, have);
+        Self::start(sched, None, Some(src), conns)
+    }
+
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
     /// [`poll_write`](Self::poll_write). At most `buffer` bytes wait
     /// between the application and the connections (raised to two records).

@@ -550,3 +550,49 @@ impl AsyncRead for ReadStream {
         self.0.poll_read(cx, buf)
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_transfer_sends_only_the_holes() {
+    use xftp_stripe::ranges::RangeSet;
+    use xftp_stripe::WriteAt;
+    let data = pattern(1_000_003, 77);
+    let len = data.len() as u64;
+    // Holes anywhere: the head, two in the middle, the tail.
+    let mut have = RangeSet::new();
+    for (a, b) in [
+        (5_000u64, 200_000u64),
+        (200_001, 700_000),
+        (800_000, 990_000),
+    ] {
+        have.insert(a, b).unwrap();
+    }
+    for n in [1usize, 3, 8] {
+        let dst = Arc::new(MemFile::default());
+        for (a, b) in have.iter() {
+            dst.write_at(&data[a as usize..b as usize], a).unwrap();
+        }
+        let (tx, rx) = duplexes(n);
+        let cfg = SendConfig {
+            record_size: 16 * 1024,
+            schedule: Schedule::Dynamic,
+        };
+        let src = Arc::new(MemFile::from(data.clone()));
+        let sender = Sender::file_except(src, len, &have, tx, &cfg);
+        let receiver = Receiver::file_resume(dst.clone(), Some(len), have.clone(), rx);
+        let (s, r) = tokio::join!(sender.finish(), receiver.finish());
+        let (s, r) = (s.unwrap(), r.unwrap());
+        assert_eq!(dst.to_vec(), data, "n {n}");
+        let missing: u64 = have.missing(len).iter().map(|(a, b)| b - a).sum();
+        assert_eq!(s.bytes, missing, "sent only the holes");
+        assert_eq!(r.bytes, missing);
+    }
+    // A sender that resends what the receiver has is refused, not
+    // written over the data in place.
+    let dst = Arc::new(MemFile::default());
+    let (tx, rx) = duplexes(2);
+    let src = Arc::new(MemFile::from(data.clone()));
+    let sender = Sender::file(src, len, tx, &SendConfig::default());
+    let receiver = Receiver::file_resume(dst, Some(len), have.clone(), rx);
+    let (_, r) = tokio::join!(sender.finish(), receiver.finish());
+    assert!(r.is_err(), "overlap with the resumed ranges accepted");
+}

@@ -6,15 +6,12 @@
 //! progress output (`--json-progress`, nothing on a pipe, a bar on a
 //! terminal).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 mod support;
 use support::{
-    have_pyftpdlib, serve, sha256_file, spawn_logging_server, write_prng_file, Pyftpd, PYTHON,
+    have_pyftpdlib, serve, sha256_file, spawn_logging_server, write_prng_file, Ctl, Pyftpd, PYTHON,
 };
 
 fn xftp(args: &[&str], cwd: &Path) -> Output {
@@ -31,46 +28,6 @@ fn last_json(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().last().unwrap_or("");
     serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON {text:?}: {e}"))
-}
-
-/// A line-at-a-time control connection.
-struct Ctl {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
-}
-
-impl Ctl {
-    fn login(port: u16) -> Ctl {
-        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut c = Ctl {
-            r: BufReader::new(s.try_clone().unwrap()),
-            w: s,
-        };
-        assert!(c.reply().starts_with("220"));
-        assert!(c.cmd("USER anonymous").starts_with("331"));
-        assert!(c.cmd("PASS x@y").starts_with("230"));
-        c
-    }
-
-    /// The last line of the reply (multi-line replies included).
-    fn reply(&mut self) -> String {
-        let mut all = String::new();
-        loop {
-            let mut line = String::new();
-            assert!(self.r.read_line(&mut line).unwrap() > 0, "closed");
-            all.push_str(&line);
-            let b = line.as_bytes();
-            if b.len() >= 4 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b' ' {
-                return all;
-            }
-        }
-    }
-
-    fn cmd(&mut self, c: &str) -> String {
-        self.w.write_all(format!("{c}\r\n").as_bytes()).unwrap();
-        self.reply()
-    }
 }
 
 /// Python's own values for a file: hashlib and zlib, no code of ours.

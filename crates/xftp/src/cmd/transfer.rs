@@ -57,6 +57,10 @@ pub struct TransferArgs {
     /// it, the strongest the server offers.
     #[arg(long, value_name = "ALG", num_args = 0..=1, require_equals = true, default_missing_value = "auto", value_parser = parse_verify)]
     verify: Option<Verify>,
+    /// Move at most this many bytes per second, all connections together
+    /// (k, M, G: powers of 1024), as curl's --limit-rate.
+    #[arg(long, value_name = "BYTES", value_parser = parse_rate)]
+    limit_rate: Option<u64>,
     /// No progress bar and no summary line (errors are still printed).
     #[arg(short, long)]
     quiet: bool,
@@ -87,6 +91,16 @@ fn progress_for(
     let mode = super::progress::Mode::choose(t.quiet, json, t.json_progress, v);
     let p = (mode.bar || mode.json).then(xftp_client::Progress::new);
     (p, mode)
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    match xftp_proto::parse_bufsize("--limit-rate", s) {
+        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(n),
+        Ok(xftp_proto::BufSize::Auto) => Err(format!(
+            "{s:?}: give a rate in bytes per second, e.g. 10M (leave the option out for no limit)"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_verify(s: &str) -> Result<Verify, String> {
@@ -181,6 +195,12 @@ pub struct GetArgs {
     /// Local file or existing directory (default: the remote file name in
     /// the current directory).
     local: Option<PathBuf>,
+    /// Resumable: keep a cut download's partial file (`.NAME.xftp-part`)
+    /// and its record of received ranges, and fetch only what is missing
+    /// when run again with -c. A source whose size or modification time
+    /// changed is refused. Give -c on the first run too.
+    #[arg(short = 'c', long = "continue")]
+    resume: bool,
     #[command(flatten)]
     t: TransferArgs,
     #[command(flatten)]
@@ -296,6 +316,10 @@ struct Summary {
     /// The TLS cipher suite, when TLS was used.
     #[serde(skip_serializing_if = "Option::is_none")]
     tls_cipher: Option<String>,
+    /// A resumed download (`-c`): bytes that were already in place
+    /// (`bytes` counts only what this run moved).
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes_already_present: u64,
     /// `--verify`: the algorithm both ends used.
     #[serde(skip_serializing_if = "Option::is_none")]
     checksum_algorithm: Option<String>,
@@ -330,6 +354,7 @@ impl Summary {
             tls: false,
             tls_version: None,
             tls_cipher: None,
+            bytes_already_present: r.already,
             checksum_algorithm: r.checksum.as_ref().map(|c| c.algorithm.to_string()),
             checksum: r.checksum.as_ref().map(|c| c.value.clone()),
             error: None,
@@ -362,12 +387,17 @@ impl Summary {
             tls: false,
             tls_version: None,
             tls_cipher: None,
+            bytes_already_present: 0,
             checksum_algorithm: None,
             checksum: None,
             error: Some(msg),
             listing: None,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Which command failed: the hint depends on it.
@@ -397,11 +427,24 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         };
         let (progress, mode) = progress_for(&a.t, json);
         let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+        client.set_resume(a.resume);
         let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
         display.finish().await;
         print_notices(&mut client);
-        let r = r.map_err(|e| explain(e, Op::Get, &url))?;
+        let kept = a.resume
+            && r.as_ref()
+                .is_err_and(|e| !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_)));
+        let r = r.map_err(|e| explain(e, Op::Get, &url)).map_err(|e| {
+            if kept {
+                anyhow::anyhow!(
+                    "{e:#} — the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
+                    xftp_client::partial_path(&target).display()
+                )
+            } else {
+                e
+            }
+        })?;
         let summary = conclude(&client, &url, &r, start);
         client.quit().await;
         Ok::<_, anyhow::Error>(summary)
@@ -469,6 +512,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             elapsed,
             timeline: None,
             checksum: None,
+            already: 0,
         };
         let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
@@ -573,6 +617,10 @@ pub(crate) async fn session(
         tls: tls_setup(url, c.tls, c.cacert.as_deref(), c.insecure)?,
         verify: t.and_then(|t| t.verify).unwrap_or_default(),
         progress,
+        limit_rate: t
+            .and_then(|t| t.limit_rate)
+            .map(xftp_client::RateLimit::new),
+        resume: false,
     };
     let mut client = Client::connect(&url.host, url.port, cfg)
         .await
@@ -688,6 +736,10 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 .into(),
         ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
+        ClientError::SourceChanged { partial, .. } => Some(format!(
+            "remove {} (and its .ranges file) to download the new version from the start",
+            partial.display()
+        )),
         ClientError::ChecksumMismatch { .. } => Some(match op {
             Op::Put => "the server's copy differs from the local file and was deleted; run it again (if it repeats, the local file may be changing, or a disk or memory fault corrupts data)".into(),
             _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
@@ -829,6 +881,7 @@ mod tests {
                 algorithm: xftp_client::Algorithm::Md5,
                 value: "900150983cd24fb0d6963f7d28e17f72".into(),
             }),
+            already: 0,
         };
         let v: serde_json::Value =
             serde_json::to_value(Summary::ok(&r, Duration::from_secs(3))).unwrap();
@@ -839,6 +892,7 @@ mod tests {
         assert_eq!(v["per_stream_bytes"], serde_json::json!([6, 4]));
         assert_eq!(v["checksum_algorithm"], "MD5");
         assert_eq!(v["checksum"], "900150983cd24fb0d6963f7d28e17f72");
+        assert!(v.get("bytes_already_present").is_none(), "only after a resume");
         assert!(v.get("error").is_none());
         let v = serde_json::to_value(Summary::failed("boom".into(), Duration::ZERO)).unwrap();
         assert_eq!(v["status"], "error");

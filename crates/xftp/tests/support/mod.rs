@@ -153,3 +153,43 @@ pub fn spawn_logging_server(mut cmd: Command) -> Pyftpd {
         .expect("pyftpdlib did not report its port within 20 s");
     server
 }
+
+/// A line-at-a-time control connection.
+pub struct Ctl {
+    w: std::net::TcpStream,
+    r: BufReader<std::net::TcpStream>,
+}
+
+impl Ctl {
+    pub fn login(port: u16) -> Ctl {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut c = Ctl {
+            r: BufReader::new(s.try_clone().unwrap()),
+            w: s,
+        };
+        assert!(c.reply().starts_with("220"));
+        assert!(c.cmd("USER anonymous").starts_with("331"));
+        assert!(c.cmd("PASS x@y").starts_with("230"));
+        c
+    }
+
+    /// The last line of the reply (multi-line replies included).
+    pub fn reply(&mut self) -> String {
+        let mut all = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(self.r.read_line(&mut line).unwrap() > 0, "closed");
+            all.push_str(&line);
+            let b = line.as_bytes();
+            if b.len() >= 4 && b[..3].iter().all(u8::is_ascii_digit) && b[3] == b' ' {
+                return all;
+            }
+        }
+    }
+
+    pub fn cmd(&mut self, c: &str) -> String {
+        self.w.write_all(format!("{c}\r\n").as_bytes()).unwrap();
+        self.reply()
+    }
+}

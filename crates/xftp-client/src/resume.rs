@@ -1,0 +1,295 @@
+//! Resumable downloads (`-c`): the partial file beside the target and the
+//! record of which byte ranges it holds.
+//!
+//! `dir/.NAME.xftp-part` holds the data, `dir/.NAME.xftp-part.ranges` (JSON)
+//! the ranges known to be on disk, with the source's size and modification
+//! time. The record is rewritten every half second while data arrives: the
+//! ranges are read first, then the file is synced, then the record is
+//! written to a temporary and renamed over the old one, so a record never
+//! names a byte that is not on disk, whenever the client dies. A resumed
+//! transfer asks only for the missing ranges (`REST a-b,...` in MODE E,
+//! `REST offset` in stream mode), so holes anywhere are filled, not only a
+//! tail. Neither file has the final name until the whole file arrived.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use xftp_stripe::ranges::RangeSet;
+use xftp_stripe::WriteAt;
+
+/// How often the record is rewritten while data arrives.
+pub(crate) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What identifies the source: a resume against a different size or
+/// modification time would splice two versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceMeta {
+    /// The server's SIZE.
+    pub size: u64,
+    /// The server's MDTM (`YYYYMMDDHHMMSS`), when it answers.
+    pub mdtm: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    version: u32,
+    /// `host:port/path`, never a password.
+    source: String,
+    #[serde(flatten)]
+    meta: SourceMeta,
+    ranges: Vec<(u64, u64)>,
+}
+
+/// The partial file, written at any offset, remembering what was written.
+#[derive(Debug)]
+pub(crate) struct Recording {
+    file: std::fs::File,
+    ranges: Mutex<RangeSet>,
+}
+
+impl Recording {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RangeSet> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ranges written so far.
+    pub(crate) fn ranges(&self) -> RangeSet {
+        self.lock().clone()
+    }
+
+    /// Record bytes written through another handle of the same file.
+    pub(crate) fn wrote(&self, offset: u64, len: u64) {
+        self.lock().union(offset, offset + len);
+    }
+}
+
+impl WriteAt for Recording {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)?;
+        self.wrote(offset, buf.len() as u64);
+        Ok(())
+    }
+}
+
+/// A resumable download in progress.
+#[derive(Debug)]
+pub(crate) struct Partial {
+    pub path: PathBuf,
+    record: PathBuf,
+    source: String,
+    pub meta: SourceMeta,
+    /// Present when the run began.
+    pub had: RangeSet,
+    pub rec: Arc<Recording>,
+}
+
+/// Why a resume cannot go on.
+#[derive(Debug)]
+pub(crate) enum ResumeError {
+    Io(PathBuf, io::Error),
+    Changed {
+        was: SourceMeta,
+        now: SourceMeta,
+        partial: PathBuf,
+    },
+}
+
+/// Where `-c` keeps the partial download of `target`:
+/// `dir/.NAME.xftp-part` (its record of ranges: the same name + `.ranges`).
+pub fn partial_path(target: &Path) -> PathBuf {
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "download".into());
+    dir.join(format!(".{name}.xftp-part"))
+}
+
+fn record_path(partial: &Path) -> PathBuf {
+    let mut p = partial.as_os_str().to_owned();
+    p.push(".ranges");
+    PathBuf::from(p)
+}
+
+impl Partial {
+    /// Open the partial of `target` (created if missing) and check its
+    /// record against the source as it is now.
+    pub(crate) fn open(
+        target: &Path,
+        source: &str,
+        now: SourceMeta,
+    ) -> Result<Partial, ResumeError> {
+        let path = partial_path(target);
+        let record = record_path(&path);
+        let io_err = |p: &Path| {
+            let p = p.to_owned();
+            move |e| ResumeError::Io(p, e)
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let on_disk = file.metadata().map_err(io_err(&path))?.len();
+        let mut had = RangeSet::new();
+        match std::fs::read(&record) {
+            Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
+                Ok(r) if r.version == 1 => {
+                    if r.meta != now {
+                        return Err(ResumeError::Changed {
+                            was: r.meta,
+                            now,
+                            partial: path,
+                        });
+                    }
+                    for (a, b) in r.ranges {
+                        // Never trust a range past what the file holds.
+                        had.union(a.min(on_disk), b.min(on_disk));
+                    }
+                }
+                _ => tracing::warn!(
+                    "{}: unreadable resume record, starting over",
+                    record.display()
+                ),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ResumeError::Io(record, e)),
+        }
+        let had = had.clamped(now.size);
+        Ok(Partial {
+            rec: Arc::new(Recording {
+                file,
+                ranges: Mutex::new(had.clone()),
+            }),
+            path,
+            record,
+            source: source.to_owned(),
+            meta: now,
+            had,
+        })
+    }
+
+    /// Bytes already in place when this run began.
+    pub(crate) fn already(&self) -> u64 {
+        self.had.covered()
+    }
+
+    /// Make what was recorded durable and say so in the record.
+    pub(crate) fn checkpoint(&self) -> io::Result<()> {
+        checkpoint(&self.rec, &self.record, &self.source, &self.meta)
+    }
+
+    /// A task that checkpoints every [`CHECKPOINT_EVERY`] until aborted.
+    pub(crate) fn spawn_checkpoints(&self) -> tokio::task::JoinHandle<()> {
+        let (rec, record, source, meta) = (
+            self.rec.clone(),
+            self.record.clone(),
+            self.source.clone(),
+            self.meta.clone(),
+        );
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(CHECKPOINT_EVERY);
+            t.tick().await;
+            loop {
+                t.tick().await;
+                let (rec, record, source, meta) =
+                    (rec.clone(), record.clone(), source.clone(), meta.clone());
+                let r =
+                    tokio::task::spawn_blocking(move || checkpoint(&rec, &record, &source, &meta))
+                        .await;
+                if let Ok(Err(e)) = r {
+                    tracing::warn!("cannot write the resume record: {e}");
+                }
+            }
+        })
+    }
+
+    /// The whole file is here: remove the record (the caller renames the
+    /// data into place).
+    pub(crate) fn remove_record(&self) {
+        let _ = std::fs::remove_file(&self.record);
+    }
+}
+
+fn checkpoint(rec: &Recording, record: &Path, source: &str, meta: &SourceMeta) -> io::Result<()> {
+    // Ranges first, then sync: every range named was written before the sync.
+    let ranges: Vec<(u64, u64)> = rec.ranges().iter().collect();
+    rec.file.sync_data()?;
+    let r = Record {
+        version: 1,
+        source: source.to_owned(),
+        meta: meta.clone(),
+        ranges,
+    };
+    let text = serde_json::to_vec(&r).map_err(io::Error::other)?;
+    let mut tmp = record.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(size: u64) -> SourceMeta {
+        SourceMeta {
+            size,
+            mdtm: Some("20261124120000".into()),
+        }
+    }
+
+    #[test]
+    fn a_record_survives_and_a_changed_source_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f.bin");
+        let p = Partial::open(&target, "h:21/f.bin", meta(100)).unwrap();
+        assert_eq!(p.already(), 0);
+        p.rec.write_at(&[1u8; 10], 20).unwrap();
+        p.rec.write_at(&[2u8; 5], 90).unwrap();
+        p.checkpoint().unwrap();
+        drop(p);
+        let p = Partial::open(&target, "h:21/f.bin", meta(100)).unwrap();
+        assert_eq!(p.had.iter().collect::<Vec<_>>(), vec![(20, 30), (90, 95)]);
+        assert_eq!(p.already(), 15);
+        drop(p);
+        match Partial::open(&target, "h:21/f.bin", meta(101)) {
+            Err(ResumeError::Changed { was, now, .. }) => {
+                assert_eq!((was.size, now.size), (100, 101));
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut m = meta(100);
+        m.mdtm = Some("20261124120001".into());
+        assert!(matches!(
+            Partial::open(&target, "h:21/f.bin", m),
+            Err(ResumeError::Changed { .. })
+        ));
+    }
+
+    #[test]
+    fn ranges_past_the_data_on_disk_are_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("g");
+        let p = Partial::open(&target, "s", meta(1000)).unwrap();
+        p.rec.write_at(&[1u8; 100], 0).unwrap();
+        p.rec.wrote(100, 400); // claimed but never written
+        p.checkpoint().unwrap();
+        drop(p);
+        let p = Partial::open(&target, "s", meta(1000)).unwrap();
+        assert_eq!(p.had.iter().collect::<Vec<_>>(), vec![(0, 100)]);
+    }
+}

@@ -1,0 +1,253 @@
+//! Resumable downloads (`xftp get -c`): downloads killed (SIGKILL) at
+//! random points several times in a row finish with the right bytes and
+//! move less than the whole file the last time; a source that changed is
+//! refused; a server killed and restarted mid-transfer; REST with ranges
+//! on the server. Kill times come from a seed printed at the start
+//! (`XFTP_RESUME_SEED=N` repeats a run).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+mod support;
+use support::{serve, sha256_file, write_prng_file, Ctl};
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run xftp")
+}
+
+/// Run xftp and SIGKILL it after `after` (if it is still running).
+fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp");
+    std::thread::sleep(after);
+    let killed = matches!(child.try_wait(), Ok(None));
+    let _ = child.kill();
+    let _ = child.wait();
+    killed
+}
+
+fn seed() -> u64 {
+    let s = std::env::var("XFTP_RESUME_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("resume seed {s} (XFTP_RESUME_SEED={s} repeats this run)");
+    s
+}
+
+/// xorshift64*
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON {text:?}: {e}; stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn leftovers(d: &Path) -> Vec<String> {
+    std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("xftp-part"))
+        .collect()
+}
+
+const SIZE: u64 = 24_000_000 + 4_321;
+
+#[test]
+fn killed_downloads_resume_to_the_whole_file() {
+    let mut rng = seed() | 1;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&root.join("f.bin"), SIZE, 42);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
+    for p in ["4", "1", "auto", "8"] {
+        let name = format!("f-{p}.bin");
+        // 10 MB/s: the file takes about 2.4 s, cut three times.
+        let args = ["get", "-c", "-p", p, "--limit-rate", "10M", &url, &name];
+        let mut cuts = 0;
+        for _ in 0..3 {
+            let ms = 300 + next(&mut rng) % 700;
+            if xftp_killed(&args, &local, Duration::from_millis(ms)) {
+                cuts += 1;
+            }
+        }
+        assert!(
+            cuts >= 2,
+            "-p {p}: the transfers ended before they could be cut"
+        );
+        assert!(
+            !local.join(&name).exists(),
+            "-p {p}: a cut file under its final name"
+        );
+        let out = xftp(&["get", "-c", "-p", p, "--json", &url, &name], &local);
+        assert!(out.status.success(), "-p {p}: {out:?}");
+        let j = json(&out);
+        let moved = j["bytes"].as_u64().unwrap();
+        let already = j["bytes_already_present"].as_u64().unwrap_or(0);
+        assert!(already > 0, "-p {p}: nothing was kept: {j}");
+        assert!(
+            moved < SIZE,
+            "-p {p}: the resumed run moved the whole file: {j}"
+        );
+        assert_eq!(moved + already, SIZE, "-p {p}: {j}");
+        assert_eq!(
+            sha256_file(&local.join(&name)),
+            sha256_file(&root.join("f.bin")),
+            "-p {p}"
+        );
+    }
+    assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
+}
+
+#[test]
+fn a_changed_source_is_refused_and_the_partial_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&root.join("g.bin"), SIZE, 7);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/g.bin", srv.port);
+    let args = ["get", "-c", "-p", "4", "--limit-rate", "10M", &url, "g.bin"];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    // Same size, another modification time.
+    let st = Command::new("touch")
+        .args(["-d", "2001-02-03 04:05:06"])
+        .arg(root.join("g.bin"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = xftp(&["get", "-c", &url, "g.bin"], &local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("source changed")
+            && err.contains("remove")
+            && err.contains(".g.bin.xftp-part"),
+        "{err}"
+    );
+    assert!(!local.join("g.bin").exists());
+    assert_eq!(leftovers(&local).len(), 2, "partial and record kept");
+    // Another size.
+    write_prng_file(&root.join("g.bin"), SIZE - 1, 8);
+    let out = xftp(&["get", "-c", &url, "g.bin"], &local);
+    assert!(!out.status.success());
+    // Removing the partial starts over and gets the new version.
+    for f in leftovers(&local) {
+        std::fs::remove_file(local.join(f)).unwrap();
+    }
+    let out = xftp(&["get", "-c", &url, "g.bin"], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&local.join("g.bin")),
+        sha256_file(&root.join("g.bin"))
+    );
+}
+
+#[test]
+fn a_server_killed_mid_transfer_is_resumed_after_its_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&root.join("h.bin"), SIZE, 9);
+    let mut srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/h.bin", srv.port);
+    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args([
+            "get",
+            "-c",
+            "-p",
+            "4",
+            "--limit-rate",
+            "10M",
+            "--timeout",
+            "5",
+            &url,
+            "h.bin",
+        ])
+        .current_dir(&local)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    srv.child.kill().unwrap();
+    let _ = srv.child.wait();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the download survived its server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("partial download is kept") && err.contains("-c"),
+        "{err}"
+    );
+    assert!(!local.join("h.bin").exists());
+    let srv2 = serve(&root, &[]);
+    let url2 = format!("ftp://127.0.0.1:{}/h.bin", srv2.port);
+    let out = xftp(&["get", "-c", "-p", "4", "--json", &url2, "h.bin"], &local);
+    assert!(out.status.success(), "{out:?}");
+    let j = json(&out);
+    assert!(j["bytes_already_present"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert_eq!(
+        sha256_file(&local.join("h.bin")),
+        sha256_file(&root.join("h.bin"))
+    );
+    assert!(leftovers(&local).is_empty());
+}
+
+#[test]
+fn rest_with_ranges_on_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    write_prng_file(&dir.path().join("r.bin"), 1000, 1);
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    // Stream mode takes only REST OFFSET.
+    assert!(c.cmd("REST 0-10,20-30").starts_with("350"));
+    assert!(
+        c.cmd("RETR r.bin").starts_with("504"),
+        "ranges in stream mode"
+    );
+    assert!(c.cmd("MODE E").starts_with("200"));
+    assert!(c.cmd("TYPE I").starts_with("200"));
+    assert!(c.cmd("REST 0-2000").starts_with("350"));
+    let r = c.cmd("RETR r.bin");
+    assert!(r.starts_with("554") && r.contains("changed"), "{r}");
+    assert!(c.cmd("REST 10-5").starts_with("501"));
+    assert!(c.cmd("REST 0-10").starts_with("350"));
+    assert!(c.cmd("STOR x").starts_with("504"), "ranges on an upload");
+    assert!(c.cmd("NOOP").starts_with("200"));
+}
