@@ -1300,6 +1300,58 @@ impl Client {
         Ok(out)
     }
 
+    /// The entries of a remote directory (MLSD, RFC 3659), without `.`
+    /// and `..`; a server without MLSD gives the error of its refusal.
+    pub async fn mlsd(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+        let (_, setup) = self.prepare_data(true, None).await?;
+        let c = Cmd::with("MLSD", path);
+        self.ctl.send(&[&c]).await?;
+        let (conns, _) = self.start_transfer(&c, setup).await?;
+        let mut out = Vec::new();
+        let mut capped = Capped {
+            out: &mut out,
+            left: MAX_LISTING,
+        };
+        self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
+            .await?;
+        self.expect_complete(&c).await?;
+        Ok(String::from_utf8_lossy(&out)
+            .lines()
+            .filter_map(xftp_proto::facts::parse_mlsx)
+            .filter(|e| e.kind != xftp_proto::facts::Kind::SelfOrParent)
+            .collect())
+    }
+
+    /// Create a remote directory; `Ok(false)` when the server refuses
+    /// (it may exist already).
+    pub async fn mkd(&mut self, path: &str) -> Result<bool> {
+        let c = Cmd::with("MKD", path);
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        Ok(r.code == 257)
+    }
+
+    /// Set a remote file's modification time (MFMT); `Ok(false)` when the
+    /// server refuses or does not know MFMT.
+    pub async fn mfmt(&mut self, path: &str, secs: i64) -> Result<bool> {
+        let c = Cmd::with(
+            "MFMT",
+            format!("{} {path}", xftp_proto::facts::format_time(secs)),
+        );
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        Ok(r.code == 213)
+    }
+
+    /// Set a remote file's permission bits (SITE CHMOD); `Ok(false)` when
+    /// the server refuses.
+    pub async fn chmod(&mut self, path: &str, mode: u32) -> Result<bool> {
+        let c = Cmd::with("SITE", format!("CHMOD {:o} {path}", mode & 0o777));
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        Ok(r.code == 200)
+    }
+
     /// Say goodbye. Errors are ignored: the session is over either way.
     pub async fn quit(mut self) {
         // Everything the user asked for is done and checked by now, so the

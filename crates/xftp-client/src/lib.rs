@@ -44,6 +44,7 @@ pub mod negotiate;
 pub mod progress;
 mod resume;
 pub mod sockbuf;
+pub mod tree;
 pub mod url;
 mod watchdog;
 

@@ -68,6 +68,9 @@ pub enum Command {
     Size(Vec<u8>),
     /// MDTM path
     Mdtm(Vec<u8>),
+    /// MFMT time path (draft-somers-ftp-mfxx): set a file's modification
+    /// time (seconds since the epoch, parsed from `YYYYMMDDHHMMSS`).
+    Mfmt(i64, Vec<u8>),
     /// RETR path
     Retr(Vec<u8>),
     /// STOR path
@@ -189,6 +192,24 @@ impl Command {
             "MLST" => Command::Mlst(opt_path("MLST")?),
             "SIZE" => Command::Size(path("SIZE")?),
             "MDTM" => Command::Mdtm(path("MDTM")?),
+            "MFMT" => {
+                let a = arg.ok_or(ProtoError::MissingArgument("MFMT"))?;
+                let bad = |reason: &str| ProtoError::BadArgument {
+                    verb: "MFMT",
+                    reason: reason.into(),
+                };
+                let sp = a
+                    .iter()
+                    .position(|b| *b == b' ')
+                    .ok_or_else(|| bad("MFMT YYYYMMDDHHMMSS path"))?;
+                let t = crate::facts::parse_time(&String::from_utf8_lossy(&a[..sp]))
+                    .ok_or_else(|| bad("the time is not YYYYMMDDHHMMSS"))?;
+                let p = &a[sp + 1..];
+                if p.is_empty() || p.contains(&0) {
+                    return Err(bad("missing or bad path"));
+                }
+                Command::Mfmt(t, p.to_vec())
+            }
             "RETR" => Command::Retr(path("RETR")?),
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
@@ -486,6 +507,12 @@ mod tests {
             Command::Retr(b"a b.txt".to_vec())
         );
         assert_eq!(Command::parse(b"REST 100").unwrap(), Command::Rest(100));
+        assert_eq!(
+            Command::parse(b"MFMT 20231114221320 a b").unwrap(),
+            Command::Mfmt(1_700_000_000, b"a b".to_vec())
+        );
+        assert!(Command::parse(b"MFMT 2023 a").is_err());
+        assert!(Command::parse(b"MFMT 20231114221320").is_err());
         assert_eq!(Command::parse(b"LIST ").unwrap(), Command::List(None));
         assert_eq!(Command::parse(b"MULT").unwrap(), Command::Mult(None));
         assert_eq!(

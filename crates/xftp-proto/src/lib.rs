@@ -14,6 +14,7 @@
 pub mod ascii;
 pub mod cksum;
 pub mod command;
+pub mod facts;
 pub mod hostport;
 pub mod path;
 pub mod reply;

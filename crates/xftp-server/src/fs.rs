@@ -157,38 +157,16 @@ pub fn mtime_secs(md: &Metadata) -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// (year, month 1-12, day 1-31) for days since 1970-01-01
-/// (H. Hinnant's civil_from_days).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
 /// `YYYYMMDDHHMMSS` in UTC (MDTM, MLSx `modify` fact; RFC 3659).
 pub fn mdtm_string(secs: i64) -> String {
-    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
-    let s = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}{mo:02}{d:02}{:02}{:02}{:02}",
-        s / 3600,
-        s % 3600 / 60,
-        s % 60
-    )
+    xftp_proto::facts::format_time(secs)
 }
 
 fn ls_date(secs: i64) -> String {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let (y, mo, d) = xftp_proto::facts::civil_from_days(secs.div_euclid(86_400));
     let s = secs.rem_euclid(86_400);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

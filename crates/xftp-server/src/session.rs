@@ -494,6 +494,7 @@ impl Session {
             Command::Size(p) => self.size(&p).await?,
             Command::Mdtm(p) => self.mdtm(&p).await?,
             Command::Cksm(a) => self.cksm(a).await?,
+            Command::Mfmt(t, p) => self.mfmt(t, &p).await?,
             Command::Hash(p) => self.hash(&p).await?,
             Command::Retr(p) => self.retr(&p).await?,
             Command::Stor(p) => self.store(&p, false).await?,
@@ -826,6 +827,7 @@ impl Session {
             "EPSV",
             "CKSM MD5:10;ADLER32:10;CRC32:10;CRC32C:10;SHA1:10;SHA256:11;SHA512:12;",
             "MDTM",
+            "MFMT",
             "MLST type*;size*;modify*;perm*;UNIX.mode*;",
             "MULT",
             "MODE E",
@@ -852,7 +854,7 @@ impl Session {
             "USER PASS QUIT NOOP SYST STAT HELP FEAT OPTS TYPE MODE STRU".to_string(),
             "PWD CWD CDUP LIST NLST MLSD MLST SIZE MDTM RETR STOR APPE REST".to_string(),
             "DELE MKD RMD RNFR RNTO ABOR PORT PASV EPRT EPSV ALLO MULT MPRT".to_string(),
-            "CKSM HASH AUTH PBSZ PROT".to_string(),
+            "CKSM HASH MFMT AUTH PBSZ PROT (SITE HELP for SITE)".to_string(),
             "Help OK.".to_string(),
         ];
         self.send(&Reply::multi(214, lines)).await
@@ -1026,7 +1028,7 @@ impl Session {
             ("HELP", _) => {
                 self.reply(
                     214,
-                    "SITE commands: HELP, BUFSIZE n|auto, WIN n|auto, RBUFSZ n|auto, SBUFSZ n|auto (also SBUF n)",
+                    "SITE commands: HELP, BUFSIZE n|auto, WIN n|auto, RBUFSZ n|auto, SBUFSZ n|auto (also SBUF n), CHMOD mode path",
                 )
                 .await
             }
@@ -1044,6 +1046,17 @@ impl Session {
                     Ok(b) => self.set_bufsize(b).await,
                     Err(e) => self.reply(501, e.to_string()).await,
                 }
+            }
+            ("CHMOD", Some(m)) => {
+                // The path is everything after the mode (it may hold spaces).
+                let path = s
+                    .trim_start()
+                    .splitn(3, char::is_whitespace)
+                    .nth(2)
+                    .unwrap_or("")
+                    .trim_start()
+                    .to_owned();
+                self.chmod(m, &path).await
             }
             // GridFTP clients announce themselves; nothing to do.
             ("CLIENTINFO", _) => self.reply(250, "Client info noted.").await,
@@ -1269,6 +1282,66 @@ impl Session {
             }
             Ok(Err(e)) => Err((550, format!("{}: {e}.", v.display()))),
             Err(e) => Err((451, format!("checksum failed: {e}."))),
+        }
+    }
+
+    /// MFMT: set a file's modification time (a copied tree keeps its
+    /// times).
+    async fn mfmt(&mut self, secs: i64, arg: &[u8]) -> std::io::Result<()> {
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
+        };
+        let p = match self.root.existing(&v) {
+            Ok(p) => p,
+            Err(e) => return self.reply_fs(&v, &e).await,
+        };
+        let when = if secs >= 0 {
+            std::time::UNIX_EPOCH + Duration::from_secs(secs as u64)
+        } else {
+            std::time::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+        };
+        let r = std::fs::File::open(&p).and_then(|f| {
+            if f.metadata()?.is_file() {
+                f.set_modified(when)
+            } else {
+                Err(std::io::Error::other("not a plain file"))
+            }
+        });
+        match r {
+            Ok(()) => {
+                let t = fs::mdtm_string(secs);
+                self.reply(213, format!("Modify={t}; {}", v.display()))
+                    .await
+            }
+            Err(e) => self.reply(550, format!("{}: {e}.", v.display())).await,
+        }
+    }
+
+    /// SITE CHMOD mode path: permission bits only (no setuid, setgid or
+    /// sticky bits from a client).
+    async fn chmod(&mut self, mode: &str, path: &str) -> std::io::Result<()> {
+        let Ok(m) = u32::from_str_radix(mode, 8) else {
+            return self
+                .reply(501, format!("SITE CHMOD: {mode:?} is not an octal mode."))
+                .await;
+        };
+        if path.is_empty() {
+            return self.reply(501, "SITE CHMOD mode path: no path.").await;
+        }
+        let Some(v) = self.write_target(path.as_bytes()).await? else {
+            return Ok(());
+        };
+        let p = match self.root.existing(&v) {
+            Ok(p) => p,
+            Err(e) => return self.reply_fs(&v, &e).await,
+        };
+        use std::os::unix::fs::PermissionsExt;
+        match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m & 0o777)) {
+            Ok(()) => {
+                self.reply(200, format!("SITE CHMOD {:o} done.", m & 0o777))
+                    .await
+            }
+            Err(e) => self.reply(550, format!("{}: {e}.", v.display())).await,
         }
     }
 

@@ -1,0 +1,518 @@
+//! Directory trees (`-r`): walk, then move many files at once.
+//!
+//! Small files are limited by round trips, not bandwidth: each costs a
+//! data connection and a few replies. So a tree moves over several
+//! sessions at once (`concurrency`): one session with the caller's
+//! settings (`-p`) takes the large files, largest first, and the others,
+//! one connection each, take the small ones; when the large files are
+//! done, their session helps with the small ones. Each file keeps every
+//! guarantee of a single transfer (a download is renamed into place only
+//! when complete; `--verify` checks each one). Times and permission bits
+//! are preserved where the other side allows (MLSD facts and MFMT /
+//! SITE CHMOD).
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use xftp_proto::facts::Kind;
+
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+
+/// Which kind of session a tree asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// For the large files: the caller's stream settings.
+    Large,
+    /// For the small files: one plain connection per file.
+    Small,
+}
+
+/// A boxed future (the connector's result).
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Opens a logged-in session of the given role.
+pub type Connect = Arc<dyn Fn(Role) -> BoxFut<Result<Client>> + Send + Sync>;
+
+/// How a tree moves.
+#[derive(Debug, Clone)]
+pub struct TreeOptions {
+    /// Sessions at once (at least 1).
+    pub concurrency: usize,
+    /// Files at least this large go to the large-file session.
+    pub large: u64,
+    /// Keep modification times and permission bits.
+    pub preserve: bool,
+    /// Skip files already complete at the destination (same size and
+    /// modification time), as a mirror does; with `-c`.
+    pub skip_complete: bool,
+}
+
+impl Default for TreeOptions {
+    fn default() -> Self {
+        TreeOptions {
+            concurrency: 8,
+            large: 8 << 20,
+            preserve: true,
+            skip_complete: false,
+        }
+    }
+}
+
+/// What a tree transfer did.
+#[derive(Debug, Clone, Default)]
+pub struct TreeReport {
+    /// Files moved.
+    pub files: usize,
+    /// Directories created or found.
+    pub dirs: usize,
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Files skipped as already complete (`skip_complete`).
+    pub skipped: usize,
+    /// Entries neither file nor directory (symbolic links, devices):
+    /// left out.
+    pub other: usize,
+    /// Files that failed: (path, why).
+    pub failed: Vec<(String, String)>,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Sessions used.
+    pub sessions: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    /// Path below the tree's root, `/`-separated.
+    rel: String,
+    size: u64,
+    mtime: Option<i64>,
+    mode: Option<u32>,
+}
+
+struct Queues {
+    large: Mutex<VecDeque<Job>>,
+    small: Mutex<VecDeque<Job>>,
+}
+
+impl Queues {
+    fn new(mut jobs: Vec<Job>, large: u64) -> Queues {
+        // Largest first: the long transfers start early and the short
+        // ones fill in around them.
+        jobs.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
+        let (l, s): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.size >= large);
+        Queues {
+            large: Mutex::new(l.into()),
+            small: Mutex::new(s.into()),
+        }
+    }
+
+    fn pop(&self, role: Role) -> Option<Job> {
+        let take =
+            |q: &Mutex<VecDeque<Job>>| q.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+        match role {
+            Role::Large => take(&self.large).or_else(|| take(&self.small)),
+            Role::Small => take(&self.small),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.large.lock().unwrap_or_else(|p| p.into_inner()).len()
+            + self.small.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn has_large(&self) -> bool {
+        !self
+            .large
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+}
+
+fn join(base: &str, rel: &str) -> String {
+    if base.is_empty() || base == "." {
+        rel.to_owned()
+    } else if base.ends_with('/') {
+        format!("{base}{rel}")
+    } else {
+        format!("{base}/{rel}")
+    }
+}
+
+fn system_time(secs: i64) -> std::time::SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+fn mtime_secs(md: &std::fs::Metadata) -> Option<i64> {
+    let t = md.modified().ok()?;
+    Some(match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    })
+}
+
+/// Errors after which a session is not worth using again.
+fn session_broken(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Closed
+            | ClientError::ControlIo(_)
+            | ClientError::Timeout { .. }
+            | ClientError::Tls(_)
+    )
+}
+
+/// Download the tree under `remote` (a directory) into `local` (created).
+pub async fn get_tree(
+    connect: Connect,
+    remote: &str,
+    local: &Path,
+    opt: &TreeOptions,
+) -> Result<TreeReport> {
+    let start = Instant::now();
+    let mut first = connect(Role::Small).await?;
+    let mut report = TreeReport::default();
+    // Walk breadth first with one session; MLSD gives sizes, times, modes.
+    let mut dirs = VecDeque::from([String::new()]);
+    let mut jobs = Vec::new();
+    std::fs::create_dir_all(local).map_err(|e| local_err(local, e))?;
+    while let Some(d) = dirs.pop_front() {
+        let entries = first.mlsd(&join(remote, &d)).await?;
+        for e in entries {
+            let rel = if d.is_empty() {
+                e.name.clone()
+            } else {
+                format!("{d}/{}", e.name)
+            };
+            match e.kind {
+                Kind::Dir => {
+                    let p = local.join(&rel);
+                    std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
+                    report.dirs += 1;
+                    dirs.push_back(rel);
+                }
+                Kind::File => jobs.push(Job {
+                    rel,
+                    size: e.size.unwrap_or(0),
+                    mtime: e.modify,
+                    mode: e.mode,
+                }),
+                _ => report.other += 1,
+            }
+        }
+    }
+    let q = Arc::new(Queues::new(jobs, opt.large));
+    let remote = remote.to_owned();
+    let local = local.to_owned();
+    let run = move |c: Client, role: Role, q: Arc<Queues>, connect: Connect, opt: TreeOptions| {
+        let (remote, local) = (remote.clone(), local.clone());
+        async move {
+            let mut w = Worker::new(c, role, connect);
+            while let Some(job) = q.pop(role) {
+                let target = local.join(&job.rel);
+                if opt.skip_complete && complete_locally(&target, &job) {
+                    w.rep.skipped += 1;
+                    continue;
+                }
+                let src = join(&remote, &job.rel);
+                w.reopen().await;
+                let Some(c) = w.client.as_mut() else {
+                    w.rep.failed.push((job.rel, "no session".into()));
+                    continue;
+                };
+                match c.download(&src, &target).await {
+                    Ok(r) => {
+                        w.rep.files += 1;
+                        w.rep.bytes += r.bytes;
+                        if opt.preserve {
+                            keep_facts(&target, &job);
+                        }
+                    }
+                    Err(e) => w.failed(job.rel, e),
+                }
+            }
+            w.end().await
+        }
+    };
+    let reports = spread(first, connect, q, opt, run).await;
+    report.merge(reports);
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+/// Upload the tree under `local` (a directory) to `remote` (created).
+pub async fn put_tree(
+    connect: Connect,
+    local: &Path,
+    remote: &str,
+    opt: &TreeOptions,
+) -> Result<TreeReport> {
+    let start = Instant::now();
+    let mut report = TreeReport::default();
+    let mut dirs = Vec::new();
+    let mut jobs = Vec::new();
+    let mut pending = VecDeque::from([String::new()]);
+    while let Some(d) = pending.pop_front() {
+        let p = if d.is_empty() {
+            local.to_owned()
+        } else {
+            local.join(&d)
+        };
+        let mut names: Vec<_> = std::fs::read_dir(&p)
+            .map_err(|e| local_err(&p, e))?
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| local_err(&p, e))?;
+        names.sort_by_key(|e| e.file_name());
+        for e in names {
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                tracing::warn!("{}: not UTF-8, left out", e.path().display());
+                report.other += 1;
+                continue;
+            };
+            let rel = if d.is_empty() {
+                name
+            } else {
+                format!("{d}/{name}")
+            };
+            // Not followed: a link may point anywhere (a loop, outside).
+            let md =
+                std::fs::symlink_metadata(e.path()).map_err(|err| local_err(&e.path(), err))?;
+            if md.is_dir() {
+                dirs.push(rel.clone());
+                pending.push_back(rel);
+            } else if md.is_file() {
+                use std::os::unix::fs::PermissionsExt;
+                jobs.push(Job {
+                    rel,
+                    size: md.len(),
+                    mtime: mtime_secs(&md),
+                    mode: Some(md.permissions().mode() & 0o777),
+                });
+            } else {
+                report.other += 1;
+            }
+        }
+    }
+    let mut first = connect(Role::Small).await?;
+    // Parents before children (breadth-first order above); a directory
+    // that exists already is refused and that is fine.
+    let _ = first.mkd(remote.trim_end_matches('/')).await?;
+    for d in &dirs {
+        let _ = first.mkd(&join(remote, d)).await?;
+        report.dirs += 1;
+    }
+    let q = Arc::new(Queues::new(jobs, opt.large));
+    let remote = remote.to_owned();
+    let local = local.to_owned();
+    let run = move |c: Client, role: Role, q: Arc<Queues>, connect: Connect, opt: TreeOptions| {
+        let (remote, local) = (remote.clone(), local.clone());
+        async move {
+            let mut w = Worker::new(c, role, connect);
+            let (mut mfmt, mut chmod) = (opt.preserve, opt.preserve);
+            while let Some(job) = q.pop(role) {
+                let dst = join(&remote, &job.rel);
+                w.reopen().await;
+                let Some(c) = w.client.as_mut() else {
+                    w.rep.failed.push((job.rel, "no session".into()));
+                    continue;
+                };
+                match c.upload(&local.join(&job.rel), &dst).await {
+                    Ok(r) => {
+                        w.rep.files += 1;
+                        w.rep.bytes += r.bytes;
+                        // A server that refuses once is not asked again.
+                        if let (true, Some(t)) = (mfmt, job.mtime) {
+                            mfmt = c.mfmt(&dst, t).await.unwrap_or(false);
+                        }
+                        if let (true, Some(m)) = (chmod, job.mode) {
+                            chmod = c.chmod(&dst, m).await.unwrap_or(false);
+                        }
+                    }
+                    Err(e) => w.failed(job.rel, e),
+                }
+            }
+            w.end().await
+        }
+    };
+    let reports = spread(first, connect, q, opt, run).await;
+    report.merge(reports);
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
+
+/// Run the workers: `first` as a small-file session, one large-file
+/// session if there are large files, and small-file sessions up to
+/// `concurrency`.
+async fn spread<F, Fut>(
+    first: Client,
+    connect: Connect,
+    q: Arc<Queues>,
+    opt: &TreeOptions,
+    run: F,
+) -> Vec<TreeReport>
+where
+    F: Fn(Client, Role, Arc<Queues>, Connect, TreeOptions) -> Fut,
+    Fut: Future<Output = TreeReport> + Send + 'static,
+{
+    // No more sessions than files.
+    let total = opt.concurrency.min(q.len()).max(1);
+    let mut set = tokio::task::JoinSet::new();
+    let mut sessions = 1;
+    if q.has_large() {
+        match connect(Role::Large).await {
+            Ok(c) => {
+                set.spawn(run(c, Role::Large, q.clone(), connect.clone(), opt.clone()));
+                sessions += 1;
+            }
+            Err(e) => {
+                tracing::warn!("no large-file session ({e}); the small-file sessions take all")
+            }
+        }
+    }
+    let large_taken = sessions > 1;
+    set.spawn(run(
+        first,
+        if large_taken {
+            Role::Small
+        } else {
+            Role::Large
+        },
+        q.clone(),
+        connect.clone(),
+        opt.clone(),
+    ));
+    // More small-file sessions, opened at once (each costs a login).
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in sessions..total {
+        let c = connect.clone();
+        opening.spawn(async move { c(Role::Small).await });
+    }
+    while let Some(r) = opening.join_next().await {
+        match r {
+            Ok(Ok(c)) => {
+                set.spawn(run(c, Role::Small, q.clone(), connect.clone(), opt.clone()));
+                sessions += 1;
+            }
+            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
+            Err(e) => tracing::warn!("one session fewer: {e}"),
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(rep) = r {
+            out.push(rep);
+        }
+    }
+    if let Some(first) = out.first_mut() {
+        first.sessions = sessions;
+    }
+    out
+}
+
+struct Worker {
+    client: Option<Client>,
+    role: Role,
+    connect: Connect,
+    rep: TreeReport,
+}
+
+impl Worker {
+    fn new(c: Client, role: Role, connect: Connect) -> Worker {
+        Worker {
+            client: Some(c),
+            role,
+            connect,
+            rep: TreeReport::default(),
+        }
+    }
+
+    /// Open the session again if the last one broke.
+    async fn reopen(&mut self) {
+        if self.client.is_none() {
+            match (self.connect)(self.role).await {
+                Ok(c) => self.client = Some(c),
+                Err(e) => tracing::warn!("cannot reopen a session: {e}"),
+            }
+        }
+    }
+
+    fn failed(&mut self, rel: String, e: ClientError) {
+        if session_broken(&e) {
+            self.client = None;
+        }
+        self.rep.failed.push((rel, e.to_string()));
+    }
+
+    async fn end(mut self) -> TreeReport {
+        if let Some(c) = self.client.take() {
+            c.quit().await;
+        }
+        self.rep
+    }
+}
+
+impl TreeReport {
+    fn merge(&mut self, parts: Vec<TreeReport>) {
+        for p in parts {
+            self.files += p.files;
+            self.bytes += p.bytes;
+            self.skipped += p.skipped;
+            self.other += p.other;
+            self.failed.extend(p.failed);
+            self.sessions = self.sessions.max(p.sessions);
+        }
+        self.failed.sort();
+    }
+}
+
+fn complete_locally(target: &Path, job: &Job) -> bool {
+    match std::fs::metadata(target) {
+        Ok(md) => {
+            md.is_file()
+                && md.len() == job.size
+                && job.mtime.is_some()
+                && mtime_secs(&md) == job.mtime
+        }
+        Err(_) => false,
+    }
+}
+
+/// The remote file's time and permission bits on the local copy.
+fn keep_facts(target: &Path, job: &Job) {
+    if let Some(t) = job.mtime {
+        let r = std::fs::File::options()
+            .write(true)
+            .open(target)
+            .and_then(|f| f.set_modified(system_time(t)));
+        if let Err(e) = r {
+            tracing::warn!(
+                "{}: cannot set the modification time: {e}",
+                target.display()
+            );
+        }
+    }
+    if let Some(m) = job.mode {
+        use std::os::unix::fs::PermissionsExt;
+        // Permission bits only, and never more than the owner can read.
+        let m = (m & 0o777) | 0o400;
+        if let Err(e) = std::fs::set_permissions(target, std::fs::Permissions::from_mode(m)) {
+            tracing::warn!("{}: cannot set the permissions: {e}", target.display());
+        }
+    }
+}
+
+fn local_err(p: &Path, source: std::io::Error) -> ClientError {
+    ClientError::Local {
+        path: PathBuf::from(p),
+        source,
+    }
+}

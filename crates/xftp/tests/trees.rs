@@ -1,0 +1,301 @@
+//! Directory trees (`-r`): both directions against `xftp serve`, with
+//! nested and empty directories, odd names, an empty file, large and
+//! small files over several sessions; times and permission bits kept; a
+//! second run with -c skips what is complete; lftp mirror and
+//! globus-url-copy -r against `xftp serve`; xftp against pyftpdlib.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+mod support;
+use support::{have_pyftpdlib, serve, sha256_file, spawn_logging_server, write_prng_file, PYTHON};
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run xftp")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON {text:?}: {e}; {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A tree: nested and empty directories, names with spaces and
+/// non-ASCII, an empty file, many small files, two large ones; odd
+/// times and modes.
+fn make_tree(root: &Path) -> usize {
+    let mut n = 0;
+    for d in ["a/b/c", "empty/inner", "sp ace/ünï"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for i in 0..120u64 {
+        let dir = ["a", "a/b", "a/b/c", "sp ace/ünï"][(i % 4) as usize];
+        write_prng_file(&root.join(dir).join(format!("f{i}.dat")), i * 97 % 5000, i);
+        n += 1;
+    }
+    write_prng_file(&root.join("big1.bin"), 12_000_000 + 1, 1);
+    write_prng_file(&root.join("a/big2.bin"), 9_000_000 + 7, 2);
+    std::fs::write(root.join("a/zero"), b"").unwrap();
+    std::fs::write(root.join("sp ace/ünï/name with space.txt"), b"x").unwrap();
+    n += 4;
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("a/f0.dat"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    std::fs::set_permissions(
+        root.join("a/b/f1.dat"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    n
+}
+
+/// Every file of `a` is in `b` with the same bytes, and no more files.
+fn same_tree(a: &Path, b: &Path) {
+    fn walk(root: &Path, rel: &Path, out: &mut Vec<(String, [u8; 32])>, dirs: &mut Vec<String>) {
+        for e in std::fs::read_dir(root.join(rel)).unwrap() {
+            let e = e.unwrap();
+            let r = rel.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(r.display().to_string());
+                walk(root, &r, out, dirs);
+            } else {
+                out.push((r.display().to_string(), sha256_file(&root.join(&r))));
+            }
+        }
+    }
+    let (mut fa, mut fb, mut da, mut db) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    walk(a, Path::new(""), &mut fa, &mut da);
+    walk(b, Path::new(""), &mut fb, &mut db);
+    fa.sort();
+    fb.sort();
+    da.sort();
+    db.sort();
+    assert_eq!(da, db, "directories");
+    assert_eq!(fa.len(), fb.len(), "file count");
+    for (x, y) in fa.iter().zip(&fb) {
+        assert_eq!(x, y, "content of {}", x.0);
+    }
+}
+
+fn mtime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p).unwrap().modified().unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn trees_both_ways_keep_bytes_times_and_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let n = make_tree(&root.join("src"));
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            "-p",
+            "4",
+            "--concurrency",
+            "6",
+            "--json",
+            &format!("{base}/src/"),
+            "copy",
+        ],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j = json(&out);
+    assert_eq!(j["files"], n as u64, "{j}");
+    assert_eq!(j["failed"], serde_json::json!([]));
+    assert!(j["sessions"].as_u64().unwrap() >= 2, "{j}");
+    same_tree(&root.join("src"), &work.join("copy"));
+    assert_eq!(
+        mtime(&work.join("copy/a/f0.dat")),
+        mtime(&root.join("src/a/f0.dat"))
+    );
+    assert_eq!(mode(&work.join("copy/a/b/f1.dat")), 0o600);
+
+    // Up again to a new directory, with --verify on every file.
+    let out = xftp(
+        &[
+            "put",
+            "-r",
+            "-p",
+            "3",
+            "--verify",
+            "--json",
+            "copy",
+            &format!("{base}/up/"),
+        ],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(json(&out)["files"], n as u64);
+    same_tree(&root.join("src"), &root.join("up"));
+    assert_eq!(
+        mtime(&root.join("up/a/f0.dat")),
+        mtime(&root.join("src/a/f0.dat"))
+    );
+    assert_eq!(mode(&root.join("up/a/b/f1.dat")), 0o600);
+
+    // -c: nothing moves when all is there; a removed file comes back.
+    std::fs::remove_file(work.join("copy/a/b/c/f2.dat")).unwrap();
+    let out = xftp(
+        &["get", "-r", "-c", "--json", &format!("{base}/src/"), "copy"],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j = json(&out);
+    assert_eq!(
+        (j["files"].as_u64(), j["skipped"].as_u64()),
+        (Some(1), Some(n as u64 - 1)),
+        "{j}"
+    );
+    same_tree(&root.join("src"), &work.join("copy"));
+}
+
+#[test]
+fn a_tree_that_cannot_be_written_fails_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("t/sub")).unwrap();
+    std::fs::write(root.join("t/sub/f"), b"data").unwrap();
+    let srv = serve(&root, &[]);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(work.join("copy")).unwrap();
+    // A file where the tree needs a directory.
+    std::fs::write(work.join("copy/sub"), b"in the way").unwrap();
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            &format!("ftp://127.0.0.1:{}/t/", srv.port),
+            "copy",
+        ],
+        &work,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("copy/sub"), "{err}");
+    // A missing remote directory.
+    let out = xftp(
+        &["get", "-r", &format!("ftp://127.0.0.1:{}/nope/", srv.port)],
+        &work,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("550"));
+    // put -r of a file.
+    let out = xftp(
+        &[
+            "put",
+            "-r",
+            "copy/sub",
+            &format!("ftp://127.0.0.1:{}/x/", srv.port),
+        ],
+        &work,
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+}
+
+#[test]
+fn lftp_mirror_and_globus_url_copy_r_against_xftp_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    make_tree(&root.join("src"));
+    let srv = serve(&root, &[]);
+    let have = |t: &str| Command::new(t).arg("--version").output().is_ok();
+    if have("lftp") {
+        let out = Command::new("lftp")
+            .arg("-c")
+            .arg(format!(
+                "set net:max-retries 1; open ftp://127.0.0.1:{}; mirror --parallel=4 src {}",
+                srv.port,
+                dir.path().join("lftp").display()
+            ))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        same_tree(&root.join("src"), &dir.path().join("lftp"));
+    } else {
+        eprintln!("SKIP lftp mirror: lftp is not installed");
+    }
+    if Command::new("globus-url-copy")
+        .arg("-version")
+        .output()
+        .is_ok()
+    {
+        let out = Command::new("globus-url-copy")
+            .args(["-r", "-cc", "4"])
+            .arg(format!("ftp://127.0.0.1:{}/src/", srv.port))
+            .arg(format!("file://{}/", dir.path().join("guc").display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        same_tree(&root.join("src"), &dir.path().join("guc"));
+    } else {
+        eprintln!("SKIP globus-url-copy -r: not installed");
+    }
+}
+
+#[test]
+fn trees_against_pyftpdlib() {
+    if !have_pyftpdlib("trees_against_pyftpdlib") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    let n = make_tree(&root.join("src"));
+    let mut cmd = Command::new(PYTHON);
+    cmd.args(["-m", "pyftpdlib", "-i", "127.0.0.1", "-p", "0", "-w", "-d"])
+        .arg(&root);
+    let srv = spawn_logging_server(cmd);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let out = xftp(
+        &["get", "-r", "--json", &format!("{base}/src/"), "copy"],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(json(&out)["files"], n as u64);
+    same_tree(&root.join("src"), &work.join("copy"));
+    assert_eq!(
+        mtime(&work.join("copy/a/f0.dat")),
+        mtime(&root.join("src/a/f0.dat"))
+    );
+    let out = xftp(
+        &["put", "-r", "--json", "copy", &format!("{base}/up/")],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    same_tree(&root.join("src"), &root.join("up"));
+    // pyftpdlib knows MFMT: the times come along.
+    assert_eq!(
+        mtime(&root.join("up/a/f0.dat")),
+        mtime(&root.join("src/a/f0.dat"))
+    );
+}
