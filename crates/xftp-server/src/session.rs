@@ -269,6 +269,10 @@ impl Session {
     /// session idled out, or the server shuts down.
     async fn next_line(&mut self) -> std::io::Result<Option<Result<Vec<u8>, ProtoError>>> {
         let mut buf = [0u8; 4096];
+        // The whole next line must arrive within the idle timeout: a
+        // client that sends a byte now and then (slowloris) does not
+        // hold its session open by it.
+        let deadline = tokio::time::Instant::now() + self.cfg.idle_timeout;
         loop {
             if let Some(l) = self.queued.pop_front() {
                 return Ok(Some(l));
@@ -278,7 +282,7 @@ impl Session {
                     let _ = self.reply(421, "Server shutting down.").await;
                     return Ok(None);
                 }
-                r = tokio::time::timeout(self.cfg.idle_timeout, self.ctl.read(&mut buf)) => r,
+                r = tokio::time::timeout_at(deadline, self.ctl.read(&mut buf)) => r,
             };
             match read {
                 Err(_) => {
