@@ -50,8 +50,10 @@ pub enum ClientError {
         verb: String,
     },
     /// The server sent something that is not an FTP reply.
+    // Not a `source`: the text already says it, and error chains would
+    // print it twice.
     #[error("malformed reply from server: {0}")]
-    Protocol(#[from] ProtoError),
+    Protocol(ProtoError),
     /// A reply that parsed but whose content made no sense (e.g. a 229
     /// without a port).
     #[error("{command}: cannot use the server's reply {code} {text}: {reason}")]
@@ -153,6 +155,12 @@ impl ClientError {
             ClientError::Reply { code, .. } | ClientError::BadReply { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+impl From<ProtoError> for ClientError {
+    fn from(e: ProtoError) -> Self {
+        ClientError::Protocol(e)
     }
 }
 

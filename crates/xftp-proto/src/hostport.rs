@@ -135,6 +135,9 @@ pub fn parse_pasv_reply(text: &str) -> Result<SocketAddrV4, ProtoError> {
                 .position(|b| !(b.is_ascii_digit() || *b == b','))
                 .map_or(bytes.len(), |p| start + p);
             if let Ok(a) = parse_port_arg(&text[start..end]) {
+                if a.port() == 0 {
+                    return Err(bad("PASV", "port 0 in the reply"));
+                }
                 return Ok(a);
             }
             start = end;
@@ -168,9 +171,12 @@ pub fn parse_epsv_reply(text: &str) -> Result<u16, ProtoError> {
     if parts.len() != 5 {
         return Err(bad("EPSV", format!("expected (|||port|), got ({inner})")));
     }
-    parts[3]
-        .parse()
-        .map_err(|_| bad("EPSV", format!("bad port {:?}", parts[3])))
+    match parts[3].parse::<u16>() {
+        // Port 0 is no port: connecting to it cannot be meant.
+        Ok(0) => Err(bad("EPSV", "port 0 in the reply")),
+        Ok(p) => Ok(p),
+        Err(_) => Err(bad("EPSV", format!("bad port {:?}", parts[3]))),
+    }
 }
 
 /// Fuzz entry: every host-port parser on arbitrary text. Must never

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 /// How the fake server misbehaves.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Script {
     /// SIZE says 1000, RETR sends 600 bytes then 226.
     ShortWith226,
@@ -38,6 +38,12 @@ enum Script {
     /// EPSV names a port already closed again; LIST is refused with 550
     /// a moment later (a missing directory: the server gave up the port).
     RefusedList,
+    /// SIZE is answered with a reply line of 4 MB.
+    HugeLine,
+    /// SIZE is answered with a multi-line reply that never ends.
+    EndlessReply,
+    /// EPSV names port 0.
+    PortZero,
 }
 
 const FILE_LEN: usize = 1000;
@@ -74,6 +80,27 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "USER" => "331 password please".into(),
             "PASS" => "230 in".into(),
             "TYPE" => "200 ok".into(),
+            "SIZE" if matches!(script, Script::HugeLine) => {
+                let _ = w.write_all(b"213 ");
+                let chunk = vec![b'9'; 65536];
+                for _ in 0..64 {
+                    if w.write_all(&chunk).is_err() {
+                        return Ok(());
+                    }
+                }
+                "".into()
+            }
+            "SIZE" if matches!(script, Script::EndlessReply) => {
+                let _ = w.write_all(b"213-here comes the size\r\n");
+                loop {
+                    if w.write_all(b" still coming\r\n").is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            "EPSV" if matches!(script, Script::PortZero) => {
+                "229 Entering Extended Passive Mode (|||0|)".into()
+            }
             "SIZE" => match script {
                 Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
                 _ => format!("213 {FILE_LEN}"),
@@ -648,4 +675,38 @@ fn download_needs_two_control_flights_before_the_data() {
     }
     // ...and RETR follows right after the EPSV reply.
     assert_eq!(flight_of("RETR"), flight_of("EPSV") + 1, "{log:?}");
+}
+
+#[test]
+fn a_hostile_server_gets_a_clear_error_and_no_file() {
+    for (script, words) in [
+        (Script::HugeLine, "longer than 8192 bytes"),
+        (Script::EndlessReply, "lines"),
+        (Script::PortZero, "port"),
+    ] {
+        let (port, _seen) = fake_server(script);
+        let dir = tempfile::tempdir().unwrap();
+        let t = std::time::Instant::now();
+        let out = xftp(
+            &[
+                "get",
+                "-p",
+                "1",
+                "--timeout",
+                "10",
+                &format!("ftp://127.0.0.1:{port}/f"),
+                "f",
+            ],
+            dir.path(),
+        );
+        assert!(!out.status.success(), "{script:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.to_lowercase().contains(words), "{script:?}: {err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{script:?} took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(entries(dir.path()), Vec::<String>::new(), "{script:?}");
+    }
 }
