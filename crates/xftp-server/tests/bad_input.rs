@@ -356,3 +356,87 @@ async fn an_overlong_command_line_is_refused_and_the_session_goes_on() {
     assert!(r.text().contains("too long"), "{r}");
     c.cmd("NOOP", 200).await;
 }
+
+/// One hostile MODE E upload: `blocks` written on one connection after
+/// STOR; the server must answer with a 4xx/5xx, keep no file, and go on.
+async fn hostile_upload(what: &str, blocks: Vec<Vec<u8>>, stall: Duration) -> xftp_proto::Reply {
+    eprintln!("hostile upload: {what}");
+    let srv = start(|cfg| cfg.stall_timeout = stall).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    c.cmd("MODE E", 200).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("STOR hostile", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    for b in blocks {
+        if d.write_all(&b).await.is_err() {
+            break;
+        }
+    }
+    let r = tokio::time::timeout(Duration::from_secs(20), c.read_reply())
+        .await
+        .expect("no reply to a hostile upload")
+        .expect("the control connection closed");
+    assert!(r.code >= 400, "accepted: {r}");
+    drop(d);
+    let left: Vec<_> = std::fs::read_dir(srv.dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "kept {left:?}");
+    c.cmd("NOOP", 200).await;
+    r
+}
+
+#[tokio::test]
+async fn hostile_mode_e_uploads_are_refused_and_keep_nothing() {
+    use xftp_stripe::block::BlockHeader;
+    let data = |off: u64, bytes: &[u8]| {
+        let mut v = BlockHeader::data(off, bytes.len() as u64).encode().to_vec();
+        v.extend_from_slice(bytes);
+        v
+    };
+    let long = Duration::from_secs(30);
+    // A count near 2^64: refused from the header, nothing allocated.
+    let huge = BlockHeader::data(0, u64::MAX - 5).encode().to_vec();
+    hostile_upload("a count near 2^64", vec![huge, vec![0u8; 1024]], long).await;
+    // An offset whose end passes 2^64.
+    let wrap = BlockHeader::data(u64::MAX - 2, 4).encode().to_vec();
+    hostile_upload("an end past 2^64", vec![wrap, b"abcd".to_vec()], long).await;
+    // Overlapping ranges with different bytes.
+    hostile_upload(
+        "overlapping ranges",
+        vec![
+            data(0, b"aaaaaaaa"),
+            data(4, b"bbbbbbbb"),
+            BlockHeader::eof(1).encode().to_vec(),
+        ],
+        long,
+    )
+    .await;
+    // A hole: EOF and EOD, but bytes 4..8 never came.
+    hostile_upload(
+        "a hole",
+        vec![
+            data(0, b"aaaa"),
+            data(8, b"cccc"),
+            BlockHeader::eof(1).encode().to_vec(),
+        ],
+        long,
+    )
+    .await;
+    // An EOD count that lies (more than the connections taken).
+    hostile_upload(
+        // More connections may still come (up to --max-streams): the
+        // stall timeout ends the wait.
+        "an EOD count that lies",
+        vec![data(0, b"aaaa"), BlockHeader::eof(3).encode().to_vec()],
+        Duration::from_secs(2),
+    )
+    .await;
+    // A connection that never sends EOD: the stall timeout ends it.
+    let t = std::time::Instant::now();
+    hostile_upload("no EOD", vec![data(0, b"aaaa")], Duration::from_secs(2)).await;
+    assert!(t.elapsed() < Duration::from_secs(15));
+    // A descriptor with unknown bits.
+    let mut bad = BlockHeader::data(0, 4).encode().to_vec();
+    bad[0] = 0x01;
+    hostile_upload("unknown descriptor bits", vec![bad, b"abcd".to_vec()], long).await;
+}

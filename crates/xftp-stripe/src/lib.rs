@@ -173,7 +173,7 @@ pub enum StripeError {
         /// Received size.
         got: u64,
     },
-    /// A block is larger than this receiver accepts (ordered streams).
+    /// A block is larger than this receiver accepts.
     #[error("block of {count} bytes exceeds the limit of {max}")]
     BlockTooLarge {
         /// Block size.

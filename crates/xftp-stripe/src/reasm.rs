@@ -13,6 +13,10 @@ use crate::block::{BlockHeader, Descriptor};
 use crate::ranges::RangeSet;
 use crate::StripeError;
 
+/// Largest data block a receiver takes (GridFTP senders cut 256 KiB to a
+/// few MiB; xftp at most 64 MiB).
+pub const MAX_RECORD: u64 = 1 << 30;
+
 /// What the caller must do after a header was accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Accepted {
@@ -99,6 +103,13 @@ impl Reassembly {
                 });
             }
             self.eof = Some(h.offset);
+        } else if h.count > MAX_RECORD {
+            // No sender cuts records this large; a count near 2^64 is an
+            // attack or garbage, refused before a byte of it is read.
+            return Err(StripeError::BlockTooLarge {
+                count: h.count,
+                max: MAX_RECORD,
+            });
         } else if h.count > 0 {
             self.ranges
                 .insert(h.offset, h.end())
