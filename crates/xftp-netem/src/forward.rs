@@ -51,6 +51,8 @@ pub struct DirectionCounters {
     pub window_rewrites: u64,
     /// Packets the far side's TUN device refused.
     pub write_errors: u64,
+    /// TCP flows reset on purpose (`reset_every`).
+    pub resets: u64,
 }
 
 /// Live counters, updated by the forwarder thread.
@@ -63,6 +65,7 @@ pub(crate) struct LiveCounters {
     ber_drops: AtomicU64,
     window_rewrites: AtomicU64,
     write_errors: AtomicU64,
+    resets: AtomicU64,
 }
 
 impl LiveCounters {
@@ -76,6 +79,7 @@ impl LiveCounters {
             ber_drops: get(&self.ber_drops),
             window_rewrites: get(&self.window_rewrites),
             write_errors: get(&self.write_errors),
+            resets: get(&self.resets),
         }
     }
 }
@@ -100,6 +104,10 @@ pub(crate) struct Direction {
     pub realtime: bool,
     pub counters: Arc<LiveCounters>,
     pub epoch: Instant,
+    /// Reset a flow this often ([`crate::LinkSpec::reset_every`]).
+    pub reset_every: Option<Duration>,
+    /// When the next reset is due (nanoseconds after `epoch`).
+    pub next_reset: u64,
 }
 
 struct Pending {
@@ -124,6 +132,12 @@ impl Direction {
         // Set while input is left unwatched: packets read after such a
         // sleep arrived at some point during it.
         let mut held_since: Option<u64> = None;
+        let reset_period = self
+            .reset_every
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1));
+        if let Some(p) = reset_period {
+            self.next_reset = self.now().saturating_add(p);
+        }
         while !self.stop_flag.load(Ordering::Relaxed) {
             // Read what is waiting, up to a batch.
             let mut drained = false;
@@ -139,6 +153,14 @@ impl Direction {
                 // stamped with the start of the hold, so the bottleneck does
                 // not lose the idle time it had then.
                 let stamp = held_since.unwrap_or_else(|| self.now());
+                let mut len = len;
+                if let Some(p) = reset_period.filter(|_| stamp >= self.next_reset) {
+                    if let Some(n) = tcpwin::make_rst(&mut buf[..len]) {
+                        len = n;
+                        self.next_reset = stamp.saturating_add(p);
+                        bump(&self.counters.resets, 1);
+                    }
+                }
                 match self.model.offer(len, stamp) {
                     Verdict::Deliver { at } => {
                         if let Some(w) = self.window.as_mut() {

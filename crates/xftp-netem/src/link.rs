@@ -107,6 +107,10 @@ pub struct LinkSpec {
     /// other processes load the CPUs. They never spin, so they cannot
     /// starve the machine beyond the packets they carry.
     pub realtime: bool,
+    /// Reset one TCP flow this often (fault injection): after each
+    /// period, the next established-flow segment from A to B is turned
+    /// into a RST, so that connection dies at both ends.
+    pub reset_every: Option<Duration>,
 }
 
 impl LinkSpec {
@@ -122,6 +126,7 @@ impl LinkSpec {
             congestion_control: None,
             batch: crate::DEFAULT_BATCH,
             realtime: true,
+            reset_every: None,
         }
     }
 
@@ -302,6 +307,9 @@ impl Link {
                 batch: spec.batch,
                 counters: link.counters[i].clone(),
                 epoch,
+                // A to B only: a reset there ends the flow both ways.
+                reset_every: spec.reset_every.filter(|_| i == 0),
+                next_reset: 0,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("netem {}{label}", spec.name))

@@ -91,6 +91,11 @@ struct RunArgs {
     /// real-time round-robin priority 1.
     #[arg(long)]
     no_realtime: bool,
+    /// Fault injection: every DURATION (e.g. 5s), reset one TCP flow (the
+    /// next segment from A to B becomes a RST, so the connection dies at
+    /// both ends).
+    #[arg(long, value_parser = parse_duration)]
+    reset_every: Option<Duration>,
     /// Print the final counters as JSON.
     #[arg(long)]
     json: bool,
@@ -131,6 +136,7 @@ impl RunArgs {
             congestion_control: self.cc.clone(),
             batch: self.batch,
             realtime: !self.no_realtime,
+            reset_every: self.reset_every,
         }
     }
 }
@@ -192,8 +198,8 @@ fn run(args: RunArgs) -> Result<()> {
         for (label, c) in [("A->B", counters.a_to_b), ("B->A", counters.b_to_a)] {
             writeln!(
                 out,
-                "{label}: {} packets {} bytes, drops queue {} loss {} ber {}, window rewrites {}, write errors {}",
-                c.packets, c.bytes, c.queue_drops, c.loss_drops, c.ber_drops, c.window_rewrites, c.write_errors
+                "{label}: {} packets {} bytes, drops queue {} loss {} ber {}, window rewrites {}, write errors {}, resets {}",
+                c.packets, c.bytes, c.queue_drops, c.loss_drops, c.ber_drops, c.window_rewrites, c.write_errors, c.resets
             )?;
         }
     }

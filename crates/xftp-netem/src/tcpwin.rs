@@ -187,6 +187,40 @@ fn tcp_bounds(packet: &[u8]) -> Option<(usize, usize)> {
     Some((start, end))
 }
 
+/// Turns a TCP segment of an established flow into a reset of that flow:
+/// flags RST|ACK with the segment's own sequence number (the one its
+/// receiver expects next when the flow is in order), no payload, lengths
+/// and checksums fixed. Returns the new packet length, or `None` (packet
+/// left unchanged) for anything but a non-SYN, non-RST TCP segment.
+pub fn make_rst(packet: &mut [u8]) -> Option<usize> {
+    let (start, _) = tcp_bounds(packet)?;
+    let flags = packet[start + 13];
+    if flags & (TCP_SYN | TCP_RST) != 0 {
+        return None;
+    }
+    let header_len = usize::from(packet[start + 12] >> 4) * 4;
+    let new_len = start + header_len;
+    packet[start + 13] = TCP_RST | TCP_ACK;
+    match packet[0] >> 4 {
+        4 => {
+            let total = u16::try_from(new_len).ok()?;
+            packet[2..4].copy_from_slice(&total.to_be_bytes());
+            packet[10..12].copy_from_slice(&[0, 0]);
+            let ihl = usize::from(packet[0] & 0x0f) * 4;
+            let sum = fold(u32::from(ones_complement_sum(&packet[..ihl], 0)));
+            packet[10..12].copy_from_slice(&(!sum).to_be_bytes());
+        }
+        _ => {
+            let payload = u16::try_from(new_len - 40).ok()?;
+            packet[4..6].copy_from_slice(&payload.to_be_bytes());
+        }
+    }
+    set_tcp_checksum(&mut packet[..new_len])?;
+    Some(new_len)
+}
+
+const TCP_ACK: u8 = 0x10;
+
 /// Lowers the window field to `max_window`, and in a SYN replaces the
 /// window-scale option by NOPs when `strip_wscale`; returns what changed
 /// and the shift the SYN announced, if any.
@@ -387,6 +421,29 @@ mod tests {
         assert_eq!(u16::from_be_bytes([p[34], p[35]]), 24576);
         assert_eq!(&options(&p, 20)[17..20], &[3, 3, 7]);
         assert_eq!(tcp_checksum_ok(&p), Some(true));
+    }
+
+    #[test]
+    fn a_segment_becomes_a_valid_reset() {
+        let mut tcp = tcp_syn(1000, b"payload bytes");
+        tcp[13] = TCP_ACK; // an established flow's segment
+        let mut p = ipv4(&tcp);
+        set_tcp_checksum(&mut p).unwrap();
+        let n = make_rst(&mut p).unwrap();
+        let p = &p[..n];
+        assert_eq!(usize::from(u16::from_be_bytes([p[2], p[3]])), n);
+        assert_eq!(p[20 + 13], TCP_RST | TCP_ACK);
+        assert_eq!(tcp_checksum_ok(p), Some(true));
+        // The IPv4 header checksum sums to 0xffff.
+        assert_eq!(fold(u32::from(ones_complement_sum(&p[..20], 0))), 0xffff);
+        // Sequence number kept.
+        assert_eq!(&p[24..28], &tcp[4..8]);
+        // SYNs and resets are left alone.
+        let mut syn = ipv4(&tcp_syn(1000, b""));
+        assert_eq!(make_rst(&mut syn), None);
+        let mut v6 = ipv6(&tcp, false);
+        let n = make_rst(&mut v6).unwrap();
+        assert_eq!(tcp_checksum_ok(&v6[..n]), Some(true));
     }
 
     #[test]

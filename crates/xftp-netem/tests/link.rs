@@ -375,3 +375,29 @@ fn congestion_control_is_set_inside_both_namespaces() {
     }
     link.stop().expect("stop");
 }
+
+#[test]
+fn reset_every_kills_a_flow_at_both_ends() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    if !environment_ready(&["iperf3"]) {
+        return;
+    }
+    let mut spec = LinkSpec::symmetric(unique_name("rst"), dir(Some(100), 2));
+    spec.reset_every = Some(Duration::from_millis(700));
+    let link = Link::start(spec).expect("start link");
+    let _server = iperf3_server(&link);
+    let out = link
+        .command_a("iperf3")
+        .args(["-c", "198.18.0.2", "-p", "5201", "-t", "4", "-J"])
+        .output()
+        .expect("run iperf3 client");
+    let c = link.stop().expect("stop");
+    assert!(c.a_to_b.resets >= 1, "{c:?}");
+    assert_eq!(c.b_to_a.resets, 0);
+    // The connection died: iperf3 reports an error instead of 4 s of data.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() || text.contains("\"error\""),
+        "iperf3 ran through the resets: {text}"
+    );
+}
