@@ -966,6 +966,9 @@ impl Client {
     /// checksum, and only then renamed over `remote`; on a mismatch the
     /// temporary is deleted.
     pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        if self.cfg.resume {
+            return self.upload_resumable(local, remote).await;
+        }
         let Some(v) = self.verify_plan().await? else {
             return self.upload_as(local, remote).await;
         };
@@ -988,6 +991,111 @@ impl Client {
             }
         }
         r
+    }
+
+    /// `put -c`: a resumable upload to an xftp server. The file goes to
+    /// `dir/.NAME.xftp-part` with `SITE RESUMABLE` (the server writes it in
+    /// place and keeps it, with a record of its ranges, if the upload is
+    /// cut); a later run asks `SITE RANGES`, and if the local file's size
+    /// and modification time are still the ones recorded, sends only the
+    /// rest (`REST a-b,...` + STOR). Then the partial is renamed into place.
+    async fn upload_resumable(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        let start = Instant::now();
+        let md = std::fs::metadata(local).map_err(|e| local_err(local, e))?;
+        if !md.is_file() {
+            return Err(ClientError::Usage(format!(
+                "{} is not a regular file",
+                local.display()
+            )));
+        }
+        let len = md.len();
+        let mtime = md
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64);
+        let verify = self.verify_plan().await?;
+        self.auto_prelude().await?;
+        self.settle().await?;
+        let f = self.features().await?;
+        if !(f.mode_e && f.mult) {
+            return Err(ClientError::Usage(
+                "-c for uploads needs an xftp server (SITE RESUMABLE with MODE E); this one does not list MULT and MODE E. Run without -c".into(),
+            ));
+        }
+        let tmp = temp_remote_name(remote);
+        // What the server holds of an earlier attempt.
+        let c = Cmd::with("SITE", format!("RANGES {tmp}"));
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        let mut have = None;
+        if r.code == 213 {
+            let text = reply_text(&r);
+            let field = |k: &str| {
+                text.split_ascii_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .map(str::to_owned)
+            };
+            let (size, time) = (
+                field("size=").and_then(|v| v.parse::<u64>().ok()),
+                field("mtime=").and_then(|v| v.parse::<i64>().ok()),
+            );
+            if size != Some(len) || time != Some(mtime) {
+                return Err(ClientError::SourceChanged {
+                    partial: PathBuf::from(&tmp),
+                    was: format!(
+                        "{} bytes, modified at {} (server's record)",
+                        size.unwrap_or(0),
+                        time.unwrap_or(0)
+                    ),
+                    now: format!("{len} bytes, modified at {mtime}"),
+                });
+            }
+            let mut h = xftp_stripe::ranges::RangeSet::new();
+            if let Some(list) = field("ranges=").filter(|l| !l.is_empty()) {
+                for (a, b) in xftp_proto::command::parse_ranges(&list)? {
+                    h.union(a, b.min(len));
+                }
+            }
+            have = Some(h);
+        }
+        // Framed, so that ranges can be sent.
+        let framed_before = self.mode_e;
+        if !self.mode_e && self.granted <= 1 {
+            let c = Cmd::with("MODE", "E");
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[200]).await?;
+            self.mode_e = true;
+        }
+        let c = Cmd::with("SITE", format!("RESUMABLE {len} {mtime}"));
+        self.send(&[&c]).await?;
+        self.ctl.expect(&c, &[200]).await?;
+        let file = std::fs::File::open(local).map_err(|e| local_err(local, e))?;
+        let already = have.as_ref().map_or(0, |h| h.covered());
+        let r = self
+            .upload_body(file, len, local, &tmp, start, have.as_ref())
+            .await;
+        if !framed_before && self.mode_e {
+            self.mode_e = false;
+            let _ = self.leave_mode_e().await;
+        }
+        let mut rep = r?;
+        if let Some(v) = verify {
+            match self.verify_file(&tmp, local, len, v).await {
+                Ok(c) => rep.checksum = Some(c),
+                Err(e) => {
+                    // A whole copy that differs is no partial worth keeping.
+                    let c = Cmd::with("DELE", &tmp);
+                    if self.send(&[&c]).await.is_ok() {
+                        let _ = self.ctl.read_reply().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.rename(&tmp, remote).await?;
+        rep.already = already;
+        Ok(rep)
     }
 
     /// RNFR `from`, RNTO `to`.
@@ -1014,12 +1122,16 @@ impl Client {
         let start = Instant::now();
         self.auto_prelude().await?;
         let Some(n) = self.gridftp_upload().await? else {
-            return self.upload_body(file, len, local, remote, start).await;
+            return self
+                .upload_body(file, len, local, remote, start, None)
+                .await;
         };
         // One upload with n connections in MODE E, then back to MODE S.
         let plain = (self.granted, self.mode_e);
         (self.granted, self.mode_e) = (n, true);
-        let r = self.upload_body(file, len, local, remote, start).await;
+        let r = self
+            .upload_body(file, len, local, remote, start, None)
+            .await;
         (self.granted, self.mode_e) = plain;
         match r {
             Ok(rep) => {
@@ -1041,9 +1153,17 @@ impl Client {
         local: &Path,
         remote: &str,
         start: Instant,
+        have: Option<&xftp_stripe::ranges::RangeSet>,
     ) -> Result<TransferReport> {
         let (_, setup) = self.prepare_data(false, None).await?;
-        self.progress_begin(remote, Some(len));
+        let already = have.map_or(0, |h| h.covered());
+        if let Some(h) = have.filter(|h| !h.is_empty()) {
+            let list: Vec<(u64, u64)> = h.iter().collect();
+            let c = Cmd::with("REST", xftp_proto::command::format_ranges(&list));
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[350]).await?;
+        }
+        self.progress_begin(remote, Some(len - already));
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
         let (conns, grow) = self.start_transfer(&c_stor, setup).await?;
@@ -1058,12 +1178,11 @@ impl Client {
                 .into_iter()
                 .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
                 .collect();
-            let tx = xftp_stripe::Sender::file(
-                Arc::new(file),
-                len,
-                conns,
-                &xftp_stripe::SendConfig::default(),
-            );
+            let cfg = xftp_stripe::SendConfig::default();
+            let tx = match have {
+                Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
+                None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
+            };
             let live = Live {
                 ctl: EngineCtl::Send(tx.control()),
                 socks: Some(socks),
@@ -1087,7 +1206,7 @@ impl Client {
             self.expect_complete(&c_stor).await?;
             v
         } else {
-            let v = match self.send_striped(conns, file, len).await {
+            let v = match self.send_striped(conns, file, len, have).await {
                 Ok(v) => v,
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
@@ -1095,11 +1214,11 @@ impl Client {
             v
         };
         let sent: u64 = per_stream.iter().sum();
-        if sent != len {
+        if sent + already != len {
             return Err(ClientError::UploadMismatch {
                 what: "bytes sent",
                 expected: len,
-                got: sent,
+                got: sent + already,
             });
         }
         if let Some(remote_len) = self.size(remote).await? {
@@ -2085,6 +2204,7 @@ impl Client {
         conns: Vec<Stream>,
         file: std::fs::File,
         len: u64,
+        have: Option<&xftp_stripe::ranges::RangeSet>,
     ) -> Result<Vec<u64>> {
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
@@ -2096,7 +2216,12 @@ impl Client {
             },
             ..xftp_stripe::SendConfig::default()
         };
-        let report = xftp_stripe::send_file(Arc::new(file), len, conns, &cfg)
+        let sender = match have {
+            Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
+            None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
+        };
+        let report = sender
+            .finish()
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())

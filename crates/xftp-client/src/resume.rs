@@ -13,11 +13,11 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use xftp_stripe::ranges::RangeSet;
-use xftp_stripe::WriteAt;
+use xftp_stripe::RecordedFile;
 
 /// How often the record is rewritten while data arrives.
 pub(crate) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -42,37 +42,6 @@ struct Record {
     ranges: Vec<(u64, u64)>,
 }
 
-/// The partial file, written at any offset, remembering what was written.
-#[derive(Debug)]
-pub(crate) struct Recording {
-    file: std::fs::File,
-    ranges: Mutex<RangeSet>,
-}
-
-impl Recording {
-    fn lock(&self) -> std::sync::MutexGuard<'_, RangeSet> {
-        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The ranges written so far.
-    pub(crate) fn ranges(&self) -> RangeSet {
-        self.lock().clone()
-    }
-
-    /// Record bytes written through another handle of the same file.
-    pub(crate) fn wrote(&self, offset: u64, len: u64) {
-        self.lock().union(offset, offset + len);
-    }
-}
-
-impl WriteAt for Recording {
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)?;
-        self.wrote(offset, buf.len() as u64);
-        Ok(())
-    }
-}
-
 /// A resumable download in progress.
 #[derive(Debug)]
 pub(crate) struct Partial {
@@ -82,7 +51,7 @@ pub(crate) struct Partial {
     pub meta: SourceMeta,
     /// Present when the run began.
     pub had: RangeSet,
-    pub rec: Arc<Recording>,
+    pub rec: Arc<RecordedFile>,
 }
 
 /// Why a resume cannot go on.
@@ -164,10 +133,7 @@ impl Partial {
         }
         let had = had.clamped(now.size);
         Ok(Partial {
-            rec: Arc::new(Recording {
-                file,
-                ranges: Mutex::new(had.clone()),
-            }),
+            rec: Arc::new(RecordedFile::new(file, had.clone())),
             path,
             record,
             source: source.to_owned(),
@@ -218,10 +184,13 @@ impl Partial {
     }
 }
 
-fn checkpoint(rec: &Recording, record: &Path, source: &str, meta: &SourceMeta) -> io::Result<()> {
-    // Ranges first, then sync: every range named was written before the sync.
-    let ranges: Vec<(u64, u64)> = rec.ranges().iter().collect();
-    rec.file.sync_data()?;
+fn checkpoint(
+    rec: &RecordedFile,
+    record: &Path,
+    source: &str,
+    meta: &SourceMeta,
+) -> io::Result<()> {
+    let ranges: Vec<(u64, u64)> = rec.sync_ranges()?.iter().collect();
     let r = Record {
         version: 1,
         source: source.to_owned(),
@@ -229,21 +198,13 @@ fn checkpoint(rec: &Recording, record: &Path, source: &str, meta: &SourceMeta) -
         ranges,
     };
     let text = serde_json::to_vec(&r).map_err(io::Error::other)?;
-    let mut tmp = record.as_os_str().to_owned();
-    tmp.push(".new");
-    let tmp = PathBuf::from(tmp);
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&text)?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, record)
+    xftp_stripe::write_atomic(record, &text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xftp_stripe::WriteAt;
 
     fn meta(size: u64) -> SourceMeta {
         SourceMeta {

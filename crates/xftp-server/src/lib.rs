@@ -23,6 +23,7 @@ pub mod fs;
 mod data;
 mod limits;
 mod live;
+mod resumable;
 mod secure;
 mod session;
 mod transfer;

@@ -88,6 +88,7 @@ pub async fn run(
         ttype: TransferType::Ascii,
         rest: 0,
         rest_ranges: None,
+        resumable: None,
         rnfr: None,
         data: DataPlan::None,
         streams: 1,
@@ -183,8 +184,11 @@ struct Session {
     cwd: VPath,
     ttype: TransferType,
     rest: u64,
-    /// REST a-b,...: the ranges a resuming receiver has (MODE E RETR).
+    /// REST a-b,...: the ranges a resuming receiver has (MODE E RETR),
+    /// or that a resumable upload's partial holds (STOR).
     rest_ranges: Option<xftp_stripe::ranges::RangeSet>,
+    /// SITE RESUMABLE: the next STOR is kept on failure.
+    resumable: Option<crate::resumable::Meta>,
     rnfr: Option<PathBuf>,
     data: DataPlan,
     /// Data connections per transfer, granted by MULT.
@@ -223,6 +227,15 @@ async fn halt<T>(task: &mut JoinHandle<Result<T, TransferError>>, stop: Option<C
     }
     task.abort();
     let _ = task.await;
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The FEAT HASH list, the current algorithm starred.
@@ -1032,7 +1045,7 @@ impl Session {
             ("HELP", _) => {
                 self.reply(
                     214,
-                    "SITE commands: HELP, BUFSIZE n|auto, WIN n|auto, RBUFSZ n|auto, SBUFSZ n|auto (also SBUF n), CHMOD mode path",
+                    "SITE commands: HELP, BUFSIZE n|auto, WIN n|auto, RBUFSZ n|auto, SBUFSZ n|auto (also SBUF n), CHMOD mode path, RESUMABLE size mtime, RANGES path",
                 )
                 .await
             }
@@ -1050,6 +1063,27 @@ impl Session {
                     Ok(b) => self.set_bufsize(b).await,
                     Err(e) => self.reply(501, e.to_string()).await,
                 }
+            }
+            ("RESUMABLE", Some(size)) => {
+                let meta = size.parse().ok().zip(extra.and_then(|t| t.parse().ok()));
+                match meta {
+                    Some((size, mtime)) => {
+                        self.resumable = Some(crate::resumable::Meta { size, mtime });
+                        self.reply(
+                            200,
+                            "The next STOR is resumable: written in place, kept with its ranges on failure.",
+                        )
+                        .await
+                    }
+                    None => {
+                        self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, seconds since the epoch).")
+                            .await
+                    }
+                }
+            }
+            ("RANGES", Some(_)) => {
+                let path = s.trim_start().split_once(char::is_whitespace).map_or("", |x| x.1).trim_start().to_owned();
+                self.site_ranges(&path).await
             }
             ("CHMOD", Some(m)) => {
                 // The path is everything after the mode (it may hold spaces).
@@ -1894,9 +1928,24 @@ impl Session {
 
     async fn store(&mut self, arg: &[u8], append: bool) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
-        if self.rest_ranges.take().is_some() {
+        let have = self.rest_ranges.take();
+        if let Some(meta) = self.resumable.take() {
+            if append || rest > 0 {
+                return self
+                    .reply(
+                        504,
+                        "A resumable upload is a STOR (REST with ranges for the rest).",
+                    )
+                    .await;
+            }
+            return self.store_resumable(arg, meta, have).await;
+        }
+        if have.is_some() {
             return self
-                .reply(504, "REST with ranges applies to RETR only.")
+                .reply(
+                    504,
+                    "REST with ranges applies to RETR, or to a STOR after SITE RESUMABLE.",
+                )
                 .await;
         }
         let Some(v) = self.write_target(arg).await? else {
@@ -2006,6 +2055,180 @@ impl Session {
             (task, Some(lv))
         };
         let out = self.run_transfer(task, progress, lv).await?;
+        self.finish(out, |(b, k)| {
+            format!("Transfer complete ({b} bytes on {k} connection(s)).")
+        })
+        .await
+    }
+
+    /// SITE RANGES path: what a resumable upload's partial holds.
+    async fn site_ranges(&mut self, path: &str) -> std::io::Result<()> {
+        let Some((v, p)) = self.existing(path.as_bytes()).await? else {
+            return Ok(());
+        };
+        match crate::resumable::read(&p) {
+            Ok(Some((m, r))) => {
+                let list: Vec<(u64, u64)> = r.iter().collect();
+                self.reply(
+                    213,
+                    format!(
+                        "size={} mtime={} ranges={}",
+                        m.size,
+                        m.mtime,
+                        xftp_proto::command::format_ranges(&list)
+                    ),
+                )
+                .await
+            }
+            Ok(None) => {
+                self.reply(
+                    550,
+                    format!("{}: no resumable upload recorded.", v.display()),
+                )
+                .await
+            }
+            Err(e) => self.reply(451, format!("{}: {e}.", v.display())).await,
+        }
+    }
+
+    /// STOR after SITE RESUMABLE: written in place into the named file
+    /// (a client's temporary name), kept with its record on failure; with
+    /// REST ranges, only the rest arrives.
+    async fn store_resumable(
+        &mut self,
+        arg: &[u8],
+        meta: crate::resumable::Meta,
+        have: Option<xftp_stripe::ranges::RangeSet>,
+    ) -> std::io::Result<()> {
+        use crate::resumable;
+        let Some(v) = self.write_target(arg).await? else {
+            return Ok(());
+        };
+        let target = match self.root.in_place(&v) {
+            Ok(p) => p,
+            Err(e) => {
+                let (_, t) = fs_reply(&e);
+                return self.reply(553, format!("{}: {t}.", v.display())).await;
+            }
+        };
+        if target.is_dir() {
+            return self
+                .reply(553, format!("{}: Is a directory.", v.display()))
+                .await;
+        }
+        if !self.framed() || self.ttype == TransferType::Ascii {
+            return self
+                .reply(
+                    504,
+                    "Resumable uploads need MODE E (or MULT > 1) and TYPE I.",
+                )
+                .await;
+        }
+        if let Some(max) = self.cfg.max_upload_size.filter(|m| meta.size > *m) {
+            return self
+                .reply(552, format!("Upload larger than the limit of {max} bytes."))
+                .await;
+        }
+        if let Some(h) = &have {
+            // The ranges must be what this server recorded, of this source.
+            let ok = match resumable::read(&target) {
+                Ok(Some((m, r))) => {
+                    m == meta
+                        && h.iter()
+                            .all(|(a, b)| r.at_or_after(a).is_some_and(|(s, e)| s <= a && b <= e))
+                }
+                _ => false,
+            };
+            if !ok {
+                return self
+                    .reply(
+                        554,
+                        format!(
+                            "{}: the ranges are not what this partial upload holds (ask SITE RANGES).",
+                            v.display()
+                        ),
+                    )
+                    .await;
+            }
+        }
+        if !self.data_planned().await? {
+            return Ok(());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(have.is_none())
+            .open(&target);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
+        };
+        let have = have.unwrap_or_default();
+        let rec = Arc::new(xftp_stripe::RecordedFile::new(file, have.clone()));
+        if let Err(e) = resumable::checkpoint(&rec, &target, meta) {
+            return self.reply(451, format!("{}: {e}.", v.display())).await;
+        }
+        let n = self.streams as usize;
+        self.reply(
+            150,
+            format!(
+                "Ready to receive {} on {n} connection(s), resumable ({} of {} bytes in place).",
+                v.display(),
+                have.covered(),
+                meta.size
+            ),
+        )
+        .await?;
+        let Some((conns, grow)) = self.open_data(n, false).await? else {
+            return Ok(());
+        };
+        let progress: Progress = Arc::new(AtomicU64::new(0));
+        let meters = MeterSet::new();
+        let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
+        let dst: Arc<dyn xftp_stripe::WriteAt> = rec.clone();
+        let receiver = Receiver::file_resume(dst, Some(meta.size), have, conns);
+        let ctl = live::Ctl::Recv(receiver.control());
+        let mut lv = self.live(meters, ctl, grow, n);
+        if !self.mult_set {
+            receiver
+                .control()
+                .limit_connections(u64::from(self.cfg.max_streams.max(1)));
+            lv.accept_any();
+        }
+        let (rec2, path2) = (rec.clone(), target.clone());
+        // Aborted with the transfer task, however that ends.
+        let checkpoints = AbortOnDrop(tokio::spawn(async move {
+            let mut t = tokio::time::interval(resumable::CHECKPOINT_EVERY);
+            t.tick().await;
+            loop {
+                t.tick().await;
+                let (r, p) = (rec2.clone(), path2.clone());
+                let _ =
+                    tokio::task::spawn_blocking(move || resumable::checkpoint(&r, &p, meta)).await;
+            }
+        }));
+        let task = tokio::spawn(async move {
+            let r = receiver.finish().await;
+            drop(checkpoints);
+            let target2 = target.clone();
+            match r {
+                Ok(r) => {
+                    rec.sync_ranges().map_err(TransferError::Storage)?;
+                    let _ = std::fs::remove_file(resumable::record_path(&target2));
+                    Ok((r.bytes, r.streams.len()))
+                }
+                Err(e) => {
+                    // What arrived stays, for the next attempt.
+                    let _ = tokio::task::spawn_blocking(move || {
+                        resumable::checkpoint(&rec, &target2, meta)
+                    })
+                    .await;
+                    Err(e.into())
+                }
+            }
+        });
+        let out = self.run_transfer(task, progress, Some(lv)).await?;
         self.finish(out, |(b, k)| {
             format!("Transfer complete ({b} bytes on {k} connection(s)).")
         })

@@ -30,6 +30,69 @@ impl WriteAt for std::fs::File {
     }
 }
 
+/// A file written at any offset that remembers which ranges were
+/// written: the partial file of a resumable transfer.
+#[derive(Debug)]
+pub struct RecordedFile {
+    file: std::fs::File,
+    ranges: Mutex<crate::ranges::RangeSet>,
+}
+
+impl RecordedFile {
+    /// `file`, of which `have` is already written.
+    pub fn new(file: std::fs::File, have: crate::ranges::RangeSet) -> Self {
+        RecordedFile {
+            file,
+            ranges: Mutex::new(have),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::ranges::RangeSet> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ranges written so far (not necessarily on disk yet).
+    pub fn ranges(&self) -> crate::ranges::RangeSet {
+        self.lock().clone()
+    }
+
+    /// Record bytes written through another handle of the same file.
+    pub fn wrote(&self, offset: u64, len: u64) {
+        self.lock().union(offset, offset.saturating_add(len));
+    }
+
+    /// The ranges on disk: read the ranges, then sync the file, so every
+    /// range returned was written before the sync.
+    pub fn sync_ranges(&self) -> io::Result<crate::ranges::RangeSet> {
+        let r = self.ranges();
+        self.file.sync_data()?;
+        Ok(r)
+    }
+}
+
+impl WriteAt for RecordedFile {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)?;
+        self.wrote(offset, buf.len() as u64);
+        Ok(())
+    }
+}
+
+/// Write `bytes` to `path` durably and atomically: a temporary beside it,
+/// synced, renamed over it.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = std::path::PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
 /// An in-memory file (tests, examples, small buffers).
 #[derive(Debug, Default)]
 pub struct MemFile(Mutex<Vec<u8>>);

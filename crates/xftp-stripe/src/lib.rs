@@ -55,7 +55,7 @@ mod recv;
 pub mod sched;
 mod send;
 
-pub use io::{MemFile, ReadAt, WriteAt};
+pub use io::{write_atomic, MemFile, ReadAt, RecordedFile, WriteAt};
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};

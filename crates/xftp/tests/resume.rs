@@ -251,3 +251,117 @@ fn rest_with_ranges_on_the_server() {
     assert!(c.cmd("STOR x").starts_with("504"), "ranges on an upload");
     assert!(c.cmd("NOOP").starts_with("200"));
 }
+
+#[test]
+fn killed_uploads_resume_to_the_whole_file() {
+    let mut rng = seed() | 1;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("u.bin"), SIZE, 43);
+    let srv = serve(&root, &[]);
+    for p in ["4", "1", "auto"] {
+        let url = format!("ftp://127.0.0.1:{}/u-{p}.bin", srv.port);
+        let args = ["put", "-c", "-p", p, "--limit-rate", "10M", "u.bin", &url];
+        let mut cuts = 0;
+        for _ in 0..3 {
+            let ms = 300 + next(&mut rng) % 700;
+            if xftp_killed(&args, &local, Duration::from_millis(ms)) {
+                cuts += 1;
+            }
+            // The server notices the cut and writes its last record.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        assert!(
+            cuts >= 2,
+            "-p {p}: the uploads ended before they could be cut"
+        );
+        assert!(
+            !root.join(format!("u-{p}.bin")).exists(),
+            "-p {p}: a cut upload under its name"
+        );
+        let out = xftp(
+            &["put", "-c", "-p", p, "--verify", "--json", "u.bin", &url],
+            &local,
+        );
+        assert!(out.status.success(), "-p {p}: {out:?}");
+        let j = json(&out);
+        let moved = j["bytes"].as_u64().unwrap();
+        let already = j["bytes_already_present"].as_u64().unwrap_or(0);
+        assert!(already > 0, "-p {p}: nothing was kept: {j}");
+        assert!(
+            moved < SIZE,
+            "-p {p}: the resumed upload sent the whole file: {j}"
+        );
+        assert_eq!(moved + already, SIZE, "-p {p}: {j}");
+        assert_eq!(
+            sha256_file(&root.join(format!("u-{p}.bin"))),
+            sha256_file(&local.join("u.bin")),
+            "-p {p}"
+        );
+    }
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+}
+
+#[test]
+fn a_changed_local_file_is_not_spliced_into_an_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("v.bin"), SIZE, 44);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/v.bin", srv.port);
+    let args = ["put", "-c", "-p", "4", "--limit-rate", "10M", "v.bin", &url];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    std::thread::sleep(Duration::from_millis(300));
+    // Another version of the file, same size.
+    write_prng_file(&local.join("v.bin"), SIZE, 45);
+    let st = Command::new("touch")
+        .args(["-d", "2001-02-03 04:05:06"])
+        .arg(local.join("v.bin"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = xftp(&["put", "-c", "v.bin", &url], &local);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("source changed") && err.contains("without -c"),
+        "{err}"
+    );
+    assert!(!root.join("v.bin").exists());
+    // Without -c it goes up whole.
+    let out = xftp(&["put", "v.bin", &url], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&root.join("v.bin")),
+        sha256_file(&local.join("v.bin"))
+    );
+}
+
+#[test]
+fn resumable_uploads_on_the_server_refuse_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    assert!(c.cmd("SITE RANGES nothing").starts_with("550"));
+    assert!(c.cmd("SITE RESUMABLE x 1").starts_with("501"));
+    // Stream mode cannot be resumable.
+    assert!(c.cmd("SITE RESUMABLE 10 1").starts_with("200"));
+    assert!(c.cmd("STOR p").starts_with("504"));
+    assert!(c.cmd("MODE E").starts_with("200"));
+    assert!(c.cmd("TYPE I").starts_with("200"));
+    // Ranges the server never recorded.
+    assert!(c.cmd("SITE RESUMABLE 10 1").starts_with("200"));
+    assert!(c.cmd("REST 0-5").starts_with("350"));
+    let r = c.cmd("STOR p");
+    assert!(r.starts_with("554") && r.contains("SITE RANGES"), "{r}");
+    // REST ranges before a plain STOR.
+    assert!(c.cmd("REST 0-5").starts_with("350"));
+    assert!(c.cmd("STOR q").starts_with("504"));
+    assert!(c.cmd("NOOP").starts_with("200"));
+}

@@ -225,6 +225,12 @@ pub struct PutArgs {
     /// ftp://[user[:password]@]host[:port]/path (a path ending in / gets the
     /// local file name appended).
     url: String,
+    /// Resumable (xftp servers): the file goes up as `.NAME.xftp-part`,
+    /// kept by the server with a record of its ranges if the upload is
+    /// cut; run again with -c to send only what is missing. Refused if the
+    /// local file's size or modification time changed since.
+    #[arg(short = 'c', long = "continue")]
+    resume: bool,
     #[command(flatten)]
     t: TransferArgs,
     #[command(flatten)]
@@ -522,11 +528,29 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
         }
         let (progress, mode) = progress_for(&a.t, json);
         let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+        client.set_resume(a.resume);
         let display = super::progress::start(progress, mode);
         let r = client.upload(&a.local, &remote).await;
         display.finish().await;
         print_notices(&mut client);
-        let r = r.map_err(|e| explain(e, Op::Put, &url))?;
+        let kept = a.resume
+            && r.as_ref().is_err_and(|e| {
+                !matches!(
+                    e,
+                    ClientError::SourceChanged { .. }
+                        | ClientError::Usage(_)
+                        | ClientError::ChecksumMismatch { .. }
+                )
+            });
+        let r = r.map_err(|e| explain(e, Op::Put, &url)).map_err(|e| {
+            if kept {
+                anyhow::anyhow!(
+                    "{e:#} — the server keeps what arrived: run the same command again (with -c) to send only what is missing"
+                )
+            } else {
+                e
+            }
+        })?;
         let summary = conclude(&client, &url, &r, start);
         client.quit().await;
         Ok::<_, anyhow::Error>(summary)
@@ -913,10 +937,16 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
                 .into(),
         ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
-        ClientError::SourceChanged { partial, .. } => Some(format!(
-            "remove {} (and its .ranges file) to download the new version from the start",
-            partial.display()
-        )),
+        ClientError::SourceChanged { partial, .. } => Some(match op {
+            Op::Put => format!(
+                "the local file changed since the partial upload {}: run without -c to send it whole",
+                partial.display()
+            ),
+            _ => format!(
+                "remove {} (and its .ranges file) to download the new version from the start",
+                partial.display()
+            ),
+        }),
         ClientError::ChecksumMismatch { .. } => Some(match op {
             Op::Put => "the server's copy differs from the local file and was deleted; run it again (if it repeats, the local file may be changing, or a disk or memory fault corrupts data)".into(),
             _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
