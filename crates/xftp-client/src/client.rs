@@ -1401,29 +1401,17 @@ impl Client {
 
     /// `LIST [path]` over one plain data connection; the raw listing.
     pub async fn list(&mut self, path: Option<&str>) -> Result<Vec<u8>> {
-        let (_, setup) = self.prepare_data(true, None).await?;
         let c_list = match path {
             Some(p) if !p.is_empty() => Cmd::with("LIST", p),
             _ => Cmd::bare("LIST"),
         };
-        self.ctl.send(&[&c_list]).await?;
-        let (conns, _) = self.start_transfer(&c_list, setup).await?;
-        let mut out = Vec::new();
-        let mut capped = Capped {
-            out: &mut out,
-            left: MAX_LISTING,
-        };
-        self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
-            .await?;
-        self.expect_complete(&c_list).await?;
-        Ok(out)
+        self.listing(c_list).await
     }
 
-    /// The entries of a remote directory (MLSD, RFC 3659), without `.`
-    /// and `..`; a server without MLSD gives the error of its refusal.
-    pub async fn mlsd(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+    /// A listing command over one plain data connection, at most
+    /// [`MAX_LISTING`] bytes kept.
+    async fn listing(&mut self, c: Cmd) -> Result<Vec<u8>> {
         let (_, setup) = self.prepare_data(true, None).await?;
-        let c = Cmd::with("MLSD", path);
         self.ctl.send(&[&c]).await?;
         let (conns, _) = self.start_transfer(&c, setup).await?;
         let mut out = Vec::new();
@@ -1434,6 +1422,13 @@ impl Client {
         self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
             .await?;
         self.expect_complete(&c).await?;
+        Ok(out)
+    }
+
+    /// The entries of a remote directory (MLSD, RFC 3659), without `.`
+    /// and `..`; a server without MLSD gives the error of its refusal.
+    pub async fn mlsd(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+        let out = self.listing(Cmd::with("MLSD", path)).await?;
         Ok(String::from_utf8_lossy(&out)
             .lines()
             .filter_map(xftp_proto::facts::parse_mlsx)
@@ -1444,31 +1439,29 @@ impl Client {
     /// Create a remote directory; `Ok(false)` when the server refuses
     /// (it may exist already).
     pub async fn mkd(&mut self, path: &str) -> Result<bool> {
-        let c = Cmd::with("MKD", path);
+        self.accepted(Cmd::with("MKD", path), 257).await
+    }
+
+    /// Send `c`; whether the reply has code `ok` (a refusal is no error).
+    async fn accepted(&mut self, c: Cmd, ok: u16) -> Result<bool> {
         self.send(&[&c]).await?;
         let r = self.ctl.read_reply().await?;
-        Ok(r.code == 257)
+        Ok(r.code == ok)
     }
 
     /// Set a remote file's modification time (MFMT); `Ok(false)` when the
     /// server refuses or does not know MFMT.
     pub async fn mfmt(&mut self, path: &str, secs: i64) -> Result<bool> {
-        let c = Cmd::with(
-            "MFMT",
-            format!("{} {path}", xftp_proto::facts::format_time(secs)),
-        );
-        self.send(&[&c]).await?;
-        let r = self.ctl.read_reply().await?;
-        Ok(r.code == 213)
+        let t = xftp_proto::facts::format_time(secs);
+        self.accepted(Cmd::with("MFMT", format!("{t} {path}")), 213)
+            .await
     }
 
     /// Set a remote file's permission bits (SITE CHMOD); `Ok(false)` when
     /// the server refuses.
     pub async fn chmod(&mut self, path: &str, mode: u32) -> Result<bool> {
         let c = Cmd::with("SITE", format!("CHMOD {:o} {path}", mode & 0o777));
-        self.send(&[&c]).await?;
-        let r = self.ctl.read_reply().await?;
-        Ok(r.code == 200)
+        self.accepted(c, 200).await
     }
 
     /// Say goodbye. Errors are ignored: the session is over either way.

@@ -80,6 +80,37 @@ fn leftovers(d: &Path) -> Vec<String> {
 
 const SIZE: u64 = 24_000_000 + 4_321;
 
+/// Run `args` three times, each killed at a random point 0.3-1 s in, then
+/// wait `pause`; at least two of them must really have been cut.
+fn cut_three_times(args: &[&str], cwd: &Path, rng: &mut u64, pause: Duration) {
+    let mut cuts = 0;
+    for _ in 0..3 {
+        let ms = 300 + next(rng) % 700;
+        if xftp_killed(args, cwd, Duration::from_millis(ms)) {
+            cuts += 1;
+        }
+        std::thread::sleep(pause);
+    }
+    assert!(
+        cuts >= 2,
+        "{args:?}: the transfers ended before they could be cut"
+    );
+}
+
+/// The resumed run succeeded, found bytes in place and moved the rest.
+fn resumed_less_than_all(out: &Output, p: &str) {
+    assert!(out.status.success(), "-p {p}: {out:?}");
+    let j = json(out);
+    let moved = j["bytes"].as_u64().unwrap();
+    let already = j["bytes_already_present"].as_u64().unwrap_or(0);
+    assert!(already > 0, "-p {p}: nothing was kept: {j}");
+    assert!(
+        moved < SIZE,
+        "-p {p}: the resumed run moved the whole file: {j}"
+    );
+    assert_eq!(moved + already, SIZE, "-p {p}: {j}");
+}
+
 #[test]
 fn killed_downloads_resume_to_the_whole_file() {
     let mut rng = seed() | 1;
@@ -95,32 +126,13 @@ fn killed_downloads_resume_to_the_whole_file() {
         let name = format!("f-{p}.bin");
         // 10 MB/s: the file takes about 2.4 s, cut three times.
         let args = ["get", "-c", "-p", p, "--limit-rate", "10M", &url, &name];
-        let mut cuts = 0;
-        for _ in 0..3 {
-            let ms = 300 + next(&mut rng) % 700;
-            if xftp_killed(&args, &local, Duration::from_millis(ms)) {
-                cuts += 1;
-            }
-        }
-        assert!(
-            cuts >= 2,
-            "-p {p}: the transfers ended before they could be cut"
-        );
+        cut_three_times(&args, &local, &mut rng, Duration::ZERO);
         assert!(
             !local.join(&name).exists(),
             "-p {p}: a cut file under its final name"
         );
         let out = xftp(&["get", "-c", "-p", p, "--json", &url, &name], &local);
-        assert!(out.status.success(), "-p {p}: {out:?}");
-        let j = json(&out);
-        let moved = j["bytes"].as_u64().unwrap();
-        let already = j["bytes_already_present"].as_u64().unwrap_or(0);
-        assert!(already > 0, "-p {p}: nothing was kept: {j}");
-        assert!(
-            moved < SIZE,
-            "-p {p}: the resumed run moved the whole file: {j}"
-        );
-        assert_eq!(moved + already, SIZE, "-p {p}: {j}");
+        resumed_less_than_all(&out, p);
         assert_eq!(
             sha256_file(&local.join(&name)),
             sha256_file(&root.join("f.bin")),
@@ -265,19 +277,8 @@ fn killed_uploads_resume_to_the_whole_file() {
     for p in ["4", "1", "auto"] {
         let url = format!("ftp://127.0.0.1:{}/u-{p}.bin", srv.port);
         let args = ["put", "-c", "-p", p, "--limit-rate", "10M", "u.bin", &url];
-        let mut cuts = 0;
-        for _ in 0..3 {
-            let ms = 300 + next(&mut rng) % 700;
-            if xftp_killed(&args, &local, Duration::from_millis(ms)) {
-                cuts += 1;
-            }
-            // The server notices the cut and writes its last record.
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        assert!(
-            cuts >= 2,
-            "-p {p}: the uploads ended before they could be cut"
-        );
+        // After each cut the server notices it and writes its last record.
+        cut_three_times(&args, &local, &mut rng, Duration::from_millis(300));
         assert!(
             !root.join(format!("u-{p}.bin")).exists(),
             "-p {p}: a cut upload under its name"
@@ -286,16 +287,7 @@ fn killed_uploads_resume_to_the_whole_file() {
             &["put", "-c", "-p", p, "--verify", "--json", "u.bin", &url],
             &local,
         );
-        assert!(out.status.success(), "-p {p}: {out:?}");
-        let j = json(&out);
-        let moved = j["bytes"].as_u64().unwrap();
-        let already = j["bytes_already_present"].as_u64().unwrap_or(0);
-        assert!(already > 0, "-p {p}: nothing was kept: {j}");
-        assert!(
-            moved < SIZE,
-            "-p {p}: the resumed upload sent the whole file: {j}"
-        );
-        assert_eq!(moved + already, SIZE, "-p {p}: {j}");
+        resumed_less_than_all(&out, p);
         assert_eq!(
             sha256_file(&root.join(format!("u-{p}.bin"))),
             sha256_file(&local.join("u.bin")),
