@@ -526,3 +526,63 @@ fn on_a_terminal_under_tmux() {
         sha256_file(&root.join("pub/data.bin"))
     );
 }
+
+#[test]
+fn tls_sessions_and_their_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("up.bin"), 300_000, 5);
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, c.cert.pem()).unwrap();
+    std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+    let srv = serve(
+        &root,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls",
+            "required",
+        ],
+    );
+    let cacert = cert.to_str().unwrap();
+    let script = format!(
+        "open ftpes://localhost:{}/\nput up.bin\nmult 3\nget up.bin back.bin\nstatus\n",
+        srv.port
+    );
+    let out = run_script(&["--cacert", cacert], &script, &local, &cache);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{so}\n{se}");
+    assert!(so.contains("connected, TLS TLSv1."), "{so}");
+    assert!(
+        se.contains("Connected to localhost:") && se.contains(", TLSv1."),
+        "{se}"
+    );
+    assert!(se.contains("3 connections"), "{se}");
+    assert_eq!(
+        sha256_file(&root.join("up.bin")),
+        sha256_file(&local.join("up.bin"))
+    );
+    assert_eq!(
+        sha256_file(&local.join("back.bin")),
+        sha256_file(&local.join("up.bin"))
+    );
+
+    // Clear text to a server that requires TLS: the fix names ftpes://.
+    let script = format!("open ftp://localhost:{}/\n", srv.port);
+    let out = run_script(&[], &script, &local, &cache);
+    let se = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{se}");
+    assert!(
+        se.contains("line 1:") && se.contains("open ftpes://localhost:"),
+        "{se}"
+    );
+}

@@ -1273,6 +1273,7 @@ async fn dial(
             Some(u) => is_anonymous(u),
         };
         return Err(match (e.reply_code(), anonymous) {
+            _ if requires_tls(&e) => explain(e, Op::Login, &authority),
             (Some(530), true) => anyhow::anyhow!(
                 "{e} — the server refuses anonymous logins: log in with `user NAME`"
             ),
@@ -1354,17 +1355,16 @@ fn keeps_session(e: &ClientError) -> bool {
     }
 }
 
+/// A refusal that says TLS is required.
+fn requires_tls(e: &ClientError) -> bool {
+    matches!(e, ClientError::Reply { code: 530 | 521 | 534, text, .. }
+        if text.contains("TLS") || text.contains("PROT"))
+}
+
 /// Attach the likely fix to an error, in terms of shell commands.
 fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
-    if let ClientError::Reply {
-        code: 530 | 521 | 534,
-        text,
-        ..
-    } = &e
-    {
-        if text.contains("TLS") || text.contains("PROT") {
-            return anyhow::anyhow!("{e} — the server requires TLS: open ftpes://{authority}/");
-        }
+    if requires_tls(&e) {
+        return anyhow::anyhow!("{e} — the server requires TLS: open ftpes://{authority}/");
     }
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
