@@ -432,15 +432,15 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             }
-            Step::Signal(code) => return Ok(sh.end_by_signal(code).await),
+            Step::Signal(code) => return Ok(sh.end_by_signal(code)),
         }
     }
     let mut lineno = 0u64;
     loop {
         let got = tokio::select! {
             g = sh.input.line("xftp> ") => g,
-            _ = term.recv() => return Ok(sh.end_by_signal(143).await),
-            _ = tokio::signal::ctrl_c(), if !interactive => return Ok(sh.end_by_signal(130).await),
+            _ = term.recv() => return Ok(sh.end_by_signal(143)),
+            _ = tokio::signal::ctrl_c(), if !interactive => return Ok(sh.end_by_signal(130)),
         };
         let line = match got {
             Got::Line(l) => l,
@@ -448,7 +448,12 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
             Got::Interrupted => continue,
             Got::Eof => break,
             Got::Failed(e) => {
-                eprintln!("xftp: cannot read a command: {e}");
+                let at = if interactive {
+                    String::new()
+                } else {
+                    format!("line {}: ", lineno + 1)
+                };
+                eprintln!("xftp: {at}cannot read a command: {e}");
                 sh.close().await;
                 return Ok(ExitCode::FAILURE);
             }
@@ -458,6 +463,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
             Ok(w) => w,
             Err(e) => {
                 if sh.fail(lineno, &anyhow::anyhow!("{e}")) {
+                    sh.close().await;
                     return Ok(ExitCode::FAILURE);
                 }
                 continue;
@@ -475,7 +481,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::FAILURE);
                 }
             }
-            Step::Signal(code) => return Ok(sh.end_by_signal(code).await),
+            Step::Signal(code) => return Ok(sh.end_by_signal(code)),
         }
     }
     sh.close().await;
@@ -526,7 +532,7 @@ impl Shell {
         }
     }
 
-    async fn end_by_signal(&mut self, code: u8) -> ExitCode {
+    fn end_by_signal(&mut self, code: u8) -> ExitCode {
         self.input.restore_terminal();
         let name = if code == 130 { "SIGINT" } else { "SIGTERM" };
         // On a terminal the prompt or a progress bar holds the line.
@@ -679,9 +685,13 @@ impl Shell {
             }
             "bufsize" => {
                 want(0, 1)?;
-                let b = parse_bufsize_arg(args.first().map_or("auto", String::as_str))
-                    .map_err(|e| anyhow::anyhow!("{verb}: {e}"))?
-                    .0;
+                let b = match xftp_proto::parse_bufsize(
+                    "bufsize",
+                    args.first().map_or("auto", String::as_str),
+                )? {
+                    xftp_proto::BufSize::Auto => None,
+                    xftp_proto::BufSize::Bytes(n) => Some(n),
+                };
                 if self.set.bufsize != b {
                     self.set.bufsize = b;
                     self.changed("bufsize");
@@ -748,9 +758,15 @@ impl Shell {
             }
             target.to_string()
         } else {
+            // A bare IPv6 address goes in brackets.
+            let host = if target.contains(':') && !target.starts_with('[') {
+                format!("[{target}]")
+            } else {
+                target.to_string()
+            };
             match port {
-                Some(p) => format!("ftp://{target}:{p}/"),
-                None => format!("ftp://{target}/"),
+                Some(p) => format!("ftp://{host}:{p}/"),
+                None => format!("ftp://{host}/"),
             }
         };
         let url = FtpUrl::parse(&text)?;
@@ -1028,15 +1044,18 @@ impl Shell {
     }
 
     async fn mget(&mut self, patterns: &[String]) -> anyhow::Result<()> {
-        let (mut files, mut bytes) = (0u64, 0u64);
+        // Every pattern is expanded first: one that matches nothing fails
+        // the command before anything moves.
+        let mut files = Vec::new();
         for pat in patterns {
-            for remote in self.remote_glob(pat).await? {
-                bytes += self.get(&remote, None).await?;
-                files += 1;
-            }
+            files.extend(self.remote_glob(pat).await?);
         }
-        if files > 1 {
-            eprintln!("mget: {files} files, {bytes} bytes");
+        let mut bytes = 0u64;
+        for remote in &files {
+            bytes += self.get(remote, None).await?;
+        }
+        if files.len() > 1 {
+            eprintln!("mget: {} files, {bytes} bytes", files.len());
         }
         Ok(())
     }
@@ -1529,7 +1548,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_command_has_a_dispatch_arm_and_unique_names() {
+    fn command_names_are_unique_and_aliases_resolve() {
         let mut seen = std::collections::HashSet::new();
         for h in COMMANDS {
             for n in h.names {
