@@ -26,6 +26,8 @@ use xftp_client::{
     UrlTls, Verify, ANONYMOUS_PASSWORD,
 };
 
+use xftp_proto::facts::Kind;
+
 use super::transfer::{cache_key, load_cache, parse_bufsize_arg, BufArg, Parallel};
 
 mod input;
@@ -1081,7 +1083,6 @@ impl Shell {
 
     /// The remote files a pattern names: itself when it has no wildcard,
     /// else the plain files (and links) of its directory whose names match.
-    /// There is no NLST in the client's API, so names come from LIST.
     async fn remote_glob(&mut self, pat: &str) -> anyhow::Result<Vec<String>> {
         if !has_wildcard(pat) {
             return Ok(vec![pat.to_string()]);
@@ -1095,16 +1096,15 @@ impl Shell {
             anyhow::bail!("{pat:?}: wildcards work in the last path component only");
         }
         let pattern = glob::Pattern::new(base).with_context(|| format!("bad pattern {pat:?}"))?;
-        let listing = self.listing(dir).await?;
+        let files = self.remote_files(dir).await?;
         let opts = glob::MatchOptions {
             case_sensitive: true,
             require_literal_separator: true,
             // As in a shell: `*` does not match hidden files.
             require_literal_leading_dot: true,
         };
-        let mut names: Vec<String> = String::from_utf8_lossy(&listing)
-            .lines()
-            .filter_map(words::list_file_name)
+        let mut names: Vec<String> = files
+            .iter()
             .filter(|n| pattern.matches_with(n, opts))
             .map(|n| match dir {
                 Some("/") => format!("/{n}"),
@@ -1115,12 +1115,44 @@ impl Shell {
         names.sort();
         names.dedup();
         if names.is_empty() {
-            anyhow::bail!(
-                "no remote file matches {pat:?} — check with `ls {}`",
-                dir.unwrap_or("")
-            );
+            let ls = match dir {
+                Some(d) => format!("ls {}", words::quote(d)),
+                None => "ls".into(),
+            };
+            anyhow::bail!("no remote file matches {pat:?} — check with `{ls}`");
         }
         Ok(names)
+    }
+
+    /// The names of the plain files (and links) in a remote directory:
+    /// from MLSD when FEAT lists MLST (exact names and types), else read
+    /// out of LIST lines. The client has no NLST, which could not tell
+    /// files from directories anyway.
+    async fn remote_files(&mut self, dir: Option<&str>) -> anyhow::Result<Vec<String>> {
+        let c = self.client(true).await?;
+        let mlst = match c.features().await {
+            Ok(f) => f
+                .lines
+                .iter()
+                .any(|l| l.trim_start().to_ascii_uppercase().starts_with("MLST")),
+            Err(e) => return Err(self.explain(e, Op::List)),
+        };
+        if !mlst {
+            let listing = self.listing(dir).await?;
+            return Ok(String::from_utf8_lossy(&listing)
+                .lines()
+                .filter_map(words::list_file_name)
+                .map(str::to_owned)
+                .collect());
+        }
+        let r = c.mlsd(dir.unwrap_or(".")).await;
+        let entries = r.map_err(|e| self.explain(e, Op::List))?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| matches!(e.kind, Kind::File | Kind::Other))
+            .map(|e| e.name)
+            .filter(|n| words::safe_name(n))
+            .collect())
     }
 
     fn display_mode(&self) -> super::progress::Mode {

@@ -139,7 +139,13 @@ pub fn list_file_name(line: &str) -> Option<&str> {
             name
         }
     };
-    (!name.is_empty() && name != "." && name != ".." && !name.contains('/')).then_some(name)
+    safe_name(name).then_some(name)
+}
+
+/// A name the server gave that can be used as a local file name: not
+/// empty, not `.` or `..`, no `/` (nothing that leaves the directory).
+pub fn safe_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/')
 }
 
 /// The directory in a 257 reply: `"/a ""quoted"" dir" is current` (RFC 959
