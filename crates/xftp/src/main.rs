@@ -30,6 +30,9 @@ enum Command {
     Put(cmd::transfer::PutArgs),
     /// List a remote directory: xftp ls ftp://host/dir/.
     Ls(cmd::transfer::LsArgs),
+    /// Interactive client in the spirit of ftp(1): xftp shell [URL].
+    #[command(long_about = cmd::shell::ABOUT, after_long_help = cmd::shell::manual())]
+    Shell(cmd::shell::ShellArgs),
     /// Measure a destination (RTT, features, cached history) and show the
     /// number of connections `-p auto` would start with.
     Probe(cmd::probe::ProbeArgs),
@@ -68,6 +71,9 @@ fn main() -> ExitCode {
             // The server ends on its own signals (it finishes transfers).
             Command::Serve(a) => return (cmd::serve::run(a).await, false),
             Command::Useradd(a) => return (cmd::serve::useradd(a), false),
+            // The shell handles its own signals: Ctrl-C stops the command
+            // that runs, not the shell.
+            Command::Shell(a) => return (cmd::shell::run(a, cli.verbose).await, false),
             Command::Get(a) => Box::pin(cmd::transfer::get(a)) as Work,
             Command::Put(a) => Box::pin(cmd::transfer::put(a)),
             Command::Ls(a) => Box::pin(cmd::transfer::ls(a)),

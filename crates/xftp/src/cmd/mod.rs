@@ -3,4 +3,5 @@ pub mod pipe;
 pub mod probe;
 pub mod progress;
 pub mod serve;
+pub mod shell;
 pub mod transfer;

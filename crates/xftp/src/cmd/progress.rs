@@ -61,6 +61,18 @@ struct Line<'a> {
 
 /// Start showing `p` (no task at all when `mode` shows nothing).
 pub fn start(p: Option<Arc<Progress>>, mode: Mode) -> Display {
+    start_after(p, mode, 0)
+}
+
+/// Start showing `p` from its next transfer on: the counters of the
+/// transfers `p` has already seen (a session that moves several files
+/// shares one) are not drawn while the next one is being set up.
+pub fn start_next(p: Arc<Progress>, mode: Mode) -> Display {
+    let seen = p.snapshot().serial;
+    start_after(Some(p), mode, seen)
+}
+
+fn start_after(p: Option<Arc<Progress>>, mode: Mode, seen: u64) -> Display {
     let task = p
         .filter(|_| mode.any())
         .map(|p| (p, oneshot::channel::<()>()));
@@ -71,7 +83,7 @@ pub fn start(p: Option<Arc<Progress>>, mode: Mode) -> Display {
         },
         Some((p, (tx, rx))) => Display {
             stop: Some(tx),
-            task: Some(tokio::spawn(run(p, mode, rx))),
+            task: Some(tokio::spawn(run(p, mode, seen, rx))),
         },
     }
 }
@@ -88,7 +100,7 @@ impl Display {
     }
 }
 
-async fn run(p: Arc<Progress>, mode: Mode, mut stop: oneshot::Receiver<()>) {
+async fn run(p: Arc<Progress>, mode: Mode, seen: u64, mut stop: oneshot::Receiver<()>) {
     // Made when the first transfer begins: nothing is drawn while the
     // session logs in.
     let mut bar: Option<ProgressBar> = None;
@@ -104,7 +116,7 @@ async fn run(p: Arc<Progress>, mode: Mode, mut stop: oneshot::Receiver<()>) {
             _ = &mut stop => true,
         };
         let s = p.snapshot();
-        if s.serial == 0 {
+        if s.serial <= seen {
             if stopping {
                 break;
             }
