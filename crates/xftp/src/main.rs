@@ -25,10 +25,13 @@ enum Command {
     /// Add or replace a user in a users file (password stored hashed).
     Useradd(cmd::serve::UseraddArgs),
     /// Download a file: xftp get ftp://host/path [LOCAL].
+    #[command(after_help = GET_EXAMPLES)]
     Get(cmd::transfer::GetArgs),
     /// Upload a file: xftp put LOCAL ftp://host/path.
+    #[command(after_help = PUT_EXAMPLES)]
     Put(cmd::transfer::PutArgs),
     /// List a remote directory: xftp ls ftp://host/dir/.
+    #[command(after_help = LS_EXAMPLES)]
     Ls(cmd::transfer::LsArgs),
     /// Interactive client in the spirit of ftp(1): xftp shell [URL].
     #[command(long_about = cmd::shell::ABOUT, after_long_help = cmd::shell::manual())]
@@ -41,6 +44,32 @@ enum Command {
     /// Receive a parallel stream and write it to stdout.
     Recv(cmd::pipe::RecvArgs),
 }
+
+const GET_EXAMPLES: &str = "\
+Paths in ftp:// URLs are relative to the login directory (RFC 1738, as curl);
+an absolute server path takes a second slash: ftp://host//data/run.h5
+(globus-url-copy writes ftp://host/data/run.h5 for the same file).
+
+Examples:
+  xftp get ftp://data.example.org/pub/run.h5                 # anonymous, -p auto
+  xftp get ftp://alice@data.example.org/run.h5 -p 8 --verify # XFTP_PASSWORD, 8 streams, SHA-256 check
+  xftp get -c ftp://data.example.org/big.tar                 # resumable: run again after a cut
+  xftp get -r ftp://data.example.org/results/ results        # a directory tree
+  xftp get ftpes://secure.example.org/f --cacert ca.pem      # TLS, a private CA
+  xftp get ftp://h/f --json --json-progress | jq .           # for programs";
+
+const PUT_EXAMPLES: &str = "\
+Examples:
+  xftp put big.tar ftp://127.0.0.1:2121/incoming/            # to a directory: keeps the name
+  xftp put -p 16 --verify big.tar ftp://alice@h/big.tar      # 16 streams, checked end to end
+  xftp put -c big.tar ftp://h/big.tar                        # resumable (xftp servers)
+  xftp put -r results ftp://h/archive/results/               # a directory tree
+  xftp put --limit-rate 20M big.tar ftp://h/                 # at most 20 MiB/s";
+
+const LS_EXAMPLES: &str = "\
+Examples:
+  xftp ls ftp://data.example.org/pub/
+  xftp ls ftpes://alice@secure.example.org/ --json";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -896,7 +896,8 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
             (550, Op::Get) => Some(format!(
-                "check the path with `xftp ls ftp://{}/`",
+                "check the path with `xftp ls ftp://{}/`; URL paths are relative to the login directory, an absolute server path is written ftp://{}//abs/path",
+                url.authority(),
                 url.authority()
             )),
             (550, Op::Ls) => Some("check the directory path".into()),
