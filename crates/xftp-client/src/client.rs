@@ -2169,6 +2169,15 @@ impl Client {
             Ok(r) => r.map_err(ClientError::DataIo)?,
             Err(_) => return Err(stall(t, sent)),
         }
+        // Read what the server still sends (TLS session tickets, its
+        // close_notify) until its close: a socket closed with unread data
+        // sends a reset, and a reset makes the server's kernel drop the
+        // upload's last bytes before the server has read them.
+        let drain = async {
+            let mut sink = [0u8; 4096];
+            while let Ok(1..) = c.read(&mut sink).await {}
+        };
+        let _ = tokio::time::timeout(t.min(Duration::from_secs(10)), drain).await;
         conn.0 = None;
         Ok(sent)
     }
