@@ -68,6 +68,22 @@ fn sockets_of(pid: u32) -> Vec<(u16, u16)> {
         .collect()
 }
 
+/// The data connections of `pid` (not to `ctl_port`), waited for (up to
+/// 10 s) until at least `n` are open.
+fn data_sockets(pid: u32, ctl_port: u16, n: usize) -> Vec<(u16, u16)> {
+    let t = Instant::now();
+    loop {
+        let v: Vec<_> = sockets_of(pid)
+            .into_iter()
+            .filter(|(_, peer)| *peer != ctl_port)
+            .collect();
+        if v.len() >= n || t.elapsed() > Duration::from_secs(10) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Reset one connection (both ends see it end).
 fn cut(local: u16, peer: u16) {
     let st = Command::new("ss")
@@ -151,11 +167,8 @@ fn one_of_eight_data_connections_reset_mid_transfer() {
             all.push(&dst);
             let child = xftp_bg(&all, &work);
             let pid = child.id();
-            std::thread::sleep(Duration::from_millis(700));
-            let data: Vec<_> = sockets_of(pid)
-                .into_iter()
-                .filter(|(_, peer)| *peer != srv.port)
-                .collect();
+            std::thread::sleep(Duration::from_millis(500));
+            let data = data_sockets(pid, srv.port, 2);
             assert!(data.len() >= 2, "{what}: data connections {data:?}");
             cut(data[0].0, data[0].1);
             let out = finish(child, 60);
@@ -196,11 +209,8 @@ fn one_of_eight_data_connections_reset_mid_transfer() {
         &["get", "-c", "-p", "8", "--limit-rate", "12M", &url, "r.bin"],
         &work,
     );
-    std::thread::sleep(Duration::from_millis(700));
-    let data: Vec<_> = sockets_of(child.id())
-        .into_iter()
-        .filter(|(_, peer)| *peer != srv.port)
-        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let data = data_sockets(child.id(), srv.port, 2);
     assert!(!data.is_empty());
     cut(data[0].0, data[0].1);
     let out = finish(child, 60);
@@ -248,7 +258,9 @@ fn the_control_connection_dropped_mid_transfer() {
             ],
             &work,
         );
-        std::thread::sleep(Duration::from_millis(700));
+        std::thread::sleep(Duration::from_millis(500));
+        // Mid-transfer: data is moving.
+        let _ = data_sockets(child.id(), srv.port, 2);
         let ctl: Vec<_> = sockets_of(child.id())
             .into_iter()
             .filter(|(_, peer)| *peer == srv.port)
