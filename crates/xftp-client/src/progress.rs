@@ -24,6 +24,10 @@ struct State {
     started: Option<Instant>,
     /// Transfers begun so far (a display can tell a new one).
     serial: u64,
+    /// Pooled (a tree): every transfer adds to one running count.
+    pooled: bool,
+    /// Pooled: bytes of the connections that have closed.
+    done: u64,
 }
 
 /// A reading of the counters.
@@ -52,9 +56,30 @@ impl Progress {
         Arc::new(Progress::default())
     }
 
+    /// One count over many transfers, running at once on several sessions
+    /// (a tree): transfers do not reset it; [`Progress::set_total`] says
+    /// what the whole will be.
+    pub fn pooled() -> Arc<Progress> {
+        let p = Progress::default();
+        p.lock().pooled = true;
+        Arc::new(p)
+    }
+
+    /// Pooled: what is moving and how much it will be in all.
+    pub fn set_total(&self, label: &str, total: Option<u64>) {
+        let mut s = self.lock();
+        s.label = label.to_owned();
+        s.total = total;
+        if s.started.is_none() {
+            s.started = Some(Instant::now());
+            s.serial += 1;
+        }
+    }
+
     /// The counters now. Before any transfer: zero bytes, serial 0.
     pub fn snapshot(&self) -> Snapshot {
-        let s = self.lock();
+        let mut s = self.lock();
+        s.fold();
         let per_stream: Vec<u64> = s
             .streams
             .iter()
@@ -63,10 +88,7 @@ impl Progress {
         Snapshot {
             label: s.label.clone(),
             total: s.total,
-            bytes: per_stream
-                .iter()
-                .sum::<u64>()
-                .min(s.total.unwrap_or(u64::MAX)),
+            bytes: (s.done + per_stream.iter().sum::<u64>()).min(s.total.unwrap_or(u64::MAX)),
             active: s
                 .streams
                 .iter()
@@ -86,6 +108,9 @@ impl Progress {
     /// A new transfer starts: counters back to zero.
     pub(crate) fn begin(&self, label: &str, total: Option<u64>) {
         let mut s = self.lock();
+        if s.pooled {
+            return;
+        }
         s.label = label.to_owned();
         s.total = total;
         s.streams.clear();
@@ -97,8 +122,29 @@ impl Progress {
     /// the caller holds it.
     pub(crate) fn counter(&self) -> Arc<AtomicU64> {
         let c = Arc::new(AtomicU64::new(0));
-        self.lock().streams.push(c.clone());
+        let mut s = self.lock();
+        s.fold();
+        s.streams.push(c.clone());
         c
+    }
+}
+
+impl State {
+    /// Pooled: closed connections' bytes into `done`, so that ten
+    /// thousand files do not leave ten thousand counters.
+    fn fold(&mut self) {
+        if !self.pooled {
+            return;
+        }
+        let mut done = self.done;
+        self.streams.retain(|c| {
+            let open = Arc::strong_count(c) > 1;
+            if !open {
+                done += c.load(Ordering::Relaxed);
+            }
+            open
+        });
+        self.done = done;
     }
 }
 
@@ -112,6 +158,23 @@ pub(crate) fn add(c: &Option<Arc<AtomicU64>>, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_sums_every_transfer() {
+        let p = Progress::pooled();
+        p.set_total("3 files", Some(100));
+        p.begin("/a", Some(10));
+        let a = p.counter();
+        add(&Some(a.clone()), 10);
+        drop(a);
+        p.begin("/b", Some(30));
+        let b = p.counter();
+        add(&Some(b.clone()), 25);
+        let s = p.snapshot();
+        assert_eq!((s.bytes, s.total, s.active), (35, Some(100), 1));
+        assert_eq!(s.label, "3 files");
+        assert_eq!(s.per_stream, vec![25], "closed counters folded");
+    }
 
     #[test]
     fn counts_per_stream_and_active() {

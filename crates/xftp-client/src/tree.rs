@@ -50,6 +50,9 @@ pub struct TreeOptions {
     /// Skip files already complete at the destination (same size and
     /// modification time), as a mirror does; with `-c`.
     pub skip_complete: bool,
+    /// A pooled progress ([`crate::Progress::pooled`]) the sessions count
+    /// into; the tree sets its total once walked.
+    pub progress: Option<Arc<crate::progress::Progress>>,
 }
 
 impl Default for TreeOptions {
@@ -59,6 +62,7 @@ impl Default for TreeOptions {
             large: 8 << 20,
             preserve: true,
             skip_complete: false,
+            progress: None,
         }
     }
 }
@@ -210,6 +214,7 @@ pub async fn get_tree(
             }
         }
     }
+    announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
     let local = local.to_owned();
@@ -310,6 +315,7 @@ pub async fn put_tree(
         let _ = first.mkd(&join(remote, d)).await?;
         report.dirs += 1;
     }
+    announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
     let local = local.to_owned();
@@ -471,6 +477,14 @@ impl TreeReport {
             self.sessions = self.sessions.max(p.sessions);
         }
         self.failed.sort();
+    }
+}
+
+/// The tree's size, for the progress display.
+fn announce(opt: &TreeOptions, jobs: &[Job]) {
+    if let Some(p) = &opt.progress {
+        let total: u64 = jobs.iter().map(|j| j.size).sum();
+        p.set_total(&format!("{} files", jobs.len()), Some(total));
     }
 }
 

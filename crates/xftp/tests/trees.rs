@@ -299,3 +299,48 @@ fn trees_against_pyftpdlib() {
         mtime(&root.join("src/a/f0.dat"))
     );
 }
+
+#[test]
+fn a_tree_reports_its_progress_as_one_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("t/d")).unwrap();
+    let mut total = 0;
+    for i in 0..40u64 {
+        let len = 50_000 + i * 1000;
+        write_prng_file(&root.join(format!("t/d/f{i}")), len, i);
+        total += len;
+    }
+    let srv = serve(&root, &[]);
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            "--limit-rate",
+            "2M",
+            "--json-progress",
+            "--json",
+            &format!("ftp://127.0.0.1:{}/t/", srv.port),
+            "copy",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let progress: Vec<_> = lines.iter().filter(|v| v["type"] == "progress").collect();
+    assert!(progress.len() >= 2, "{text}");
+    assert!(progress
+        .iter()
+        .all(|v| v["path"] == "40 files" && v["total"] == total));
+    let b: Vec<u64> = progress
+        .iter()
+        .map(|v| v["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(b.windows(2).all(|w| w[0] <= w[1]), "{b:?}");
+    assert_eq!(*b.last().unwrap(), total);
+    assert_eq!(lines.last().unwrap()["files"], 40);
+}

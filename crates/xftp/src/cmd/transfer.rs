@@ -439,10 +439,13 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or("xftp-tree")
                 .to_owned();
             let target = a.local.clone().unwrap_or_else(|| PathBuf::from(&name));
-            let connect = tree_connector(&url, &a.common, &a.t, a.resume)?;
-            xftp_client::tree::get_tree(connect, &url.path, &target, &tree_options(&a.t, a.resume))
-                .await
-                .map_err(|e| explain(e, Op::Get, &url))
+            let (progress, mode) = tree_progress(&a.t, json);
+            let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
+            let opt = tree_options(&a.t, a.resume, progress.clone());
+            let display = super::progress::start(progress, mode);
+            let r = xftp_client::tree::get_tree(connect, &url.path, &target, &opt).await;
+            display.finish().await;
+            r.map_err(|e| explain(e, Op::Get, &url))
         }
         .await;
         return tree_finish(r, json, a.t.quiet, start, "get");
@@ -501,10 +504,13 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                     a.local.display()
                 );
             }
-            let connect = tree_connector(&url, &a.common, &a.t, false)?;
-            xftp_client::tree::put_tree(connect, &a.local, &url.path, &tree_options(&a.t, false))
-                .await
-                .map_err(|e| explain(e, Op::Put, &url))
+            let (progress, mode) = tree_progress(&a.t, json);
+            let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
+            let opt = tree_options(&a.t, false, progress.clone());
+            let display = super::progress::start(progress, mode);
+            let r = xftp_client::tree::put_tree(connect, &a.local, &url.path, &opt).await;
+            display.finish().await;
+            r.map_err(|e| explain(e, Op::Put, &url))
         }
         .await;
         return tree_finish(r, json, a.t.quiet, start, "put");
@@ -732,8 +738,9 @@ fn tree_connector(
     common: &CommonArgs,
     t: &TransferArgs,
     resume: bool,
+    progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> anyhow::Result<xftp_client::tree::Connect> {
-    let (large, password) = client_config(url, common, Some(t), None)?;
+    let (large, password) = client_config(url, common, Some(t), progress)?;
     let mut small = large.clone();
     small.streams = 1;
     small.auto = None;
@@ -827,12 +834,30 @@ fn tree_finish(
     })
 }
 
-fn tree_options(t: &TransferArgs, resume: bool) -> xftp_client::tree::TreeOptions {
+fn tree_options(
+    t: &TransferArgs,
+    resume: bool,
+    progress: Option<std::sync::Arc<xftp_client::Progress>>,
+) -> xftp_client::tree::TreeOptions {
     xftp_client::tree::TreeOptions {
         concurrency: t.concurrency.max(1),
         skip_complete: resume,
+        progress,
         ..Default::default()
     }
+}
+
+/// A pooled progress and its display for a tree (`None` when nothing is
+/// shown).
+fn tree_progress(
+    t: &TransferArgs,
+    json: bool,
+) -> (
+    Option<std::sync::Arc<xftp_client::Progress>>,
+    super::progress::Mode,
+) {
+    let (p, mode) = progress_for(t, json);
+    (p.map(|_| xftp_client::Progress::pooled()), mode)
 }
 
 /// Show what the client had to tell the user (e.g. a MULT refusal).
