@@ -236,6 +236,12 @@ pub struct Client {
     buf_in_force: Option<InForce>,
     /// The controller of the last adaptive transfer.
     last_controller: Option<Controller>,
+    /// `--verify` on one stream-mode connection: the local checksum,
+    /// computed as the bytes pass (no second read of the file), and the
+    /// bytes it covers.
+    inline_digest: Option<(xftp_proto::cksum::Digest, u64)>,
+    /// The algorithm of the upload being verified, for `inline_digest`.
+    verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
     mult_refused: Option<u32>,
     /// Whether the server is a GridFTP server (FEAT lists SPAS or SPOR),
@@ -387,6 +393,8 @@ impl Client {
             buf_reply: None,
             buf_in_force: None,
             last_controller: None,
+            inline_digest: None,
+            verify_alg: None,
             mult_refused: None,
             gridftp: None,
             gridftp_retr_refused: false,
@@ -678,6 +686,7 @@ impl Client {
     /// With [`ClientConfig::resume`], the download is resumable instead:
     /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        self.inline_digest = None;
         if self.cfg.resume {
             return self.download_resumable(remote, local).await;
         }
@@ -713,6 +722,7 @@ impl Client {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let mut file = tokio::fs::File::from_std(file);
             let count = self.progress_counter();
+            self.inline_digest = verify.map(|(a, _)| (xftp_proto::cksum::Digest::new(a), 0));
             let got = self.recv_plain(conns, &mut file, tmp.path(), count).await?;
             file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
             self.expect_complete(&c_retr).await?;
@@ -966,6 +976,7 @@ impl Client {
     /// checksum, and only then renamed over `remote`; on a mismatch the
     /// temporary is deleted.
     pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        self.inline_digest = None;
         if self.cfg.resume {
             return self.upload_resumable(local, remote).await;
         }
@@ -973,7 +984,10 @@ impl Client {
             return self.upload_as(local, remote).await;
         };
         let tmp = temp_remote_name(remote);
-        let r = match self.upload_as(local, &tmp).await {
+        self.verify_alg = Some(v.0);
+        let sent = self.upload_as(local, &tmp).await;
+        self.verify_alg = None;
+        let r = match sent {
             Ok(mut rep) => match self.verify_file(&tmp, local, rep.bytes, v).await {
                 Ok(c) => {
                     rep.checksum = Some(c);
@@ -1199,6 +1213,9 @@ impl Client {
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
             let count = self.progress_counter();
+            self.inline_digest = self
+                .verify_alg
+                .map(|a| (xftp_proto::cksum::Digest::new(a), 0));
             let v = match self.send_plain(conns, &mut file, local, count).await {
                 Ok(b) => vec![b],
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
@@ -1768,9 +1785,25 @@ impl Client {
         (alg, via): (Algorithm, Via),
     ) -> Result<Checksum> {
         let path = file.to_owned();
-        let local = tokio::task::spawn_blocking(move || {
-            let f = std::fs::File::open(&path)?;
-            xftp_proto::cksum::digest_file(alg, &f, 0, None)
+        // Computed while the bytes passed, when they went over one
+        // stream-mode connection; else read back (from the page cache as
+        // a rule).
+        let inline = self
+            .inline_digest
+            .take()
+            .filter(|(d, k)| d.algorithm() == alg && *k == size)
+            .map(|(d, k)| (d.finish_hex(), k));
+        let how = if inline.is_some() {
+            "hashed as the bytes passed"
+        } else {
+            "hashed from the file"
+        };
+        let local = tokio::task::spawn_blocking(move || match inline {
+            Some(v) => Ok(v),
+            None => {
+                let f = std::fs::File::open(&path)?;
+                xftp_proto::cksum::digest_file(alg, &f, 0, None)
+            }
         });
         // The server hashes its copy while we hash ours.
         let remote_value = self.remote_checksum(remote, alg, via, size).await;
@@ -1787,7 +1820,7 @@ impl Client {
                 local,
             });
         }
-        tracing::info!("verified: {alg} {local}");
+        tracing::info!("verified: {alg} {local} ({how})");
         Ok(Checksum {
             algorithm: alg,
             value: local,
@@ -2124,6 +2157,10 @@ impl Client {
             out.write_all(&buf[..n])
                 .await
                 .map_err(|e| local_err(out_path, e))?;
+            if let Some((d, k)) = self.inline_digest.as_mut() {
+                d.update(&buf[..n]);
+                *k += n as u64;
+            }
             crate::progress::add(&count, n);
             if let Some(r) = &self.cfg.limit_rate {
                 r.take(n).await;
@@ -2157,6 +2194,10 @@ impl Client {
             match tokio::time::timeout(t, c.write_all(&buf[..n])).await {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(t, sent)),
+            }
+            if let Some((d, k)) = self.inline_digest.as_mut() {
+                d.update(&buf[..n]);
+                *k += n as u64;
             }
             crate::progress::add(&count, n);
             if let Some(r) = &self.cfg.limit_rate {

@@ -136,6 +136,57 @@ fn cksm_and_hash_agree_with_python() {
 }
 
 #[test]
+fn one_stream_hashes_as_the_bytes_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    write_prng_file(&root.join("s.bin"), 3_000_000 + 1, 12);
+    write_prng_file(&dir.path().join("u.bin"), 2_000_000 + 3, 13);
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    for (p, how) in [("1", "as the bytes passed"), ("4", "from the file")] {
+        let out = xftp(
+            &[
+                "-v",
+                "get",
+                "-p",
+                p,
+                "--verify",
+                &format!("{base}/s.bin"),
+                &format!("s{p}.bin"),
+            ],
+            dir.path(),
+        );
+        assert!(out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(how), "get -p {p}: {err}");
+        let out = xftp(
+            &[
+                "-v",
+                "put",
+                "-p",
+                p,
+                "--verify",
+                "u.bin",
+                &format!("{base}/u{p}.bin"),
+            ],
+            dir.path(),
+        );
+        assert!(out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(how), "put -p {p}: {err}");
+        assert_eq!(
+            sha256_file(&root.join(format!("u{p}.bin"))),
+            sha256_file(&dir.path().join("u.bin"))
+        );
+        assert_eq!(
+            sha256_file(&dir.path().join(format!("s{p}.bin"))),
+            sha256_file(&root.join("s.bin"))
+        );
+    }
+}
+
+#[test]
 fn get_and_put_verify_in_every_form() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
