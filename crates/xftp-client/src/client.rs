@@ -822,6 +822,19 @@ impl Client {
         }
         let per_stream = if missing == 0 {
             Vec::new()
+        } else if let Some(n) = self.gridftp_parallel().await? {
+            // GridFTP's own parallelism and restart: the ranges we have go
+            // in REST, the server sends the rest over n connections.
+            let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
+            let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
+            let r = self
+                .recv_gridftp(remote, dst, Some(partial.had.clone()), None, Some(size), n)
+                .await;
+            drop(checkpoints);
+            if r.is_err() {
+                let _ = self.leave_mode_e().await;
+            }
+            r?.0.streams.iter().map(|s| s.bytes).collect()
         } else {
             self.fetch_missing(remote, &partial, size).await?
         };
@@ -1635,12 +1648,57 @@ impl Client {
         n: u32,
         verify: Option<(Algorithm, Via)>,
     ) -> Result<TransferReport> {
+        let c_size = Cmd::with("SIZE", remote);
+        let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+        let (report, expected) = self
+            .recv_gridftp(remote, Arc::new(file), None, Some(&c_size), None, n)
+            .await?;
+        let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
+        let timeline = adaptive::timeline(
+            n,
+            format!("GridFTP server without MULT: OPTS RETR Parallelism={n}"),
+            None,
+            per_stream.len() as u32,
+            self.ctl.rtt(),
+        );
+        let done = Done {
+            per_stream,
+            expected,
+            start,
+            timeline,
+        };
+        self.complete_download(remote, done, tmp, local, verify)
+            .await
+    }
+
+    /// A MODE E download from a GridFTP server that opens up to `n`
+    /// connections to our port (`OPTS RETR Parallelism` was sent): into
+    /// `dst`, from `have` on (`REST a-b,...`, GridFTP's restart) when
+    /// resuming. `before` (SIZE) travels with the port command; its value
+    /// or `size` is the size to check. Leaves the session in MODE S.
+    async fn recv_gridftp(
+        &mut self,
+        remote: &str,
+        dst: Arc<dyn xftp_stripe::WriteAt>,
+        have: Option<xftp_stripe::ranges::RangeSet>,
+        before: Option<&Cmd>,
+        size: Option<u64>,
+        n: u32,
+    ) -> Result<(xftp_stripe::TransferReport, Option<u64>)> {
         let listener = self.listen().await?;
         let addr = listener.local_addr().map_err(ClientError::DataIo)?;
-        let c_size = Cmd::with("SIZE", remote);
-        let size_reply = self.announce_port(addr, Some(&c_size)).await?;
-        let expected = size_reply.as_ref().and_then(negotiate::size_value);
-        self.progress_begin(remote, expected);
+        let size_reply = self.announce_port(addr, before).await?;
+        let expected = size.or_else(|| size_reply.as_ref().and_then(negotiate::size_value));
+        if let Some(h) = have.as_ref().filter(|h| !h.is_empty()) {
+            let list: Vec<(u64, u64)> = h.iter().collect();
+            let c = Cmd::with("REST", xftp_proto::command::format_ranges(&list));
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[350]).await?;
+        }
+        self.progress_begin(
+            remote,
+            expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e))),
+        );
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
         self.expect_preliminary(&c_retr).await?;
@@ -1648,9 +1706,12 @@ impl Client {
         let tls = self.data_tls.clone();
         let first = accept_from(&listener, peer, t, tls.as_ref()).await?;
         self.note_buffers(std::slice::from_ref(&first));
-        let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
         let dog = self.watchdog();
-        let rx = xftp_stripe::Receiver::file(Arc::new(file), expected, vec![dog.guard(first)]);
+        let conns = vec![dog.guard(first)];
+        let rx = match have {
+            Some(h) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+            None => xftp_stripe::Receiver::file(dst, expected, conns),
+        };
         let ctl = rx.control();
         let more = async {
             for _ in 1..n {
@@ -1675,22 +1736,7 @@ impl Client {
         };
         self.expect_complete(&c_retr).await?;
         self.leave_mode_e().await?;
-        let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
-        let timeline = adaptive::timeline(
-            n,
-            format!("GridFTP server without MULT: OPTS RETR Parallelism={n}"),
-            None,
-            per_stream.len() as u32,
-            self.ctl.rtt(),
-        );
-        let done = Done {
-            per_stream,
-            expected,
-            start,
-            timeline,
-        };
-        self.complete_download(remote, done, tmp, local, verify)
-            .await
+        Ok((report, expected))
     }
 
     // ---- progress ----

@@ -282,3 +282,45 @@ fn gridftp_parallel_download_leaves_the_session_usable() {
     });
     assert_eq!(sha256_file(&srv.join("up.bin")), want);
 }
+
+#[test]
+fn a_cut_download_resumes_over_gridftp_parallelism() {
+    if !usable("a_cut_download_resumes_over_gridftp_parallelism") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let server = start(&tmp.path().join("gridftp.log"));
+    let len = 20_000_000 + 9;
+    write_prng_file(&srv.join("r.bin"), len, 77);
+    let url = format!("ftp://127.0.0.1:{}/{}/r.bin", server.port, srv.display());
+    // 4 MiB/s: cut after 1.5 s, well before the end.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", "-c", "-p", "4", "--limit-rate", "4M", &url, "r.bin"])
+        .current_dir(&local)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(matches!(child.try_wait(), Ok(None)), "ended before the cut");
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(!local.join("r.bin").exists());
+    let out = xftp(&["get", "-c", "-p", "4", "--json", &url, "r.bin"], &local);
+    let j = ok_json(&out, "resumed get from globus-gridftp-server");
+    let moved = j["bytes"].as_u64().unwrap();
+    let already = j["bytes_already_present"].as_u64().unwrap_or(0);
+    assert!(already > 0 && moved < len, "{j}");
+    assert_eq!(moved + already, len, "{j}");
+    assert!(
+        j["streams"].as_u64().unwrap() > 1,
+        "GridFTP parallelism used: {j}"
+    );
+    assert_eq!(
+        sha256_file(&local.join("r.bin")),
+        sha256_file(&srv.join("r.bin"))
+    );
+}
