@@ -75,8 +75,11 @@ SEEDS = {
 for target, seeds in SEEDS.items():
     d = os.path.join(HERE, "seeds", target)
     os.makedirs(d, exist_ok=True)
+    # Numbered seeds are rewritten; others (inputs a fuzzer once crashed
+    # on, kept as regressions) stay.
     for old in os.listdir(d):
-        os.remove(os.path.join(d, old))
+        if old.startswith("seed-") and old[5:].isdigit():
+            os.remove(os.path.join(d, old))
     for i, s in enumerate(seeds):
         with open(os.path.join(d, f"seed-{i}"), "wb") as f:
             f.write(s)

@@ -153,6 +153,13 @@ impl ReplyParser {
                 line.pop();
             }
             let line = String::from_utf8_lossy(&line).into_owned();
+            // Each invalid byte becomes U+FFFD, three bytes: the limit
+            // holds for the text as kept, so that it encodes within it.
+            if line.len() > MAX_REPLY_LINE {
+                return Err(ProtoError::LineTooLong {
+                    limit: MAX_REPLY_LINE,
+                });
+            }
             if let Some(reply) = self.take_line(line)? {
                 return Ok(Some(reply));
             }
@@ -302,6 +309,28 @@ mod tests {
             p.next_reply(),
             Err(ProtoError::LineTooLong { .. })
         ));
+    }
+
+    #[test]
+    fn invalid_utf8_cannot_stretch_a_line_past_the_limit() {
+        // 3000 invalid bytes: 3004 on the wire, 9004 once each byte is
+        // U+FFFD (found by cargo-fuzz: such a reply did not encode back).
+        let mut line = b"100 ".to_vec();
+        line.extend(std::iter::repeat(0xffu8).take(3000));
+        line.extend_from_slice(b"\r\n");
+        let mut p = ReplyParser::new();
+        p.feed(&line);
+        assert!(matches!(
+            p.next_reply(),
+            Err(ProtoError::LineTooLong { .. })
+        ));
+        // Within the limit once decoded: kept, and it encodes back.
+        let mut ok = b"100 ".to_vec();
+        ok.extend(std::iter::repeat(0xffu8).take(2000));
+        ok.extend_from_slice(b"\r\n");
+        let back = parse_all(&ok);
+        let again = parse_all(&back[0].encode());
+        assert_eq!(again[0].lines, back[0].lines);
     }
 
     #[test]
