@@ -80,12 +80,13 @@ fn leftovers(d: &Path) -> Vec<String> {
 
 const SIZE: u64 = 24_000_000 + 4_321;
 
-/// Run `args` three times, each killed at a random point 0.3-1 s in, then
+/// Run `args` three times, each killed at a random point 0.7-1.4 s in
+/// (after the first record of ranges, written every half second), then
 /// wait `pause`; at least two of them must really have been cut.
 fn cut_three_times(args: &[&str], cwd: &Path, rng: &mut u64, pause: Duration) {
     let mut cuts = 0;
     for _ in 0..3 {
-        let ms = 300 + next(rng) % 700;
+        let ms = 700 + next(rng) % 700;
         if xftp_killed(args, cwd, Duration::from_millis(ms)) {
             cuts += 1;
         }
@@ -124,9 +125,9 @@ fn killed_downloads_resume_to_the_whole_file() {
     let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
     for p in ["4", "1", "auto", "8"] {
         let name = format!("f-{p}.bin");
-        // 5 MiB/s: the file takes about 4.6 s, and three cuts within
-        // 0.3-1 s each leave part of it still to come.
-        let args = ["get", "-c", "-p", p, "--limit-rate", "5M", &url, &name];
+        // 4 MiB/s: the file takes about 5.7 s, and three cuts within
+        // 1.4 s each leave part of it still to come.
+        let args = ["get", "-c", "-p", p, "--limit-rate", "4M", &url, &name];
         cut_three_times(&args, &local, &mut rng, Duration::ZERO);
         assert!(
             !local.join(&name).exists(),
@@ -277,7 +278,7 @@ fn killed_uploads_resume_to_the_whole_file() {
     let srv = serve(&root, &[]);
     for p in ["4", "1", "auto"] {
         let url = format!("ftp://127.0.0.1:{}/u-{p}.bin", srv.port);
-        let args = ["put", "-c", "-p", p, "--limit-rate", "5M", "u.bin", &url];
+        let args = ["put", "-c", "-p", p, "--limit-rate", "4M", "u.bin", &url];
         // After each cut the server notices it and writes its last record.
         cut_three_times(&args, &local, &mut rng, Duration::from_millis(300));
         assert!(
