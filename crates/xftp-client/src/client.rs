@@ -1036,11 +1036,7 @@ impl Client {
             )));
         }
         let len = md.len();
-        let mtime = md
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs() as i64);
+        let mtime = md.modified().map_or(0, xftp_proto::facts::epoch_secs);
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
         self.settle().await?;
@@ -2365,8 +2361,9 @@ fn describe_meta(m: &resume::SourceMeta) -> String {
     }
 }
 
-/// A new file's mode: the one of the file it replaces, else 0644 (under
-/// the usual umask), not the 0600 of a temporary.
+/// A new file's mode: the one of the file it replaces (a private file
+/// stays private), else 0644 (under the usual umask), not the 0600 of a
+/// temporary.
 fn set_new_file_mode(tmp: &Path, target: &Path) {
     #[cfg(unix)]
     {
@@ -2458,7 +2455,7 @@ fn bad_reply(c: &Cmd, r: &Reply, e: xftp_proto::ProtoError) -> ClientError {
     }
 }
 
-fn local_err(path: &Path, source: std::io::Error) -> ClientError {
+pub(crate) fn local_err(path: &Path, source: std::io::Error) -> ClientError {
     ClientError::Local {
         path: path.to_owned(),
         source,
@@ -2642,18 +2639,7 @@ fn finish_temp(tmp: tempfile::NamedTempFile, target: &Path) -> Result<()> {
     tmp.as_file()
         .sync_all()
         .map_err(|e| local_err(tmp.path(), e))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // tempfile creates 0600; a downloaded file should look like any
-        // other new file (0644 under the usual umask), and a file it
-        // replaces keeps its permissions (a private file stays private).
-        let mode = std::fs::symlink_metadata(target)
-            .ok()
-            .filter(|m| m.is_file())
-            .map_or(0o644, |m| m.permissions().mode() & 0o777);
-        let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode));
-    }
+    set_new_file_mode(tmp.path(), target);
     tmp.persist(target)
         .map(|_| ())
         .map_err(|e| local_err(target, e.error))

@@ -13,14 +13,14 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use xftp_proto::facts::Kind;
 
-use crate::client::Client;
+use crate::client::{local_err, Client};
 use crate::error::{ClientError, Result};
 
 /// Which kind of session a tree asks for.
@@ -148,20 +148,8 @@ fn join(base: &str, rel: &str) -> String {
     }
 }
 
-fn system_time(secs: i64) -> std::time::SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-    }
-}
-
 fn mtime_secs(md: &std::fs::Metadata) -> Option<i64> {
-    let t = md.modified().ok()?;
-    Some(match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        Err(e) => -(e.duration().as_secs() as i64),
-    })
+    md.modified().ok().map(xftp_proto::facts::epoch_secs)
 }
 
 /// Errors after which a session is not worth using again.
@@ -506,7 +494,7 @@ fn keep_facts(target: &Path, job: &Job) {
         let r = std::fs::File::options()
             .write(true)
             .open(target)
-            .and_then(|f| f.set_modified(system_time(t)));
+            .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
         if let Err(e) = r {
             tracing::warn!(
                 "{}: cannot set the modification time: {e}",
@@ -521,12 +509,5 @@ fn keep_facts(target: &Path, job: &Job) {
         if let Err(e) = std::fs::set_permissions(target, std::fs::Permissions::from_mode(m)) {
             tracing::warn!("{}: cannot set the permissions: {e}", target.display());
         }
-    }
-}
-
-fn local_err(p: &Path, source: std::io::Error) -> ClientError {
-    ClientError::Local {
-        path: PathBuf::from(p),
-        source,
     }
 }

@@ -42,6 +42,24 @@ pub fn parse_time(t: &str) -> Option<i64> {
     Some(days * 86_400 + h * 3600 + mi * 60 + s.min(59))
 }
 
+/// The instant `secs` seconds after the Unix epoch (before it if negative).
+pub fn system_time(secs: i64) -> std::time::SystemTime {
+    let d = std::time::Duration::from_secs(secs.unsigned_abs());
+    if secs >= 0 {
+        std::time::UNIX_EPOCH + d
+    } else {
+        std::time::UNIX_EPOCH - d
+    }
+}
+
+/// Whole seconds since the Unix epoch (negative before it).
+pub fn epoch_secs(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    }
+}
+
 /// (year, month 1-12, day 1-31) for days since 1970-01-01
 /// (H. Hinnant's civil_from_days).
 pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
@@ -152,6 +170,13 @@ mod tests {
             "",
         ] {
             assert_eq!(parse_time(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn epoch_seconds_both_ways() {
+        for secs in [0i64, 1_700_000_000, -86_400] {
+            assert_eq!(epoch_secs(system_time(secs)), secs);
         }
     }
 

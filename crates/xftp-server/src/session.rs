@@ -229,6 +229,18 @@ async fn halt<T>(task: &mut JoinHandle<Result<T, TransferError>>, stop: Option<C
     let _ = task.await;
 }
 
+/// What follows the first `n` words of `s` (a path that may hold spaces).
+fn after_words(s: &str, n: usize) -> &str {
+    let mut rest = s.trim_start();
+    for _ in 0..n {
+        rest = rest
+            .split_once(char::is_whitespace)
+            .map_or("", |x| x.1)
+            .trim_start();
+    }
+    rest
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -1082,18 +1094,12 @@ impl Session {
                 }
             }
             ("RANGES", Some(_)) => {
-                let path = s.trim_start().split_once(char::is_whitespace).map_or("", |x| x.1).trim_start().to_owned();
+                let path = after_words(s, 1).to_owned();
                 self.site_ranges(&path).await
             }
             ("CHMOD", Some(m)) => {
                 // The path is everything after the mode (it may hold spaces).
-                let path = s
-                    .trim_start()
-                    .splitn(3, char::is_whitespace)
-                    .nth(2)
-                    .unwrap_or("")
-                    .trim_start()
-                    .to_owned();
+                let path = after_words(s, 2).to_owned();
                 self.chmod(m, &path).await
             }
             // GridFTP clients announce themselves; nothing to do.
@@ -1333,11 +1339,7 @@ impl Session {
             Ok(p) => p,
             Err(e) => return self.reply_fs(&v, &e).await,
         };
-        let when = if secs >= 0 {
-            std::time::UNIX_EPOCH + Duration::from_secs(secs as u64)
-        } else {
-            std::time::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-        };
+        let when = xftp_proto::facts::system_time(secs);
         let r = std::fs::File::open(&p).and_then(|f| {
             if f.metadata()?.is_file() {
                 f.set_modified(when)
@@ -1961,24 +1963,9 @@ impl Session {
         // STOR renames onto the name (replacing a link, never its target);
         // APPE and REST+STOR open the file, which follows a link, so its
         // target is checked to be inside the root.
-        let target = if kind == UploadKind::Replace {
-            self.root.creatable(&v)
-        } else {
-            self.root.in_place(&v)
+        let Some(target) = self.upload_target(&v, kind != UploadKind::Replace).await? else {
+            return Ok(());
         };
-        let target = match target {
-            Ok(p) => p,
-            Err(e) => {
-                let (_, t) = fs_reply(&e);
-                // RFC 959: 553, file name not allowed (missing directory, outside root).
-                return self.reply(553, format!("{}: {t}.", v.display())).await;
-            }
-        };
-        if target.is_dir() {
-            return self
-                .reply(553, format!("{}: Is a directory.", v.display()))
-                .await;
-        }
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;
@@ -2061,6 +2048,37 @@ impl Session {
         .await
     }
 
+    /// Where an upload to `v` writes: the name itself (`in_place`: APPE,
+    /// REST+STOR, resumable STOR, which follow a link, so its target is
+    /// checked to be inside the root) or a name to rename onto (STOR,
+    /// replacing a link, never its target). `None` after a 553 reply
+    /// (RFC 959: file name not allowed; a missing directory, outside the
+    /// root, a directory).
+    async fn upload_target(
+        &mut self,
+        v: &VPath,
+        in_place: bool,
+    ) -> std::io::Result<Option<PathBuf>> {
+        let target = if in_place {
+            self.root.in_place(v)
+        } else {
+            self.root.creatable(v)
+        };
+        match target {
+            Ok(p) if p.is_dir() => {
+                self.reply(553, format!("{}: Is a directory.", v.display()))
+                    .await?;
+                Ok(None)
+            }
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                let (_, t) = fs_reply(&e);
+                self.reply(553, format!("{}: {t}.", v.display())).await?;
+                Ok(None)
+            }
+        }
+    }
+
     /// SITE RANGES path: what a resumable upload's partial holds.
     async fn site_ranges(&mut self, path: &str) -> std::io::Result<()> {
         let Some((v, p)) = self.existing(path.as_bytes()).await? else {
@@ -2104,18 +2122,9 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
-        let target = match self.root.in_place(&v) {
-            Ok(p) => p,
-            Err(e) => {
-                let (_, t) = fs_reply(&e);
-                return self.reply(553, format!("{}: {t}.", v.display())).await;
-            }
+        let Some(target) = self.upload_target(&v, true).await? else {
+            return Ok(());
         };
-        if target.is_dir() {
-            return self
-                .reply(553, format!("{}: Is a directory.", v.display()))
-                .await;
-        }
         if !self.framed() || self.ttype == TransferType::Ascii {
             return self
                 .reply(

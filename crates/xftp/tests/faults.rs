@@ -135,19 +135,26 @@ fn no_part_files(d: &Path) -> Vec<String> {
 
 const SIZE: u64 = 24_000_000 + 11;
 
-#[test]
-fn one_of_eight_data_connections_reset_mid_transfer() {
-    if skip_unless_root("one_of_eight_data_connections_reset_mid_transfer") {
-        return;
-    }
+/// `xftp serve` on `root/` holding `f.bin`, and `work/` holding `u.bin`
+/// (both SIZE bytes, from seeds `seed` and `seed + 1`).
+fn served_pair(seed: u64) -> (tempfile::TempDir, PathBuf, PathBuf, Server) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let work = dir.path().join("work");
     std::fs::create_dir_all(&root).unwrap();
     std::fs::create_dir_all(&work).unwrap();
-    write_prng_file(&root.join("f.bin"), SIZE, 3);
-    write_prng_file(&work.join("u.bin"), SIZE, 4);
+    write_prng_file(&root.join("f.bin"), SIZE, seed);
+    write_prng_file(&work.join("u.bin"), SIZE, seed + 1);
     let srv = serve(&root, &[]);
+    (dir, root, work, srv)
+}
+
+#[test]
+fn one_of_eight_data_connections_reset_mid_transfer() {
+    if skip_unless_root("one_of_eight_data_connections_reset_mid_transfer") {
+        return;
+    }
+    let (_dir, root, work, srv) = served_pair(3);
     let base = format!("ftp://127.0.0.1:{}", srv.port);
     for form in ["passive", "--active", "--mprt"] {
         for get in [true, false] {
@@ -229,14 +236,7 @@ fn the_control_connection_dropped_mid_transfer() {
     if skip_unless_root("the_control_connection_dropped_mid_transfer") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    write_prng_file(&root.join("f.bin"), SIZE, 5);
-    write_prng_file(&work.join("u.bin"), SIZE, 6);
-    let srv = serve(&root, &[]);
+    let (_dir, root, work, srv) = served_pair(5);
     let base = format!("ftp://127.0.0.1:{}", srv.port);
     for get in [true, false] {
         let (verb, src, dst) = if get {

@@ -89,17 +89,19 @@ pub fn set_verbose(v: u8) {
     VERBOSE.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The progress counters and their display for one command.
+/// The progress counters (made by `make`, when anything is shown) and
+/// their display for one command.
 fn progress_for(
     t: &TransferArgs,
     json: bool,
+    make: fn() -> std::sync::Arc<xftp_client::Progress>,
 ) -> (
     Option<std::sync::Arc<xftp_client::Progress>>,
     super::progress::Mode,
 ) {
     let v = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
     let mode = super::progress::Mode::choose(t.quiet, json, t.json_progress, v);
-    let p = (mode.bar || mode.json).then(xftp_client::Progress::new);
+    let p = (mode.bar || mode.json).then(make);
     (p, mode)
 }
 
@@ -416,6 +418,27 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// [`explain`], and with `-c` what was kept for the next run (`kept`),
+/// unless the error leaves nothing worth resuming: a changed source, a
+/// usage error, an upload whose checksum differs.
+fn explain_resumable(
+    e: ClientError,
+    op: Op,
+    url: &FtpUrl,
+    resume: bool,
+    kept: &str,
+) -> anyhow::Error {
+    let keeps = resume
+        && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
+        && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }));
+    let e = explain(e, op, url);
+    if keeps {
+        anyhow::anyhow!("{e:#} — {kept}")
+    } else {
+        e
+    }
+}
+
 /// Which command failed: the hint depends on it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -439,7 +462,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or("xftp-tree")
                 .to_owned();
             let target = a.local.clone().unwrap_or_else(|| PathBuf::from(&name));
-            let (progress, mode) = tree_progress(&a.t, json);
+            let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
             let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
             let opt = tree_options(&a.t, a.resume, progress.clone());
             let display = super::progress::start(progress, mode);
@@ -464,25 +487,19 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             Some(p) if p.is_dir() => p.join(&name),
             Some(p) => p.clone(),
         };
-        let (progress, mode) = progress_for(&a.t, json);
+        let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
         let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
         client.set_resume(a.resume);
         let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
         display.finish().await;
         print_notices(&mut client);
-        let kept = a.resume
-            && r.as_ref()
-                .is_err_and(|e| !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_)));
-        let r = r.map_err(|e| explain(e, Op::Get, &url)).map_err(|e| {
-            if kept {
-                anyhow::anyhow!(
-                    "{e:#} — the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
-                    xftp_client::partial_path(&target).display()
-                )
-            } else {
-                e
-            }
+        let r = r.map_err(|e| {
+            let kept = format!(
+                "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
+                xftp_client::partial_path(&target).display()
+            );
+            explain_resumable(e, Op::Get, &url, a.resume, &kept)
         })?;
         let summary = conclude(&client, &url, &r, start);
         client.quit().await;
@@ -504,7 +521,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                     a.local.display()
                 );
             }
-            let (progress, mode) = tree_progress(&a.t, json);
+            let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
             let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
             let opt = tree_options(&a.t, false, progress.clone());
             let display = super::progress::start(progress, mode);
@@ -532,30 +549,16 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                 a.local.display()
             );
         }
-        let (progress, mode) = progress_for(&a.t, json);
+        let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
         let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
         client.set_resume(a.resume);
         let display = super::progress::start(progress, mode);
         let r = client.upload(&a.local, &remote).await;
         display.finish().await;
         print_notices(&mut client);
-        let kept = a.resume
-            && r.as_ref().is_err_and(|e| {
-                !matches!(
-                    e,
-                    ClientError::SourceChanged { .. }
-                        | ClientError::Usage(_)
-                        | ClientError::ChecksumMismatch { .. }
-                )
-            });
-        let r = r.map_err(|e| explain(e, Op::Put, &url)).map_err(|e| {
-            if kept {
-                anyhow::anyhow!(
-                    "{e:#} — the server keeps what arrived: run the same command again (with -c) to send only what is missing"
-                )
-            } else {
-                e
-            }
+        let r = r.map_err(|e| {
+            let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
+            explain_resumable(e, Op::Put, &url, a.resume, kept)
         })?;
         let summary = conclude(&client, &url, &r, start);
         client.quit().await;
@@ -845,19 +848,6 @@ fn tree_options(
         progress,
         ..Default::default()
     }
-}
-
-/// A pooled progress and its display for a tree (`None` when nothing is
-/// shown).
-fn tree_progress(
-    t: &TransferArgs,
-    json: bool,
-) -> (
-    Option<std::sync::Arc<xftp_client::Progress>>,
-    super::progress::Mode,
-) {
-    let (p, mode) = progress_for(t, json);
-    (p.map(|_| xftp_client::Progress::pooled()), mode)
 }
 
 /// Show what the client had to tell the user (e.g. a MULT refusal).
