@@ -89,6 +89,9 @@ struct Shared {
     space: Notify,
     file: Option<Arc<dyn WriteAt>>,
     expected: Option<u64>,
+    /// Connections stay open after their EOD, for the next transfer
+    /// ([`Receiver::file_kept`]).
+    keep_open: bool,
 }
 
 impl Shared {
@@ -100,8 +103,11 @@ impl Shared {
 /// A running striped receive. Dropping it aborts the transfer.
 pub struct Receiver<S> {
     ctl: RecvControl<S>,
-    driver: Option<JoinHandle<Result<TransferReport, StripeError>>>,
+    driver: Option<JoinHandle<Result<Finished<S>, StripeError>>>,
 }
+
+/// A finished transfer and the connections it kept open.
+type Finished<S> = (TransferReport, Vec<S>);
 
 /// A cloneable handle to add connections to a running [`Receiver`].
 pub struct RecvControl<S> {
@@ -122,7 +128,16 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
     /// Receive a file into `dst`, writing each record at its offset.
     /// `expected`: a size announced out of band, checked at the end.
     pub fn file(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
-        Self::start(Some(dst), expected, None, Reassembly::new(), conns)
+        Self::start(Some(dst), expected, None, Reassembly::new(), conns, false)
+    }
+
+    /// [`file`](Self::file) over connections that stay open after their
+    /// EOD (GridFTP data channel caching): each is read exactly up to its
+    /// EOD, never beyond, so the next transfer's blocks that follow on it
+    /// stay unread; [`finish_kept`](Self::finish_kept) hands them back.
+    /// Every connection must carry an EOD (none may join late).
+    pub fn file_kept(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
+        Self::start(Some(dst), expected, None, Reassembly::new(), conns, true)
     }
 
     /// Resume a file of which `have` is already in `dst`: the sender sends
@@ -141,6 +156,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             None,
             Reassembly::with_ranges(have),
             conns,
+            false,
         )
     }
 
@@ -158,7 +174,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             read_pos: 0,
             admitted: RangeSet::new(),
         };
-        Self::start(None, None, Some(ro), Reassembly::new(), conns)
+        Self::start(None, None, Some(ro), Reassembly::new(), conns, false)
     }
 
     fn start(
@@ -167,6 +183,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
         reorder: Option<Reorder>,
         reasm: Reassembly,
         conns: Vec<S>,
+        keep_open: bool,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -181,6 +198,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             space: Notify::new(),
             file,
             expected,
+            keep_open,
         });
         let ctl = RecvControl { shared, tx };
         for c in conns {
@@ -218,7 +236,14 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
     /// Wait until the completion rule holds (success) or the transfer
     /// fails. Once every [`RecvControl`] is dropped, a transfer whose
     /// connections all ended without completing is an error.
-    pub async fn finish(mut self) -> Result<TransferReport, StripeError> {
+    pub async fn finish(self) -> Result<TransferReport, StripeError> {
+        self.finish_kept().await.map(|(report, _)| report)
+    }
+
+    /// [`finish`](Self::finish), and the connections of a
+    /// [`file_kept`](Self::file_kept) receive, read up to their EOD and
+    /// still open (none otherwise).
+    pub async fn finish_kept(mut self) -> Result<(TransferReport, Vec<S>), StripeError> {
         let driver = self.driver.take();
         // Replace our sender half by a dead one so the channel can close.
         self.ctl.tx = mpsc::unbounded_channel().0;
@@ -307,9 +332,10 @@ impl<S: Send + 'static> RecvControl<S> {
 async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
-) -> Result<TransferReport, StripeError> {
+) -> Result<Finished<S>, StripeError> {
     let mut set = Tasks::new();
     let mut open = true;
+    let mut kept = Vec::new();
     let result = loop {
         {
             let st = shared.lock();
@@ -330,9 +356,25 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
             }
         }
         let spawn = |idx, s| conn_task(s, idx, shared.clone());
-        if let Err(e) = admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
-            break Err(e);
+        match admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+            Ok(Some(Some(s))) => kept.push(s),
+            Ok(_) => {}
+            Err(e) => break Err(e),
         }
+    };
+    // Kept connections: every one has read its EOD once the transfer is
+    // complete (each carried one), so their tasks are ending; collect them.
+    let result = match result {
+        Ok(r) if shared.keep_open => loop {
+            match set.join_next().await {
+                None => break Ok(r),
+                Some(Ok(Ok(Some(s)))) => kept.push(s),
+                Some(Ok(Ok(None))) => {}
+                Some(Ok(Err(e))) => break Err(e),
+                Some(Err(e)) => break Err(StripeError::Aborted(e.to_string())),
+            }
+        },
+        other => other,
     };
     let mut st = shared.lock();
     if let Err(e) = &result {
@@ -344,15 +386,23 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     drop(st);
     shared.space.notify_waiters();
     drop(set);
-    result
+    result.map(|r| (r, kept))
 }
 
+/// One connection's loop; ends with the connection itself when it is to
+/// stay open ([`Receiver::file_kept`]).
 async fn conn_task<S: AsyncRead + Unpin>(
     s: S,
     idx: usize,
     sh: Arc<Shared>,
-) -> Result<(), StripeError> {
-    let mut r = BufReader::with_capacity(READ_BUF, s);
+) -> Result<Option<S>, StripeError> {
+    // A kept connection is read exactly (no read-ahead buffer), so
+    // nothing after its EOD is taken.
+    let mut r = if sh.keep_open {
+        ConnReader::Exact(s)
+    } else {
+        ConnReader::Buffered(BufReader::with_capacity(READ_BUF, s))
+    };
     let mut hdr = [0u8; HEADER_LEN];
     let mut chunk = Vec::new();
     // One positional write may run while the socket is read for the next
@@ -373,16 +423,16 @@ async fn conn_task<S: AsyncRead + Unpin>(
     // one was used, the count cannot be met and the transfer fails.
     // Only for files: an ordered stream (psock) uses each connection in
     // both directions, and there a silent close is the peer going away.
-    if sh.file.is_some() {
-        match r.fill_buf().await {
-            Ok([]) => return sh.lock().reasm.on_unused(idx),
+    if let (Some(_), ConnReader::Buffered(b)) = (&sh.file, &mut r) {
+        match b.fill_buf().await {
+            Ok([]) => return sh.lock().reasm.on_unused(idx).map(|()| None),
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!(
                     conn = idx,
                     "data connection failed before its first byte: {e}"
                 );
-                return sh.lock().reasm.on_unused(idx);
+                return sh.lock().reasm.on_unused(idx).map(|()| None);
             }
         }
     }
@@ -491,7 +541,31 @@ async fn conn_task<S: AsyncRead + Unpin>(
             if let Some(p) = pending.take() {
                 settle(p, &sh, idx).await?;
             }
-            return Ok(());
+            return Ok(match r {
+                ConnReader::Exact(s) => Some(s),
+                ConnReader::Buffered(_) => None,
+            });
+        }
+    }
+}
+
+/// A data connection as its task reads it: through a read-ahead buffer
+/// (headers are small, so this batches system calls), or exactly as asked
+/// when the connection outlives the transfer.
+enum ConnReader<S> {
+    Buffered(BufReader<S>),
+    Exact(S),
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ConnReader<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ConnReader::Buffered(b) => std::pin::Pin::new(b).poll_read(cx, buf),
+            ConnReader::Exact(s) => std::pin::Pin::new(s).poll_read(cx, buf),
         }
     }
 }

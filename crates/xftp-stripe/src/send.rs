@@ -23,6 +23,11 @@ pub struct SendConfig {
     pub record_size: u32,
     /// Dynamic (default) or static assignment of records to connections.
     pub schedule: Schedule,
+    /// Leave every connection open after its EOD (GridFTP data channel
+    /// caching) so that the next transfer can use it:
+    /// [`Sender::finish_kept`] hands them back. Off: each connection's
+    /// write side is shut down after its EOD.
+    pub keep_open: bool,
 }
 
 impl Default for SendConfig {
@@ -30,6 +35,7 @@ impl Default for SendConfig {
         Self {
             record_size: DEFAULT_RECORD_SIZE,
             schedule: Schedule::Dynamic,
+            keep_open: false,
         }
     }
 }
@@ -112,6 +118,8 @@ struct Shared {
     /// Scheduler progress: data added, close, retire, failure.
     wake: Notify,
     file: Option<Arc<dyn ReadAt>>,
+    /// [`SendConfig::keep_open`].
+    keep_open: bool,
 }
 
 impl Shared {
@@ -127,8 +135,11 @@ impl Shared {
 /// seeing a short file).
 pub struct Sender<S> {
     ctl: SendControl<S>,
-    driver: Option<JoinHandle<Result<TransferReport, StripeError>>>,
+    driver: Option<JoinHandle<Result<Finished<S>, StripeError>>>,
 }
+
+/// A finished transfer and the connections it kept open.
+type Finished<S> = (TransferReport, Vec<S>);
 
 /// A cloneable handle to add or retire connections of a running [`Sender`].
 pub struct SendControl<S> {
@@ -154,7 +165,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             Schedule::Dynamic => Scheduler::dynamic(cfg.record_size, len),
             Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
         };
-        Self::start(sched, None, Some(src), conns)
+        Self::start(sched, None, Some(src), conns, cfg.keep_open)
     }
 
     /// Resume: send the bytes of `[0, len)` the receiver does not have
@@ -168,7 +179,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         cfg: &SendConfig,
     ) -> Self {
         let sched = Scheduler::dynamic_except(cfg.record_size, len, have);
-        Self::start(sched, None, Some(src), conns)
+        Self::start(sched, None, Some(src), conns, cfg.keep_open)
     }
 
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
@@ -186,7 +197,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             written: 0,
             closing: false,
         };
-        Self::start(Scheduler::stream(rs), Some(sb), None, conns)
+        Self::start(Scheduler::stream(rs), Some(sb), None, conns, false)
     }
 
     fn start(
@@ -194,6 +205,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
         stream: Option<StreamBuf>,
         file: Option<Arc<dyn ReadAt>>,
         conns: Vec<S>,
+        keep_open: bool,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let n = conns.len();
@@ -216,6 +228,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             }),
             wake: Notify::new(),
             file,
+            keep_open,
         });
         for (i, c) in conns.into_iter().enumerate() {
             // The receiver lives in the driver spawned below.
@@ -250,7 +263,14 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
 
     /// Wait for the end: every connection has sent its EOD (one of them
     /// the EOF block), flushed and shut down its write side.
-    pub async fn finish(mut self) -> Result<TransferReport, StripeError> {
+    pub async fn finish(self) -> Result<TransferReport, StripeError> {
+        self.finish_kept().await.map(|(report, _)| report)
+    }
+
+    /// [`finish`](Self::finish), and the connections left open after
+    /// their EOD when [`SendConfig::keep_open`] was set (none otherwise),
+    /// ready for the next transfer.
+    pub async fn finish_kept(mut self) -> Result<(TransferReport, Vec<S>), StripeError> {
         let driver = self.driver.take();
         // Without our handle the driver fails once no connection is left.
         // Replace our sender half by a dead one so the channel can close.
@@ -413,9 +433,10 @@ impl<S: Send + 'static> SendControl<S> {
 async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
-) -> Result<TransferReport, StripeError> {
+) -> Result<Finished<S>, StripeError> {
     let mut set = Tasks::new();
     let mut open = true;
+    let mut kept = Vec::new();
     let result = loop {
         if set.is_empty() {
             let st = shared.lock();
@@ -431,8 +452,10 @@ async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
             }
         }
         let spawn = |idx, s| conn_task(s, idx, shared.clone());
-        if let Err(e) = admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
-            break Err(e);
+        match admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+            Ok(Some(Some(s))) => kept.push(s),
+            Ok(_) => {}
+            Err(e) => break Err(e),
         }
     };
     let mut st = shared.lock();
@@ -447,7 +470,7 @@ async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
     // Dropping `set` aborts the other connection tasks and closes their
     // connections without EOD, so the receiver fails too.
     drop(set);
-    result
+    result.map(|r| (r, kept))
 }
 
 enum Step {
@@ -456,11 +479,13 @@ enum Step {
     End(Option<u64>),
 }
 
+/// One connection's loop; ends with the connection itself when it is to
+/// stay open ([`SendConfig::keep_open`]).
 async fn conn_task<S: AsyncWrite + Unpin>(
     mut s: S,
     idx: usize,
     sh: Arc<Shared>,
-) -> Result<(), StripeError> {
+) -> Result<Option<S>, StripeError> {
     let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
     let mut buf = Vec::new();
     loop {
@@ -524,8 +549,11 @@ async fn conn_task<S: AsyncWrite + Unpin>(
                 };
                 s.write_all(&hdr.encode()).await.map_err(ioerr)?;
                 s.flush().await.map_err(ioerr)?;
+                if sh.keep_open {
+                    return Ok(Some(s));
+                }
                 s.shutdown().await.map_err(ioerr)?;
-                return Ok(());
+                return Ok(None);
             }
         }
     }

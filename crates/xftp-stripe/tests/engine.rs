@@ -75,6 +75,7 @@ async fn sizes_and_stream_counts_in_memory() {
                 let cfg = SendConfig {
                     record_size: RS,
                     schedule,
+                    keep_open: false,
                 };
                 let (s, r, got) = roundtrip(&data, tx, rx, &cfg).await;
                 assert!(got == data, "size {size} n {n} {schedule:?}");
@@ -207,6 +208,7 @@ async fn timed_with_slow_conn(schedule: Schedule, data: &[u8]) -> (Duration, Tra
     let cfg = SendConfig {
         record_size: 32 * 1024,
         schedule,
+        keep_open: false,
     };
     let t = Instant::now();
     let (s, r, got) = roundtrip(data, tx, rx, &cfg).await;
@@ -338,6 +340,7 @@ async fn add_and_retire_connections_mid_transfer() {
     let cfg = SendConfig {
         record_size: 16 * 1024,
         schedule: Schedule::Dynamic,
+        keep_open: false,
     };
     let src = Arc::new(MemFile::from(data.clone()));
     let dst = Arc::new(MemFile::default());
@@ -575,6 +578,7 @@ async fn a_resumed_transfer_sends_only_the_holes() {
         let cfg = SendConfig {
             record_size: 16 * 1024,
             schedule: Schedule::Dynamic,
+            keep_open: false,
         };
         let src = Arc::new(MemFile::from(data.clone()));
         let sender = Sender::file_except(src, len, &have, tx, &cfg);
@@ -595,4 +599,69 @@ async fn a_resumed_transfer_sends_only_the_holes() {
     let receiver = Receiver::file_resume(dst, Some(len), have.clone(), rx);
     let (_, r) = tokio::join!(sender.finish(), receiver.finish());
     assert!(r.is_err(), "overlap with the resumed ranges accepted");
+}
+
+/// Data channel caching: many files back to back over the same
+/// connections, the sender never waiting for the receiver (as a server
+/// answering pipelined RETRs does), each file read exactly to its EODs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_connections_carry_many_files_back_to_back() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    println!("seed {seed}");
+    for n in [1usize, 3] {
+        let mut x = u64::from(seed) | 1;
+        let files: Vec<Vec<u8>> = (0..25u32)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Empty, smaller than a record, and several records.
+                let len = match i % 5 {
+                    0 => 0,
+                    _ => (x >> 33) as usize % (3 * RS as usize + 7),
+                };
+                pattern(len, seed ^ i)
+            })
+            .collect();
+        let (tx, rx) = tcp_pairs(n).await;
+        let cfg = SendConfig {
+            record_size: RS,
+            keep_open: true,
+            ..SendConfig::default()
+        };
+        let sent = files.clone();
+        let sender = tokio::spawn(async move {
+            let mut conns = tx;
+            for f in sent {
+                let len = f.len() as u64;
+                let s = Sender::file(Arc::new(MemFile::from(f)), len, conns, &cfg);
+                let (_, back) = s.finish_kept().await.unwrap();
+                assert_eq!(back.len(), n, "every connection comes back");
+                conns = back;
+            }
+            conns
+        });
+        let mut conns = rx;
+        for (i, f) in files.iter().enumerate() {
+            let dst = Arc::new(MemFile::default());
+            let r = Receiver::file_kept(dst.clone(), Some(f.len() as u64), conns);
+            let (rep, back) = r.finish_kept().await.unwrap();
+            assert_eq!(rep.bytes, f.len() as u64, "file {i}");
+            assert_eq!(dst.to_vec(), *f, "file {i} (n = {n})");
+            assert_eq!(back.len(), n);
+            conns = back;
+        }
+        // Nothing beyond the last EOD: the sender's connections end cleanly.
+        drop(sender.await.unwrap());
+        for mut c in conns {
+            let mut rest = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut c, &mut rest)
+                .await
+                .unwrap();
+            assert!(rest.is_empty(), "bytes left after the last file");
+        }
+    }
 }
