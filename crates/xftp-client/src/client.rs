@@ -1,6 +1,9 @@
 //! The session: connect, log in, negotiate streams, move files.
 
 mod adaptive;
+mod batch;
+
+pub use batch::BatchItem;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -1468,6 +1471,24 @@ impl Client {
         self.accepted(Cmd::with("MKD", path), 257).await
     }
 
+    /// Create remote directories, parents first, with the commands
+    /// pipelined (a round trip for many, not one each); for each, whether
+    /// the server created it (a refusal, say for one that exists, is no
+    /// error).
+    pub async fn mkd_all(&mut self, paths: &[String]) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(paths.len());
+        // Bounded, so the server's replies never wait on our reading.
+        for chunk in paths.chunks(64) {
+            let cmds: Vec<Cmd> = chunk.iter().map(|p| Cmd::with("MKD", p)).collect();
+            let refs: Vec<&Cmd> = cmds.iter().collect();
+            self.send(&refs).await?;
+            for _ in chunk {
+                out.push(self.ctl.read_reply().await?.code == 257);
+            }
+        }
+        Ok(out)
+    }
+
     /// Send `c`; whether the reply has code `ok` (a refusal is no error).
     async fn accepted(&mut self, c: Cmd, ok: u16) -> Result<bool> {
         self.send(&[&c]).await?;
@@ -1892,7 +1913,12 @@ impl Client {
             Some(v) => Some(self.verify_file(remote, tmp.path(), bytes, v).await?),
             None => None,
         };
-        finish_temp(tmp, local)?;
+        // The sync and rename off the async threads: with many files in
+        // flight, one session's fsync must not hold up the others.
+        let target = local.to_owned();
+        tokio::task::spawn_blocking(move || finish_temp(tmp, &target))
+            .await
+            .map_err(|e| local_err(local, std::io::Error::other(e)))??;
         Ok(TransferReport {
             bytes,
             per_stream_bytes: done.per_stream,

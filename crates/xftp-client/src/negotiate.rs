@@ -26,6 +26,9 @@ pub struct Features {
     pub mode_e: bool,
     /// `MPRT`: one client port per connection (xftp).
     pub mprt: bool,
+    /// `CACHE` (xftp): MODE E data connections are kept after a download
+    /// and reused by the next RETR sent without a new PASV/EPSV/PORT.
+    pub cache: bool,
     /// `SPAS` or `SPOR` (GridFTP striping): a GridFTP server, which takes
     /// `OPTS RETR Parallelism=n,n,n;` in MODE E.
     pub gridftp: bool,
@@ -53,6 +56,7 @@ pub fn features(reply: &Reply) -> Features {
         match (words.next(), words.next()) {
             (Some("MULT"), _) => f.mult = true,
             (Some("MPRT"), _) => f.mprt = true,
+            (Some("CACHE"), _) => f.cache = true,
             (Some("SPAS" | "SPOR"), _) => f.gridftp = true,
             (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,
             (Some("CKSM"), rest) => {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use xftp_proto::facts::Kind;
 
-use crate::client::{local_err, Client};
+use crate::client::{local_err, BatchItem, Client};
 use crate::error::{ClientError, Result};
 
 /// Which kind of session a tree asks for.
@@ -101,6 +101,8 @@ struct Job {
 struct Queues {
     large: Mutex<VecDeque<Job>>,
     small: Mutex<VecDeque<Job>>,
+    /// Files at least this large are in `large`.
+    large_min: u64,
 }
 
 impl Queues {
@@ -112,6 +114,7 @@ impl Queues {
         Queues {
             large: Mutex::new(l.into()),
             small: Mutex::new(s.into()),
+            large_min: large,
         }
     }
 
@@ -122,6 +125,16 @@ impl Queues {
             Role::Large => take(&self.large).or_else(|| take(&self.small)),
             Role::Small => take(&self.small),
         }
+    }
+
+    /// A job taken but not done (its session broke): first again.
+    fn put_back(&self, job: Job) {
+        let q = if job.size >= self.large_min {
+            &self.large
+        } else {
+            &self.small
+        };
+        q.lock().unwrap_or_else(|p| p.into_inner()).push_front(job);
     }
 
     fn len(&self) -> usize {
@@ -171,37 +184,13 @@ pub async fn get_tree(
     opt: &TreeOptions,
 ) -> Result<TreeReport> {
     let start = Instant::now();
-    let mut first = connect(Role::Small).await?;
+    let first = connect(Role::Small).await?;
     let mut report = TreeReport::default();
-    // Walk breadth first with one session; MLSD gives sizes, times, modes.
-    let mut dirs = VecDeque::from([String::new()]);
-    let mut jobs = Vec::new();
     std::fs::create_dir_all(local).map_err(|e| local_err(local, e))?;
-    while let Some(d) = dirs.pop_front() {
-        let entries = first.mlsd(&join(remote, &d)).await?;
-        for e in entries {
-            let rel = if d.is_empty() {
-                e.name.clone()
-            } else {
-                format!("{d}/{}", e.name)
-            };
-            match e.kind {
-                Kind::Dir => {
-                    let p = local.join(&rel);
-                    std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
-                    report.dirs += 1;
-                    dirs.push_back(rel);
-                }
-                Kind::File => jobs.push(Job {
-                    rel,
-                    size: e.size.unwrap_or(0),
-                    mtime: e.modify,
-                    mode: e.mode,
-                }),
-                _ => report.other += 1,
-            }
-        }
-    }
+    let walked = walk(first, &connect, remote, local, opt.concurrency).await?;
+    report.dirs = walked.dirs;
+    report.other = walked.other;
+    let (sessions, jobs) = (walked.sessions, walked.jobs);
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -210,7 +199,20 @@ pub async fn get_tree(
         let (remote, local) = (remote.clone(), local.clone());
         async move {
             let mut w = Worker::new(c, role, connect);
-            while let Some(job) = q.pop(role) {
+            // The large files one at a time with every stream; then the
+            // small ones pipelined over kept connections where the server
+            // keeps them; what is left (a server without CACHE), one by one.
+            let mut role_now = role;
+            loop {
+                if role_now == Role::Large && !q.has_large() {
+                    role_now = Role::Small;
+                }
+                if role_now == Role::Small {
+                    get_batched(&mut w, &q, &remote, &local, &opt).await;
+                }
+                let Some(job) = q.pop(role_now) else {
+                    break;
+                };
                 let target = local.join(&job.rel);
                 if opt.skip_complete && complete_locally(&target, &job) {
                     w.rep.skipped += 1;
@@ -236,10 +238,244 @@ pub async fn get_tree(
             w.end().await
         }
     };
-    let reports = spread(first, connect, q, opt, run).await;
+    let reports = spread(sessions, connect, q, opt, run).await;
     report.merge(reports);
     report.elapsed = start.elapsed();
     Ok(report)
+}
+
+/// What walking a remote tree found.
+struct Walked {
+    /// The sessions that listed it, logged in, for the transfers.
+    sessions: Vec<Client>,
+    jobs: Vec<Job>,
+    dirs: usize,
+    other: usize,
+}
+
+/// List the tree under `remote` (MLSD gives sizes, times, modes) and
+/// create its directories under `local`. A listing costs round trips, so
+/// directories are listed by up to `concurrency` sessions at once:
+/// `first`, and more opened when the root has subdirectories.
+async fn walk(
+    mut first: Client,
+    connect: &Connect,
+    remote: &str,
+    local: &Path,
+    concurrency: usize,
+) -> Result<Walked> {
+    use tokio::sync::Notify;
+    struct Shared {
+        st: Mutex<WalkState>,
+        more: Notify,
+    }
+    #[derive(Default)]
+    struct WalkState {
+        dirs: VecDeque<String>,
+        /// Listings running now.
+        busy: usize,
+        jobs: Vec<Job>,
+        ndirs: usize,
+        other: usize,
+        failed: Option<ClientError>,
+    }
+    fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, WalkState> {
+        sh.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// List `d` and record what it holds.
+    async fn list_one(
+        c: &mut Client,
+        sh: &Shared,
+        remote: &str,
+        local: &Path,
+        d: &str,
+    ) -> Result<()> {
+        let entries = c.mlsd(&join(remote, d)).await?;
+        let mut st = lock(sh);
+        for e in entries {
+            let rel = if d.is_empty() {
+                e.name.clone()
+            } else {
+                format!("{d}/{}", e.name)
+            };
+            match e.kind {
+                Kind::Dir => {
+                    let p = local.join(&rel);
+                    std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
+                    st.ndirs += 1;
+                    st.dirs.push_back(rel);
+                }
+                Kind::File => st.jobs.push(Job {
+                    rel,
+                    size: e.size.unwrap_or(0),
+                    mtime: e.modify,
+                    mode: e.mode,
+                }),
+                _ => st.other += 1,
+            }
+        }
+        Ok(())
+    }
+    async fn lister(
+        mut c: Client,
+        sh: Arc<Shared>,
+        remote: String,
+        local: std::path::PathBuf,
+    ) -> Client {
+        loop {
+            let notified = sh.more.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let d = {
+                let mut st = lock(&sh);
+                if st.failed.is_some() {
+                    return c;
+                }
+                match st.dirs.pop_front() {
+                    Some(d) => {
+                        st.busy += 1;
+                        Some(d)
+                    }
+                    None if st.busy == 0 => return c,
+                    None => None,
+                }
+            };
+            let Some(d) = d else {
+                notified.await;
+                continue;
+            };
+            let r = list_one(&mut c, &sh, &remote, &local, &d).await;
+            let mut st = lock(&sh);
+            st.busy -= 1;
+            if let Err(e) = r {
+                st.failed.get_or_insert(e);
+            }
+            drop(st);
+            sh.more.notify_waiters();
+        }
+    }
+    let sh = Arc::new(Shared {
+        st: Mutex::new(WalkState::default()),
+        more: Notify::new(),
+    });
+    list_one(&mut first, &sh, remote, local, "").await?;
+    let subdirs = lock(&sh).dirs.len();
+    let mut set = tokio::task::JoinSet::new();
+    let spawn = |set: &mut tokio::task::JoinSet<Client>, c: Client| {
+        set.spawn(lister(c, sh.clone(), remote.to_owned(), local.to_owned()));
+    };
+    spawn(&mut set, first);
+    // More listers while the root's subdirectories wait; each session
+    // opened here moves files afterwards.
+    let extra = concurrency.max(1).saturating_sub(1).min(subdirs);
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..extra {
+        let c = connect.clone();
+        opening.spawn(async move { c(Role::Small).await });
+    }
+    while let Some(r) = opening.join_next().await {
+        match r {
+            Ok(Ok(c)) => spawn(&mut set, c),
+            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
+            Err(e) => tracing::warn!("one session fewer: {e}"),
+        }
+    }
+    let mut sessions = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(c) = r {
+            sessions.push(c);
+        }
+    }
+    let mut st = std::mem::take(&mut *lock(&sh));
+    if let Some(e) = st.failed.take() {
+        for c in sessions {
+            c.quit().await;
+        }
+        return Err(e);
+    }
+    if sessions.is_empty() {
+        return Err(ClientError::Closed);
+    }
+    Ok(Walked {
+        sessions,
+        jobs: st.jobs,
+        dirs: st.ndirs,
+        other: st.other,
+    })
+}
+
+/// Download small files over `w`'s session pipelined
+/// ([`Client::download_batch`]) until the queue is empty, reopening the
+/// session if it breaks; returns at once when the server cannot (no
+/// `CACHE`) or the options need a per-file exchange.
+async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt: &TreeOptions) {
+    use std::collections::HashMap;
+    // Both callbacks below need these; Mutexes only because the future
+    // must be Send (they are never contended).
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    loop {
+        w.reopen().await;
+        let Some(c) = w.client.as_mut() else {
+            return;
+        };
+        if !c.batch_capable().await.unwrap_or(false) {
+            return;
+        }
+        // The job of each item handed out, for its times and mode.
+        let jobs: Mutex<HashMap<std::path::PathBuf, Job>> = Mutex::new(HashMap::new());
+        let rep = Mutex::new(TreeReport::default());
+        let next = || loop {
+            let job = q.pop(Role::Small)?;
+            let target = local.join(&job.rel);
+            if opt.skip_complete && complete_locally(&target, &job) {
+                lock(&rep).skipped += 1;
+                continue;
+            }
+            let item = BatchItem {
+                remote: join(remote, &job.rel),
+                local: target.clone(),
+                size: Some(job.size),
+            };
+            lock(&jobs).insert(target, job);
+            return Some(item);
+        };
+        let done = |item: BatchItem, r: Result<crate::TransferReport>| {
+            let Some(job) = lock(&jobs).remove(&item.local) else {
+                return;
+            };
+            let mut rep = lock(&rep);
+            match r {
+                Ok(t) => {
+                    rep.files += 1;
+                    rep.bytes += t.bytes;
+                    if opt.preserve {
+                        keep_facts(&item.local, &job);
+                    }
+                }
+                Err(e) => rep.failed.push((job.rel, e.to_string())),
+            }
+        };
+        let r = c.download_batch(next, done).await;
+        w.rep
+            .merge(vec![rep.into_inner().unwrap_or_else(|p| p.into_inner())]);
+        match r {
+            Ok(()) => return,
+            Err((e, left)) => {
+                // The session is gone: the files it had not finished go
+                // back to the queue, and a new session takes them.
+                tracing::warn!("a session broke ({e}); reopening");
+                let mut jobs = jobs.into_inner().unwrap_or_else(|p| p.into_inner());
+                for it in left {
+                    if let Some(job) = jobs.remove(&it.local) {
+                        q.put_back(job);
+                    }
+                }
+                w.client = None;
+            }
+        }
+    }
 }
 
 /// Upload the tree under `local` (a directory) to `remote` (created).
@@ -298,11 +534,10 @@ pub async fn put_tree(
     let mut first = connect(Role::Small).await?;
     // Parents before children (breadth-first order above); a directory
     // that exists already is refused and that is fine.
-    let _ = first.mkd(remote.trim_end_matches('/')).await?;
-    for d in &dirs {
-        let _ = first.mkd(&join(remote, d)).await?;
-        report.dirs += 1;
-    }
+    let mut mkd = vec![remote.trim_end_matches('/').to_owned()];
+    mkd.extend(dirs.iter().map(|d| join(remote, d)));
+    first.mkd_all(&mkd).await?;
+    report.dirs += dirs.len();
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -337,7 +572,7 @@ pub async fn put_tree(
             w.end().await
         }
     };
-    let reports = spread(first, connect, q, opt, run).await;
+    let reports = spread(vec![first], connect, q, opt, run).await;
     report.merge(reports);
     report.elapsed = start.elapsed();
     Ok(report)
@@ -347,7 +582,7 @@ pub async fn put_tree(
 /// session if there are large files, and small-file sessions up to
 /// `concurrency`.
 async fn spread<F, Fut>(
-    first: Client,
+    ready: Vec<Client>,
     connect: Connect,
     q: Arc<Queues>,
     opt: &TreeOptions,
@@ -360,7 +595,7 @@ where
     // No more sessions than files.
     let total = opt.concurrency.min(q.len()).max(1);
     let mut set = tokio::task::JoinSet::new();
-    let mut sessions = 1;
+    let mut sessions = 0;
     if q.has_large() {
         match connect(Role::Large).await {
             Ok(c) => {
@@ -372,18 +607,21 @@ where
             }
         }
     }
-    let large_taken = sessions > 1;
-    set.spawn(run(
-        first,
-        if large_taken {
-            Role::Small
-        } else {
+    let large_taken = sessions > 0;
+    for (i, c) in ready.into_iter().enumerate() {
+        if i > 0 && sessions >= total {
+            // More sessions than files left: not needed.
+            c.quit().await;
+            continue;
+        }
+        let role = if i == 0 && !large_taken {
             Role::Large
-        },
-        q.clone(),
-        connect.clone(),
-        opt.clone(),
-    ));
+        } else {
+            Role::Small
+        };
+        set.spawn(run(c, role, q.clone(), connect.clone(), opt.clone()));
+        sessions += 1;
+    }
     // More small-file sessions, opened at once (each costs a login).
     let mut opening = tokio::task::JoinSet::new();
     for _ in sessions..total {

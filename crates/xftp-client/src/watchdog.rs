@@ -183,6 +183,13 @@ fn poll_throttle(dog: &Watchdog, sleep: &mut Pin<Box<Sleep>>, cx: &mut Context<'
     }
 }
 
+impl<S> Guarded<S> {
+    /// The connection, unguarded: for one kept for the next transfer.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,

@@ -91,6 +91,7 @@ pub async fn run(
         resumable: None,
         rnfr: None,
         data: DataPlan::None,
+        cached: Vec::new(),
         streams: 1,
         epsv_all: false,
         bufsize: None,
@@ -191,6 +192,10 @@ struct Session {
     resumable: Option<crate::resumable::Meta>,
     rnfr: Option<PathBuf>,
     data: DataPlan,
+    /// The data connections of the last MODE E download, open after its
+    /// EOD (GridFTP data channel caching): the next one reuses them when
+    /// no PASV, EPSV, PORT, EPRT or MPRT came in between.
+    cached: Vec<Stream>,
     /// Data connections per transfer, granted by MULT.
     streams: u32,
     epsv_all: bool,
@@ -485,6 +490,7 @@ impl Session {
             }
             Command::Mode('S') => {
                 self.mode_e = false;
+                self.cached.clear();
                 self.reply(200, "Mode set to S.").await?
             }
             Command::Mode('E') => {
@@ -612,6 +618,7 @@ impl Session {
     // ---- login ----
 
     async fn user(&mut self, name: String) -> std::io::Result<()> {
+        self.cached.clear();
         let anonymous = matches!(name.to_ascii_lowercase().as_str(), "anonymous" | "ftp");
         if anonymous && !self.cfg.anonymous {
             self.login = Login::AwaitUser;
@@ -787,6 +794,7 @@ impl Session {
         if !self.pbsz {
             return self.reply(503, "PROT needs PBSZ 0 first.").await;
         }
+        self.cached.clear();
         match level {
             'P' => {
                 self.prot_private = true;
@@ -860,6 +868,7 @@ impl Session {
             "MLST type*;size*;modify*;perm*;UNIX.mode*;",
             "MULT",
             "MODE E",
+            "CACHE",
             "MPRT",
             "REST STREAM",
             "SIZE",
@@ -1496,6 +1505,7 @@ impl Session {
             return self.reply(501, why).await;
         }
         self.data = DataPlan::Active(addr);
+        self.cached.clear();
         self.reply(200, "PORT command successful.").await
     }
 
@@ -1524,6 +1534,7 @@ impl Session {
             }
         }
         self.data = DataPlan::Multi(addrs);
+        self.cached.clear();
         self.reply(200, "MPRT command successful.").await
     }
 
@@ -1547,6 +1558,7 @@ impl Session {
         ) {
             Ok((l, port)) => {
                 self.data = DataPlan::Passive(l);
+                self.cached.clear();
                 // Behind NAT the client must be told the outside address.
                 let shown = self.cfg.public_address.unwrap_or(ip);
                 let a = std::net::SocketAddrV4::new(shown, port);
@@ -1582,6 +1594,7 @@ impl Session {
         {
             Ok((port, l)) => {
                 self.data = DataPlan::Passive(l);
+                self.cached.clear();
                 self.reply(229, hostport::format_epsv_reply(port)).await
             }
             Err(e) => {
@@ -1761,6 +1774,14 @@ impl Session {
         }
     }
 
+    /// The connections kept from the last framed download, for a framed
+    /// transfer of `n` connections with no new data plan; `None` when
+    /// there are none to reuse (the count changed: they are closed).
+    fn take_cached(&mut self, n: usize) -> Option<Vec<Stream>> {
+        let kept = std::mem::take(&mut self.cached);
+        (matches!(self.data, DataPlan::None) && !kept.is_empty() && kept.len() == n).then_some(kept)
+    }
+
     /// Framed transfers carry MODE E blocks: with MULT > 1, or MODE E.
     fn framed(&self) -> bool {
         self.streams > 1 || self.mode_e
@@ -1870,19 +1891,29 @@ impl Session {
                 .await;
         }
         let kind = if ascii { "ASCII" } else { "BINARY" };
-        if !self.data_planned().await? {
+        let cached = if framed { self.take_cached(n) } else { None };
+        if cached.is_none() && !self.data_planned().await? {
             return Ok(());
         }
+        let how = if cached.is_some() {
+            "Using kept"
+        } else {
+            "Opening"
+        };
         self.reply(
             150,
             format!(
-                "Opening {kind} mode data connection for {} ({len} bytes, {n} connection(s)).",
+                "{how} {kind} mode data connection for {} ({len} bytes, {n} connection(s)).",
                 v.display()
             ),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n, true).await? else {
-            return Ok(());
+        let (conns, grow) = match cached {
+            Some(c) => (c, None),
+            None => match self.open_data(n, true).await? {
+                Some(opened) => opened,
+                None => return Ok(()),
+            },
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
         if !framed {
@@ -1908,6 +1939,7 @@ impl Session {
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
+                keep_open: true,
             };
             let sender = match &have {
                 Some(h) => Sender::file_except(Arc::new(file), len, h, conns, &cfg),
@@ -1915,8 +1947,17 @@ impl Session {
             };
             let ctl = live::Ctl::Send(sender.control());
             let lv = self.live(meters, ctl, grow, n);
-            let task = tokio::spawn(async move { Ok(sender.finish().await?) });
-            let out = self.run_transfer(task, progress, Some(lv)).await?;
+            let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
+            let out = match self.run_transfer(task, progress, Some(lv)).await? {
+                Outcome::Done((r, kept)) => {
+                    // Every connection ended with its EOD and stays open
+                    // for the next transfer (data channel caching).
+                    self.cached = kept.into_iter().map(|c| c.into_inner()).collect();
+                    Outcome::Done(r)
+                }
+                Outcome::Failed(e) => Outcome::Failed(e),
+                Outcome::Aborted => Outcome::Aborted,
+            };
             self.finish(out, |r| {
                 format!(
                     "Transfer complete ({} bytes on {} connections).",

@@ -125,9 +125,11 @@ impl AsRawFd for Fd {
 /// A connection whose traffic is metered.
 #[derive(Debug)]
 pub struct Metered<S> {
+    /// First, so that it drops first: its last reading of the connection
+    /// is taken while the descriptor is still open.
+    meter: LastWord,
     inner: S,
     fd: RawFd,
-    meter: Arc<Meter>,
     /// The `TCP_NOTSENT_LOWAT` set on a sending connection, kept at one
     /// congestion window ([`crate::sockbuf::notsent_lowat_for`]); 0 for a
     /// connection left alone.
@@ -138,6 +140,14 @@ impl<S> Metered<S> {
     /// The wrapped connection.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The connection, no longer metered (its meter takes its last
+    /// reading now): for a connection kept open for the next transfer.
+    pub fn into_inner(self) -> S {
+        let Metered { meter, inner, .. } = self;
+        drop(meter);
+        inner
     }
 
     /// Bound this sending connection's unsent backlog to one congestion
@@ -166,11 +176,23 @@ impl<S> Metered<S> {
     }
 }
 
-impl<S> Drop for Metered<S> {
+/// A connection's meter, which takes its last reading when the metered
+/// connection is dropped or unwrapped.
+#[derive(Debug)]
+struct LastWord(Arc<Meter>);
+
+impl std::ops::Deref for LastWord {
+    type Target = Meter;
+    fn deref(&self) -> &Meter {
+        &self.0
+    }
+}
+
+impl Drop for LastWord {
     fn drop(&mut self) {
         // The last word on this connection (what it delivered in the end),
         // taken while the descriptor is still ours.
-        self.meter.refresh(true);
+        self.0.refresh(true);
     }
 }
 
@@ -269,9 +291,9 @@ impl MeterSet {
             m.push(meter.clone());
         }
         Metered {
+            meter: LastWord(meter),
             inner: conn,
             fd,
-            meter,
             lowat: 0,
         }
     }

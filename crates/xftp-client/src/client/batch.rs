@@ -1,0 +1,317 @@
+//! Many files over one session without a round trip each: MODE E data
+//! connections kept between transfers (the server's `CACHE` feature,
+//! GridFTP data channel caching) and RETRs pipelined on the control
+//! connection, so the server sends one file after another with no pause.
+//!
+//! ```text
+//!   client: EPSV  RETR a  RETR b  RETR c ...   (up to DEPTH outstanding)
+//!   server: 229   150 [a blocks, EOF] 226  150 [b blocks, EOF] 226 ...
+//! ```
+//!
+//! Each file is read up to its EOD on every connection and no further
+//! (the next file's blocks follow on the same connections). When anything
+//! goes wrong with the data connections, they are dropped, the replies of
+//! the RETRs already sent are read (the server, without its connections,
+//! refuses them), those files go back in the queue, and the next one sets
+//! up new connections.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use xftp_tls::Stream;
+
+use super::{local_err, temp_next_to, Client, Done, TransferReport};
+use crate::control::{unexpected, Cmd};
+use crate::error::{ClientError, Result};
+
+/// RETRs sent ahead of the one being received. Enough to keep a path of
+/// a few hundred milliseconds busy with small files; the server reads
+/// them only as it gets to them.
+const DEPTH: usize = 128;
+
+/// One file of a batch.
+#[derive(Debug, Clone)]
+pub struct BatchItem {
+    /// The server's path.
+    pub remote: String,
+    /// Where it goes (renamed into place when complete).
+    pub local: PathBuf,
+    /// The size the listing gave, checked at the end.
+    pub size: Option<u64>,
+}
+
+impl Client {
+    /// Whether [`download_batch`](Self::download_batch) can run on this
+    /// session: the server keeps MODE E connections (FEAT `CACHE`), and
+    /// nothing asks for a per-file exchange (`--verify`, `-c`).
+    pub async fn batch_capable(&mut self) -> Result<bool> {
+        if self.cfg.resume || self.cfg.verify != crate::Verify::Off {
+            return Ok(false);
+        }
+        let f = self.features().await?;
+        Ok(f.cache && f.mode_e)
+    }
+
+    /// Download the files `next` hands out, one after another over kept
+    /// data connections with their RETRs pipelined (see the module
+    /// notes). `next` is asked only when there is room in the pipeline, so
+    /// sessions sharing one queue stay balanced. `done(item, result)` is
+    /// called for each item as it ends. Every file keeps the guarantees of
+    /// [`download`](Self::download): a temporary beside the target,
+    /// renamed into place only after the server's 226 and a matching size.
+    /// An error return means the session itself is lost (control
+    /// connection); the items `next` gave and `done` did not report are
+    /// returned with it, not downloaded.
+    pub async fn download_batch(
+        &mut self,
+        mut next: impl FnMut() -> Option<BatchItem>,
+        mut done: impl FnMut(BatchItem, Result<TransferReport>),
+    ) -> std::result::Result<(), (ClientError, Vec<BatchItem>)> {
+        let mut items: Vec<Option<BatchItem>> = Vec::new();
+        let r = self.batch_run(&mut next, &mut items, &mut done).await;
+        r.map_err(|e| (e, items.into_iter().flatten().collect()))
+    }
+
+    async fn batch_run(
+        &mut self,
+        next: &mut impl FnMut() -> Option<BatchItem>,
+        items: &mut Vec<Option<BatchItem>>,
+        done: &mut impl FnMut(BatchItem, Result<TransferReport>),
+    ) -> Result<()> {
+        // `items[i]` is taken when reported.
+        let mut report =
+            |items: &mut Vec<Option<BatchItem>>, i: usize, r: Result<TransferReport>| {
+                if let Some(it) = items.get_mut(i).and_then(Option::take) {
+                    done(it, r);
+                }
+            };
+        // Indices of items to send (requeued ones first), then `next`.
+        let mut pull = |items: &mut Vec<Option<BatchItem>>, queue: &mut VecDeque<usize>| {
+            queue.pop_front().or_else(|| {
+                next().map(|it| {
+                    items.push(Some(it));
+                    items.len() - 1
+                })
+            })
+        };
+        let remote = |items: &Vec<Option<BatchItem>>, i: usize| {
+            items[i]
+                .as_ref()
+                .map(|it| it.remote.clone())
+                .unwrap_or_default()
+        };
+        self.settle().await?;
+        if !self.mode_e {
+            let c = Cmd::with("MODE", "E");
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[200]).await?;
+            self.mode_e = true;
+        }
+        let mut queue: VecDeque<usize> = VecDeque::new();
+        // RETRs sent and not yet answered, oldest first.
+        let mut sent: VecDeque<(usize, Cmd)> = VecDeque::new();
+        let mut conns: Option<Vec<Stream>> = None;
+        // Files that went back to the queue once: a second time is a failure.
+        let mut retried = std::collections::HashSet::new();
+        loop {
+            // The first RETR after new data connections: the plan, then
+            // the RETR, then its 150 with the connections.
+            let mut fresh = None;
+            if conns.is_none() {
+                debug_assert!(sent.is_empty());
+                let Some(i) = pull(items, &mut queue) else {
+                    return Ok(());
+                };
+                let c = Cmd::with("RETR", remote(items, i));
+                let started = match self.prepare_data(false, None).await {
+                    Ok((_, setup)) => {
+                        self.ctl.send(&[&c]).await?;
+                        self.start_transfer(&c, setup).await
+                    }
+                    Err(e) => Err(e),
+                };
+                match started {
+                    Ok((c_conns, _)) => {
+                        conns = Some(c_conns);
+                        fresh = Some((i, c));
+                    }
+                    Err(e) if session_lost(&e) => return Err(e),
+                    Err(e) => {
+                        report(items, i, Err(e));
+                        continue;
+                    }
+                }
+            }
+            // Keep the pipeline full.
+            let mut batch = Vec::new();
+            while sent.len() + usize::from(fresh.is_some()) < DEPTH {
+                let Some(i) = pull(items, &mut queue) else {
+                    break;
+                };
+                batch.push((i, Cmd::with("RETR", remote(items, i))));
+            }
+            if !batch.is_empty() {
+                let cmds: Vec<&Cmd> = batch.iter().map(|(_, c)| c).collect();
+                self.ctl.send(&cmds).await?;
+                sent.extend(batch);
+            }
+            let (i, c, started) = match fresh {
+                Some((i, c)) => (i, c, true),
+                None => match sent.pop_front() {
+                    Some((i, c)) => (i, c, false),
+                    None => return Ok(()),
+                },
+            };
+            if !started {
+                let r = self.ctl.read_reply().await?;
+                if !r.is_preliminary() {
+                    // Refused before any data (550 no such file): the
+                    // connections carry nothing for it. A 425 says the
+                    // server has no connections kept: set up new ones.
+                    if r.code == 425 {
+                        conns = None;
+                        let mut back = self.drain(&mut sent).await?;
+                        back.insert(0, (i, unexpected(&c, &r)));
+                        requeue(back, &mut queue, &mut retried, |i, e| {
+                            report(items, i, Err(e))
+                        });
+                    } else {
+                        report(items, i, Err(unexpected(&c, &r)));
+                    }
+                    continue;
+                }
+            }
+            let Some(cs) = conns.take() else {
+                continue;
+            };
+            let Some(item) = items[i].clone() else {
+                continue;
+            };
+            match self.receive_kept(&c, &item, cs).await {
+                Ok((result, back)) => {
+                    conns = Some(back);
+                    report(items, i, result);
+                }
+                Err(e) if session_lost(&e) => return Err(e),
+                Err(e) => {
+                    // The data connections are in no known state and
+                    // dropped (the server drops its ends too, and refuses
+                    // the RETRs already sent).
+                    let back = self.drain(&mut sent).await?;
+                    requeue(back, &mut queue, &mut retried, |i, e| {
+                        report(items, i, Err(e))
+                    });
+                    report(items, i, Err(e));
+                }
+            }
+        }
+    }
+
+    /// One file of a batch, after its 150: the blocks up to each
+    /// connection's EOD, the 226, the size check and the rename.
+    /// `Ok((result, connections))`: the connections are in step for the
+    /// next file, whatever became of this one. `Err`: they are not (and
+    /// are dropped); the RETR's final reply has been read either way.
+    async fn receive_kept(
+        &mut self,
+        c: &Cmd,
+        item: &BatchItem,
+        conns: Vec<Stream>,
+    ) -> Result<(Result<TransferReport>, Vec<Stream>)> {
+        let start = Instant::now();
+        let received = async {
+            let target = item.local.clone();
+            let tmp = tokio::task::spawn_blocking(move || temp_next_to(&target))
+                .await
+                .map_err(|e| local_err(&item.local, std::io::Error::other(e)))??;
+            let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+            let dog = self.watchdog();
+            let conns: Vec<_> = conns.into_iter().map(|s| dog.guard(s)).collect();
+            // No size for the engine: a file that changed since the
+            // listing still arrives whole (the connections stay in step)
+            // and is refused below.
+            let rx = xftp_stripe::Receiver::file_kept(Arc::new(file), None, conns);
+            let (rep, back) = rx
+                .finish_kept()
+                .await
+                .map_err(|e| super::stripe_err(e, self.cfg.data_timeout))?;
+            Ok((tmp, rep, back))
+        }
+        .await;
+        let (tmp, rep, back) = match received {
+            Ok(r) => r,
+            Err(e) => {
+                // The server's final reply for this RETR, which says why
+                // better when it failed on its side.
+                let r = self.final_reply().await?;
+                return Err(if r.is_failure() { unexpected(c, &r) } else { e });
+            }
+        };
+        self.expect_complete(c).await?;
+        let back: Vec<Stream> = back.into_iter().map(|g| g.into_inner()).collect();
+        let n = back.len() as u32;
+        let timeline = self.timeline(false, n);
+        let done = Done {
+            per_stream: rep.streams.iter().map(|s| s.bytes).collect(),
+            expected: item.size,
+            start,
+            timeline,
+        };
+        let result = self
+            .complete_download(&item.remote, done, tmp, &item.local, None)
+            .await;
+        Ok((result, back))
+    }
+
+    /// The next reply that is not preliminary.
+    async fn final_reply(&mut self) -> Result<xftp_proto::Reply> {
+        loop {
+            let r = self.ctl.read_reply().await?;
+            if !r.is_preliminary() {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// The data connections are gone: read the final reply of every RETR
+    /// already sent (the server refuses them, or sent a file nobody
+    /// read); those files and their replies, in order.
+    async fn drain(
+        &mut self,
+        sent: &mut VecDeque<(usize, Cmd)>,
+    ) -> Result<Vec<(usize, ClientError)>> {
+        let mut back = Vec::new();
+        while let Some((i, c)) = sent.pop_front() {
+            let r = self.final_reply().await?;
+            back.push((i, unexpected(&c, &r)));
+        }
+        Ok(back)
+    }
+}
+
+/// Put files back at the front of the queue, in their order; one that
+/// was put back before fails with its reply instead.
+fn requeue(
+    back: Vec<(usize, ClientError)>,
+    queue: &mut VecDeque<usize>,
+    retried: &mut std::collections::HashSet<usize>,
+    mut fail: impl FnMut(usize, ClientError),
+) {
+    for (i, why) in back.into_iter().rev() {
+        if retried.insert(i) {
+            queue.push_front(i);
+        } else {
+            fail(i, why);
+        }
+    }
+}
+
+/// Errors after which the control connection cannot go on.
+fn session_lost(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Closed | ClientError::ControlIo(_) | ClientError::Timeout { .. }
+    )
+}
