@@ -3,7 +3,7 @@
 mod adaptive;
 mod batch;
 
-pub use batch::BatchItem;
+pub use batch::{BatchItem, UploadItem};
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};

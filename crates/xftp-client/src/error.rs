@@ -95,7 +95,7 @@ pub enum ClientError {
     },
     /// Fewer (or more) bytes arrived than the server's SIZE announced.
     /// The partial file has been removed.
-    #[error("{}: received {got} bytes, the server's SIZE says {expected}", if got > expected { "size changed" } else { "short transfer" })]
+    #[error("{}: received {got} bytes, the server gave its size as {expected} (SIZE or listing)", if got > expected { "size changed" } else { "short transfer" })]
     ShortTransfer {
         /// Bytes the server said the file has.
         expected: u64,

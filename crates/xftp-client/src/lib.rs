@@ -50,7 +50,7 @@ mod watchdog;
 
 pub use client::{
     AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, Timeline,
-    TlsSetup, TransferReport, Verify, ANONYMOUS_PASSWORD, MAX_LISTING,
+    TlsSetup, TransferReport, UploadItem, Verify, ANONYMOUS_PASSWORD, MAX_LISTING,
 };
 pub use error::{ClientError, Result};
 pub use negotiate::Features;

@@ -1,11 +1,15 @@
 //! Directory trees (`-r`): walk, then move many files at once.
 //!
-//! Small files are limited by round trips, not bandwidth: each costs a
-//! data connection and a few replies. So a tree moves over several
-//! sessions at once (`concurrency`): one session with the caller's
-//! settings (`-p`) takes the large files, largest first, and the others,
-//! one connection each, take the small ones; when the large files are
-//! done, their session helps with the small ones. Each file keeps every
+//! Small files are limited by round trips, not bandwidth: in plain FTP
+//! each costs a data connection and a few replies. So a tree is listed
+//! by several sessions at once (`concurrency`), and moves over them: one
+//! session with the caller's settings (`-p`) takes the large files,
+//! largest first, and the others take the small ones. Against a server
+//! that keeps MODE E data connections (FEAT `CACHE`, `xftp serve`), a
+//! small-file session sends its RETRs pipelined over one kept connection
+//! ([`Client::download_batch`]), so a file costs no round trip at all;
+//! elsewhere, one transfer at a time. When the large files are done,
+//! their session helps with the small ones. Each file keeps every
 //! guarantee of a single transfer (a download is renamed into place only
 //! when complete; `--verify` checks each one). Times and permission bits
 //! are preserved where the other side allows (MLSD facts and MFMT /
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use xftp_proto::facts::Kind;
 
-use crate::client::{local_err, BatchItem, Client};
+use crate::client::{local_err, BatchItem, Client, UploadItem};
 use crate::error::{ClientError, Result};
 
 /// Which kind of session a tree asks for.
@@ -478,6 +482,68 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
     }
 }
 
+/// Upload small files over `w`'s session pipelined
+/// ([`Client::upload_batch`]) until the queue is empty, reopening the
+/// session if it breaks; returns at once when the server cannot (no
+/// `CACHE`) or the options need a per-file exchange.
+async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt: &TreeOptions) {
+    use std::collections::HashMap;
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    loop {
+        w.reopen().await;
+        let Some(c) = w.client.as_mut() else {
+            return;
+        };
+        if !c.batch_capable().await.unwrap_or(false) {
+            return;
+        }
+        let jobs: Mutex<HashMap<String, Job>> = Mutex::new(HashMap::new());
+        let rep = Mutex::new(TreeReport::default());
+        let next = || {
+            let job = q.pop(Role::Small)?;
+            let item = UploadItem {
+                local: local.join(&job.rel),
+                remote: join(remote, &job.rel),
+                mtime: job.mtime.filter(|_| opt.preserve),
+                mode: job.mode.filter(|_| opt.preserve),
+            };
+            lock(&jobs).insert(item.remote.clone(), job);
+            Some(item)
+        };
+        let done = |item: UploadItem, r: Result<crate::TransferReport>| {
+            let Some(job) = lock(&jobs).remove(&item.remote) else {
+                return;
+            };
+            let mut rep = lock(&rep);
+            match r {
+                Ok(t) => {
+                    rep.files += 1;
+                    rep.bytes += t.bytes;
+                }
+                Err(e) => rep.failed.push((job.rel, e.to_string())),
+            }
+        };
+        let r = c.upload_batch(next, done).await;
+        w.rep
+            .merge(vec![rep.into_inner().unwrap_or_else(|p| p.into_inner())]);
+        match r {
+            Ok(()) => return,
+            Err((e, left)) => {
+                tracing::warn!("a session broke ({e}); reopening");
+                let mut jobs = jobs.into_inner().unwrap_or_else(|p| p.into_inner());
+                for it in left {
+                    if let Some(job) = jobs.remove(&it.remote) {
+                        q.put_back(job);
+                    }
+                }
+                w.client = None;
+            }
+        }
+    }
+}
+
 /// Upload the tree under `local` (a directory) to `remote` (created).
 pub async fn put_tree(
     connect: Connect,
@@ -547,7 +613,19 @@ pub async fn put_tree(
         async move {
             let mut w = Worker::new(c, role, connect);
             let (mut mfmt, mut chmod) = (opt.preserve, opt.preserve);
-            while let Some(job) = q.pop(role) {
+            // As for downloads: large files one at a time, then the small
+            // ones pipelined where the server keeps connections.
+            let mut role_now = role;
+            loop {
+                if role_now == Role::Large && !q.has_large() {
+                    role_now = Role::Small;
+                }
+                if role_now == Role::Small {
+                    put_batched(&mut w, &q, &remote, &local, &opt).await;
+                }
+                let Some(job) = q.pop(role_now) else {
+                    break;
+                };
                 let dst = join(&remote, &job.rel);
                 w.reopen().await;
                 let Some(c) = w.client.as_mut() else {

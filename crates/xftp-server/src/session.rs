@@ -1774,12 +1774,19 @@ impl Session {
         }
     }
 
-    /// The connections kept from the last framed download, for a framed
+    /// The connections kept from the last framed transfer, for a framed
     /// transfer of `n` connections with no new data plan; `None` when
     /// there are none to reuse (the count changed: they are closed).
     fn take_cached(&mut self, n: usize) -> Option<Vec<Stream>> {
+        let reuse = self.can_reuse(n);
         let kept = std::mem::take(&mut self.cached);
-        (matches!(self.data, DataPlan::None) && !kept.is_empty() && kept.len() == n).then_some(kept)
+        reuse.then_some(kept)
+    }
+
+    /// Whether the next framed transfer of `n` connections would reuse
+    /// the kept ones (see [`take_cached`](Self::take_cached)).
+    fn can_reuse(&self, n: usize) -> bool {
+        matches!(self.data, DataPlan::None) && !self.cached.is_empty() && self.cached.len() == n
     }
 
     /// Framed transfers carry MODE E blocks: with MULT > 1, or MODE E.
@@ -2018,7 +2025,8 @@ impl Session {
                 )
                 .await;
         }
-        if !self.data_planned().await? {
+        let reuse = framed && self.can_reuse(n);
+        if !reuse && !self.data_planned().await? {
             return Ok(());
         }
         let (upload, file, offset) = match Upload::begin(&target, kind, rest) {
@@ -2029,13 +2037,26 @@ impl Session {
             }
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
         };
+        let cached = if reuse { self.take_cached(n) } else { None };
+        let how = if cached.is_some() {
+            " (kept data connections)"
+        } else {
+            ""
+        };
         self.reply(
             150,
-            format!("Ready to receive {} on {n} connection(s).", v.display()),
+            format!(
+                "Ready to receive {} on {n} connection(s){how}.",
+                v.display()
+            ),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n, false).await? else {
-            return Ok(());
+        let (conns, grow) = match cached {
+            Some(c) => (c, None),
+            None => match self.open_data(n, false).await? {
+                Some(opened) => opened,
+                None => return Ok(()),
+            },
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
@@ -2051,13 +2072,15 @@ impl Session {
                 })?;
                 let b = transfer::recv_stream(file, offset, conn, ascii, prog, stop, limit).await?;
                 upload.commit().map_err(TransferError::Storage)?;
-                Ok((b, 1))
+                Ok((b, 1, Vec::new()))
             });
             (task, None)
         } else {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
-            let receiver = Receiver::file(Arc::new(file), None, conns);
+            // Read to each connection's EOD and no further: the client
+            // may send the next file on them (data channel caching).
+            let receiver = Receiver::file_kept(Arc::new(file), None, conns);
             let ctl = live::Ctl::Recv(receiver.control());
             let mut lv = self.live(meters, ctl, grow, n);
             if !self.mult_set {
@@ -2073,16 +2096,24 @@ impl Session {
                 lv.accept_any();
             }
             let task = tokio::spawn(async move {
-                let r = receiver.finish().await?;
+                let (r, kept) = receiver.finish_kept().await?;
                 if let Some(max) = limit.filter(|m| r.bytes > *m) {
                     return Err(TransferError::TooLarge(max));
                 }
                 upload.commit().map_err(TransferError::Storage)?;
-                Ok((r.bytes, r.streams.len()))
+                let kept = kept.into_iter().map(|c| c.into_inner()).collect();
+                Ok((r.bytes, r.streams.len(), kept))
             });
             (task, Some(lv))
         };
-        let out = self.run_transfer(task, progress, lv).await?;
+        let out = match self.run_transfer(task, progress, lv).await? {
+            Outcome::Done((b, k, kept)) => {
+                self.cached = kept;
+                Outcome::Done((b, k))
+            }
+            Outcome::Failed(e) => Outcome::Failed(e),
+            Outcome::Aborted => Outcome::Aborted,
+        };
         self.finish(out, |(b, k)| {
             format!("Transfer complete ({b} bytes on {k} connection(s)).")
         })

@@ -135,7 +135,8 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
     /// EOD (GridFTP data channel caching): each is read exactly up to its
     /// EOD, never beyond, so the next transfer's blocks that follow on it
     /// stay unread; [`finish_kept`](Self::finish_kept) hands them back.
-    /// Every connection must carry an EOD (none may join late).
+    /// A connection that ends before its first byte is counted as unused
+    /// (as in [`file`](Self::file)) and not handed back.
     pub fn file_kept(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
         Self::start(Some(dst), expected, None, Reassembly::new(), conns, true)
     }
@@ -423,10 +424,22 @@ async fn conn_task<S: AsyncRead + Unpin>(
     // one was used, the count cannot be met and the transfer fails.
     // Only for files: an ordered stream (psock) uses each connection in
     // both directions, and there a silent close is the peer going away.
-    if let (Some(_), ConnReader::Buffered(b)) = (&sh.file, &mut r) {
-        match b.fill_buf().await {
-            Ok([]) => return sh.lock().reasm.on_unused(idx).map(|()| None),
-            Ok(_) => {}
+    // Header bytes already read (a kept connection's first read).
+    let mut have = 0;
+    if sh.file.is_some() {
+        let first = match &mut r {
+            ConnReader::Buffered(b) => b.fill_buf().await.map(|buf| buf.len()),
+            // Nothing may be read ahead of this transfer's blocks: the
+            // first read goes into the header itself.
+            ConnReader::Exact(s) => s.read(&mut hdr).await,
+        };
+        match first {
+            Ok(0) => return sh.lock().reasm.on_unused(idx).map(|()| None),
+            Ok(n) => {
+                if matches!(r, ConnReader::Exact(_)) {
+                    have = n;
+                }
+            }
             Err(e) => {
                 tracing::debug!(
                     conn = idx,
@@ -437,7 +450,8 @@ async fn conn_task<S: AsyncRead + Unpin>(
         }
     }
     loop {
-        r.read_exact(&mut hdr).await.map_err(closed)?;
+        r.read_exact(&mut hdr[have..]).await.map_err(closed)?;
+        have = 0;
         let h = match BlockHeader::decode(&hdr) {
             Ok(Some(h)) => h,
             Ok(None) => return Err(StripeError::ClosedBeforeEod { conn: idx }),

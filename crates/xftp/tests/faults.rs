@@ -287,6 +287,104 @@ fn the_control_connection_dropped_mid_transfer() {
     }
 }
 
+/// A tree of small files moves pipelined over kept data connections
+/// (FEAT CACHE), both ways: a data connection reset mid-file and a
+/// session's control connection cut both cost a retry, not a file: the
+/// run completes with every file intact and no temporary left.
+#[test]
+fn a_tree_download_goes_on_through_cut_connections() {
+    if skip_unless_root("a_tree_download_goes_on_through_cut_connections") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (root, work) = (dir.path().join("root"), dir.path().join("work"));
+    for d in 0..3u64 {
+        let sub = root.join("t").join(format!("d{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for i in 0..100u64 {
+            write_prng_file(&sub.join(format!("f{i}")), 16_384 + i, d * 1000 + i);
+        }
+    }
+    std::fs::create_dir_all(&work).unwrap();
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let runs = [
+        (
+            "get",
+            format!("{base}/t/"),
+            "t".to_string(),
+            root.join("t"),
+            work.join("t"),
+        ),
+        (
+            "put",
+            "t".to_string(),
+            format!("{base}/up/"),
+            work.join("t"),
+            root.join("up"),
+        ),
+    ];
+    for (verb, src, dst, from, to) in runs {
+        // About 3 s at this rate: time to cut while files are moving.
+        let child = xftp_bg(
+            &[
+                verb,
+                "-r",
+                "--concurrency",
+                "2",
+                "--limit-rate",
+                "1500K",
+                "--json",
+                &src,
+                &dst,
+            ],
+            &work,
+        );
+        std::thread::sleep(Duration::from_millis(1000));
+        let data = data_sockets(child.id(), srv.port, 1);
+        assert!(!data.is_empty(), "{verb}: no data connection to cut");
+        cut(data[0].0, data[0].1);
+        std::thread::sleep(Duration::from_millis(800));
+        let ctl: Vec<_> = sockets_of(child.id())
+            .into_iter()
+            .filter(|(_, peer)| *peer == srv.port)
+            .collect();
+        assert!(!ctl.is_empty(), "{verb}: no control connection to cut");
+        cut(ctl[0].0, ctl[0].1);
+        let out = finish(child, 120);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{verb}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(v["files"], 300, "{verb}: {text}");
+        assert_eq!(
+            v["failed"].as_array().map(Vec::len),
+            Some(0),
+            "{verb}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        for d in 0..3 {
+            let (a, b) = (from.join(format!("d{d}")), to.join(format!("d{d}")));
+            assert!(
+                no_part_files(&b).is_empty(),
+                "{verb}: {:?}",
+                no_part_files(&b)
+            );
+            for i in 0..100 {
+                let f = format!("f{i}");
+                assert_eq!(
+                    sha256_file(&a.join(&f)),
+                    sha256_file(&b.join(&f)),
+                    "{verb}: d{d}/{f}"
+                );
+            }
+        }
+    }
+}
+
 /// A tmpfs of `size`, unmounted when dropped.
 struct Tmpfs(PathBuf);
 

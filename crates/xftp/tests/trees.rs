@@ -344,3 +344,108 @@ fn a_tree_reports_its_progress_as_one_count() {
     assert_eq!(*b.last().unwrap(), total);
     assert_eq!(lines.last().unwrap()["files"], 40);
 }
+
+/// MODE E blocks of one file from `s`, up to its EOF|EOD block (one
+/// connection): the payload in offset order.
+fn read_mode_e_file(s: &mut std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    loop {
+        let mut h = [0u8; 17];
+        s.read_exact(&mut h).expect("block header");
+        let count = u64::from_be_bytes(h[1..9].try_into().unwrap());
+        let offset = u64::from_be_bytes(h[9..17].try_into().unwrap());
+        if h[0] & 0x40 != 0 {
+            assert_eq!(h[0] & 0x08, 0x08, "EOF comes with EOD");
+            assert_eq!(offset, 1, "one connection announced");
+            assert_eq!(h[0] & 0x04, 0, "no CLOSE: the connection is kept");
+            return out;
+        }
+        let mut b = vec![0u8; count as usize];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(offset, out.len() as u64, "one connection: blocks in order");
+        out.extend_from_slice(&b);
+    }
+}
+
+/// Data channel caching on the wire: after a MODE E download the data
+/// connection stays open and the next RETR sent without a new PASV/EPSV
+/// uses it; a refused RETR leaves it usable; a new EPSV or MODE S ends it.
+#[test]
+fn a_mode_e_download_keeps_its_data_connection_for_the_next() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, len) in [("a", 300_000u64), ("b", 0), ("c", 5)] {
+        write_prng_file(&dir.path().join(name), len, len + 1);
+    }
+    let srv = serve(dir.path(), &[]);
+    let mut c = support::Ctl::login(srv.port);
+    assert!(c.cmd("FEAT").lines().any(|l| l.trim() == "CACHE"));
+    assert!(c.cmd("TYPE I").starts_with("200"));
+    assert!(c.cmd("MODE E").starts_with("200"));
+    let r = c.cmd("EPSV");
+    let port: u16 = r.split('|').nth(3).unwrap().parse().unwrap();
+    let mut data = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    data.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    for (i, name) in ["a", "b", "c", "a"].iter().enumerate() {
+        let r = c.cmd(&format!("RETR {name}"));
+        assert!(r.starts_with("150"), "{r}");
+        if i > 0 {
+            assert!(r.contains("kept"), "{r}");
+        }
+        assert_eq!(
+            read_mode_e_file(&mut data),
+            std::fs::read(dir.path().join(name)).unwrap()
+        );
+        assert!(c.reply().starts_with("226"));
+        if i == 1 {
+            // Refused before any data: the connection stays in step.
+            assert!(c.cmd("RETR nosuch").starts_with("550"));
+        }
+    }
+    // An upload on the same connection: blocks, then EOF|EOD, no close.
+    let body = b"uploaded over a kept connection";
+    let r = c.cmd("STOR up.txt");
+    assert!(r.starts_with("150") && r.contains("kept"), "{r}");
+    let mut blocks = Vec::new();
+    blocks.push(0u8);
+    blocks.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    blocks.extend_from_slice(&0u64.to_be_bytes());
+    blocks.extend_from_slice(body);
+    blocks.push(0x48);
+    blocks.extend_from_slice(&0u64.to_be_bytes());
+    blocks.extend_from_slice(&1u64.to_be_bytes());
+    std::io::Write::write_all(&mut data, &blocks).unwrap();
+    assert!(c.reply().starts_with("226"));
+    assert_eq!(std::fs::read(dir.path().join("up.txt")).unwrap(), body);
+    // And the connection carries the next download.
+    assert!(c.cmd("RETR up.txt").starts_with("150"));
+    assert_eq!(read_mode_e_file(&mut data), body);
+    assert!(c.reply().starts_with("226"));
+    // Nothing more on it, and it is still open.
+    data.set_read_timeout(Some(std::time::Duration::from_millis(300)))
+        .unwrap();
+    let mut one = [0u8; 1];
+    let e = data.read(&mut one).expect_err("no bytes, no close");
+    assert!(matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ));
+    // A new plan replaces the kept connection: the server closes it.
+    let r = c.cmd("EPSV");
+    assert!(r.starts_with("229"), "{r}");
+    data.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(data.read(&mut one).unwrap_or(0), 0, "closed by the server");
+    // Stream mode does not reuse anything: no plan, no transfer.
+    let port2: u16 = r.split('|').nth(3).unwrap().parse().unwrap();
+    let mut d2 = std::net::TcpStream::connect(("127.0.0.1", port2)).unwrap();
+    assert!(c.cmd("RETR c").starts_with("150"));
+    let _ = read_mode_e_file(&mut d2);
+    assert!(c.reply().starts_with("226"));
+    assert!(c.cmd("MODE S").starts_with("200"));
+    let r = c.cmd("RETR c");
+    assert!(r.starts_with("425"), "{r}");
+    drop(d2);
+}

@@ -172,11 +172,8 @@ impl Client {
                     // server has no connections kept: set up new ones.
                     if r.code == 425 {
                         conns = None;
-                        let mut back = self.drain(&mut sent).await?;
-                        back.insert(0, (i, unexpected(&c, &r)));
-                        requeue(back, &mut queue, &mut retried, |i, e| {
-                            report(items, i, Err(e))
-                        });
+                        let back = self.drain(&mut sent).await?;
+                        requeue(i, back, &mut queue);
                     } else {
                         report(items, i, Err(unexpected(&c, &r)));
                     }
@@ -198,12 +195,18 @@ impl Client {
                 Err(e) => {
                     // The data connections are in no known state and
                     // dropped (the server drops its ends too, and refuses
-                    // the RETRs already sent).
+                    // the RETRs already sent). Those go again on new
+                    // connections, and this file too, once: a second
+                    // failure of its own is the file's.
                     let back = self.drain(&mut sent).await?;
-                    requeue(back, &mut queue, &mut retried, |i, e| {
-                        report(items, i, Err(e))
-                    });
-                    report(items, i, Err(e));
+                    if retried.insert(i) {
+                        requeue(i, back, &mut queue);
+                    } else {
+                        report(items, i, Err(e));
+                        for j in back.into_iter().rev() {
+                            queue.push_front(j);
+                        }
+                    }
                 }
             }
         }
@@ -244,9 +247,15 @@ impl Client {
             Ok(r) => r,
             Err(e) => {
                 // The server's final reply for this RETR, which says why
-                // better when it failed on its side.
+                // better when it failed on its side (not when the cause
+                // is here: its failure then only follows ours).
                 let r = self.final_reply().await?;
-                return Err(if r.is_failure() { unexpected(c, &r) } else { e });
+                let ours = matches!(e, ClientError::Local { .. });
+                return Err(if r.is_failure() && !ours {
+                    unexpected(c, &r)
+                } else {
+                    e
+                });
             }
         };
         self.expect_complete(c).await?;
@@ -277,35 +286,31 @@ impl Client {
 
     /// The data connections are gone: read the final reply of every RETR
     /// already sent (the server refuses them, or sent a file nobody
-    /// read); those files and their replies, in order.
-    async fn drain(
-        &mut self,
-        sent: &mut VecDeque<(usize, Cmd)>,
-    ) -> Result<Vec<(usize, ClientError)>> {
+    /// read); those files, in order.
+    async fn drain(&mut self, sent: &mut VecDeque<(usize, Cmd)>) -> Result<Vec<usize>> {
         let mut back = Vec::new();
         while let Some((i, c)) = sent.pop_front() {
             let r = self.final_reply().await?;
-            back.push((i, unexpected(&c, &r)));
+            tracing::debug!(
+                "{} after the data connections went: {}",
+                c.display(),
+                r.code
+            );
+            back.push(i);
         }
         Ok(back)
     }
 }
 
-/// Put files back at the front of the queue, in their order; one that
-/// was put back before fails with its reply instead.
-fn requeue(
-    back: Vec<(usize, ClientError)>,
-    queue: &mut VecDeque<usize>,
-    retried: &mut std::collections::HashSet<usize>,
-    mut fail: impl FnMut(usize, ClientError),
-) {
-    for (i, why) in back.into_iter().rev() {
-        if retried.insert(i) {
-            queue.push_front(i);
-        } else {
-            fail(i, why);
-        }
+/// Put `first`, then `back`, at the front of the queue, in that order.
+/// Files refused only because the connections went are not charged a
+/// retry: each round ends at least one file (done, or its own retry used),
+/// so this terminates.
+fn requeue(first: usize, back: Vec<usize>, queue: &mut VecDeque<usize>) {
+    for j in back.into_iter().rev() {
+        queue.push_front(j);
     }
+    queue.push_front(first);
 }
 
 /// Errors after which the control connection cannot go on.
@@ -314,4 +319,257 @@ fn session_lost(e: &ClientError) -> bool {
         e,
         ClientError::Closed | ClientError::ControlIo(_) | ClientError::Timeout { .. }
     )
+}
+
+/// One file of an upload batch.
+#[derive(Debug, Clone)]
+pub struct UploadItem {
+    /// The local file.
+    pub local: PathBuf,
+    /// Where it goes on the server.
+    pub remote: String,
+    /// A modification time to set after the upload (MFMT), if any.
+    pub mtime: Option<i64>,
+    /// Permission bits to set after the upload (SITE CHMOD), if any.
+    pub mode: Option<u32>,
+}
+
+/// The commands that follow one upload's data, sent in one write with the
+/// next STOR: their replies come after the upload's 226.
+struct After {
+    size: Cmd,
+    mfmt: Option<Cmd>,
+    chmod: Option<Cmd>,
+}
+
+impl Client {
+    /// Upload the files `next` hands out over kept MODE E data
+    /// connections (FEAT `CACHE`). Each file's STOR goes out with the
+    /// previous file's follow-up commands (SIZE, MFMT, SITE CHMOD) right
+    /// after that file's data, so a file costs one round trip (its STOR's
+    /// 150, which must come before its data: a refused STOR must not have
+    /// its data taken for the next one) instead of five. `done(item,
+    /// result)` for each; a file is complete on the server under its name
+    /// only after the server's 226 and a SIZE that matches. MFMT and SITE
+    /// CHMOD are best effort (a server that refuses one is not asked
+    /// again). An error return means the session is lost; the items not
+    /// reported are returned with it.
+    pub async fn upload_batch(
+        &mut self,
+        mut next: impl FnMut() -> Option<UploadItem>,
+        mut done: impl FnMut(UploadItem, Result<TransferReport>),
+    ) -> std::result::Result<(), (ClientError, Vec<UploadItem>)> {
+        // The file being sent, and the next one once its STOR is written.
+        let mut held: [Option<UploadItem>; 2] = [None, None];
+        let r = self.upload_run(&mut next, &mut done, &mut held).await;
+        r.map_err(|e| (e, held.into_iter().flatten().collect()))
+    }
+
+    async fn upload_run(
+        &mut self,
+        next: &mut impl FnMut() -> Option<UploadItem>,
+        done: &mut impl FnMut(UploadItem, Result<TransferReport>),
+        held: &mut [Option<UploadItem>; 2],
+    ) -> Result<()> {
+        let [cur, up] = held;
+        self.settle().await?;
+        if !self.mode_e {
+            let c = Cmd::with("MODE", "E");
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[200]).await?;
+            self.mode_e = true;
+        }
+        let (mut mfmt_ok, mut chmod_ok) = (true, true);
+        let mut conns: Option<Vec<Stream>> = None;
+        // The STOR of `cur`, already sent over kept connections.
+        let mut sent: Option<Cmd> = None;
+        // Whether `cur` has had its one retry on new connections.
+        let mut retried = false;
+        // `cur`'s file, opened before its STOR is sent.
+        let mut src: Option<(std::fs::File, u64)> = None;
+        loop {
+            if cur.is_none() {
+                *cur = next();
+                retried = false;
+            }
+            let Some(item) = cur.clone() else {
+                return Ok(());
+            };
+            let start = Instant::now();
+            let (file, len) = match src.take().map_or_else(|| open_source(&item.local), Ok) {
+                Ok(o) => o,
+                Err(e) => {
+                    if sent.take().is_some() {
+                        // Its STOR went out and the server waits for the
+                        // data on the kept connections: close them (with
+                        // no EOD the upload fails there, nothing is kept)
+                        // and read how it ended.
+                        conns = None;
+                        self.final_reply().await?;
+                    }
+                    cur.take();
+                    done(item, Err(e));
+                    continue;
+                }
+            };
+            // The STOR and its 150 (with new connections if none are kept).
+            let c = match sent.take() {
+                Some(c) => {
+                    let r = self.ctl.read_reply().await?;
+                    if r.code == 425 && !retried {
+                        // Nothing kept on the server's side: again, with
+                        // new connections.
+                        conns = None;
+                        retried = true;
+                        continue;
+                    }
+                    if !r.is_preliminary() {
+                        cur.take();
+                        done(item, Err(unexpected(&c, &r)));
+                        continue;
+                    }
+                    c
+                }
+                None => {
+                    conns = None;
+                    let c = Cmd::with("STOR", &item.remote);
+                    let started = match self.prepare_data(false, None).await {
+                        Ok((_, setup)) => {
+                            self.ctl.send(&[&c]).await?;
+                            self.start_transfer(&c, setup).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match started {
+                        Ok((cs, _)) => conns = Some(cs),
+                        Err(e) if session_lost(&e) => return Err(e),
+                        Err(e) => {
+                            cur.take();
+                            done(item, Err(e));
+                            continue;
+                        }
+                    }
+                    c
+                }
+            };
+            let Some(cs) = conns.take() else {
+                continue;
+            };
+            let dog = self.watchdog();
+            let cs: Vec<_> = cs.into_iter().map(|s| dog.guard(s)).collect();
+            let cfg = xftp_stripe::SendConfig {
+                keep_open: true,
+                ..xftp_stripe::SendConfig::default()
+            };
+            let tx = xftp_stripe::Sender::file(Arc::new(file), len, cs, &cfg);
+            let (rep, back) = match tx.finish_kept().await {
+                Ok(r) => r,
+                Err(e) => {
+                    let e = super::stripe_err(e, self.cfg.data_timeout);
+                    let r = self.final_reply().await?;
+                    // Once more on new connections; a second failure is
+                    // the file's.
+                    if !retried {
+                        retried = true;
+                        continue;
+                    }
+                    cur.take();
+                    done(
+                        item,
+                        Err(if r.is_failure() {
+                            unexpected(&c, &r)
+                        } else {
+                            e
+                        }),
+                    );
+                    continue;
+                }
+            };
+            conns = Some(back.into_iter().map(|g| g.into_inner()).collect());
+            // The follow-ups of this file and the next file's STOR, in one
+            // write: the server reads them after this upload's 226.
+            let after = After {
+                size: Cmd::with("SIZE", &item.remote),
+                mfmt: item.mtime.filter(|_| mfmt_ok).map(|t| {
+                    let t = xftp_proto::facts::format_time(t);
+                    Cmd::with("MFMT", format!("{t} {}", item.remote))
+                }),
+                chmod: item
+                    .mode
+                    .filter(|_| chmod_ok)
+                    .map(|m| Cmd::with("SITE", format!("CHMOD {:o} {}", m & 0o777, item.remote))),
+            };
+            // The next file, opened now: a STOR goes out only for a file
+            // whose data can follow.
+            *up = loop {
+                let Some(u) = next() else { break None };
+                match open_source(&u.local) {
+                    Ok(o) => {
+                        src = Some(o);
+                        break Some(u);
+                    }
+                    Err(e) => done(u, Err(e)),
+                }
+            };
+            let stor = up.as_ref().map(|u| Cmd::with("STOR", &u.remote));
+            let mut cmds = vec![&after.size];
+            cmds.extend(after.mfmt.as_ref());
+            cmds.extend(after.chmod.as_ref());
+            cmds.extend(stor.as_ref());
+            self.ctl.send(&cmds).await?;
+            let complete = self.expect_complete(&c).await;
+            let size_reply = self.ctl.read_reply().await?;
+            if after.mfmt.is_some() {
+                mfmt_ok = self.ctl.read_reply().await?.code == 213;
+            }
+            if after.chmod.is_some() {
+                chmod_ok = self.ctl.read_reply().await?.code == 200;
+            }
+            let result = complete.and_then(|()| {
+                let sent: u64 = rep.streams.iter().map(|s| s.bytes).sum();
+                match super::negotiate::size_value(&size_reply) {
+                    Some(got) if got != len => Err(ClientError::UploadMismatch {
+                        what: "the server's SIZE",
+                        expected: len,
+                        got,
+                    }),
+                    _ if sent != len => Err(ClientError::UploadMismatch {
+                        what: "bytes sent",
+                        expected: len,
+                        got: sent,
+                    }),
+                    _ => Ok(TransferReport {
+                        bytes: sent,
+                        per_stream_bytes: rep.streams.iter().map(|s| s.bytes).collect(),
+                        elapsed: start.elapsed(),
+                        timeline: None,
+                        checksum: None,
+                        already: 0,
+                    }),
+                }
+            });
+            if result.is_err() {
+                // The server drops its connections after a failed upload.
+                conns = None;
+            }
+            cur.take();
+            done(item, result);
+            *cur = up.take();
+            retried = false;
+            sent = stor;
+        }
+    }
+}
+
+/// The local file of an upload and its length: a regular file only.
+fn open_source(path: &std::path::Path) -> Result<(std::fs::File, u64)> {
+    let file = std::fs::File::open(path).map_err(|e| local_err(path, e))?;
+    let md = file.metadata().map_err(|e| local_err(path, e))?;
+    if !md.is_file() {
+        return Err(ClientError::Usage(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok((file, md.len()))
 }

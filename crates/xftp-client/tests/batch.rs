@@ -1,0 +1,184 @@
+//! Pipelined downloads over kept MODE E connections
+//! (`Client::download_batch`) against the in-process server: what fails
+//! fails alone (a missing file, a size that changed since the listing, a
+//! target that cannot be written), everything else arrives whole, and the
+//! session stays usable; on 1 and 3 connections.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use xftp_client::{BatchItem, Client, ClientConfig, UploadItem};
+
+struct Server {
+    port: u16,
+    dir: tempfile::TempDir,
+    stop: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = xftp_server::Config::new(dir.path()).unwrap();
+    cfg.anonymous = true;
+    cfg.anonymous_write = true;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    tokio::spawn(xftp_server::serve(l, Arc::new(cfg), stop.clone()));
+    Server { port, dir, stop }
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_keeps_going_past_files_that_fail() {
+    let srv = server().await;
+    let out = tempfile::tempdir().unwrap();
+    let mut want = Vec::new();
+    for i in 0..60u32 {
+        // Empty, small, and a few records long.
+        let len = [0, 1, 9_000, 700_000][(i % 4) as usize] + i as usize;
+        let data = pattern(len, i + 1);
+        std::fs::write(srv.dir.path().join(format!("f{i}")), &data).unwrap();
+        want.push(data);
+    }
+    for streams in [1u32, 3] {
+        let cfg = ClientConfig {
+            streams,
+            ..ClientConfig::default()
+        };
+        let mut c = Client::connect("127.0.0.1", srv.port, cfg).await.unwrap();
+        c.login(None, None).await.unwrap();
+        assert!(c.batch_capable().await.unwrap());
+        let dst = out.path().join(format!("s{streams}"));
+        std::fs::create_dir_all(&dst).unwrap();
+        let mut items: Vec<BatchItem> = (0..60)
+            .map(|i| BatchItem {
+                remote: format!("f{i}"),
+                local: dst.join(format!("f{i}")),
+                size: Some(want[i].len() as u64),
+            })
+            .collect();
+        // f10 "changed" since the listing; f20 is not on the server; f30's
+        // directory does not exist here.
+        items[10].size = Some(1);
+        items[20].remote = "nosuch".into();
+        items[30].local = dst.join("no/such/dir/f30");
+        let bad: [(usize, &str); 3] = [(10, "size as 1 "), (20, "550"), (30, "no/such/dir")];
+        let mut results: Vec<(PathBuf, Result<u64, String>)> = Vec::new();
+        let mut feed = items.clone().into_iter();
+        c.download_batch(
+            || feed.next(),
+            |item, r| results.push((item.local, r.map(|t| t.bytes).map_err(|e| e.to_string()))),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(results.len(), 60, "every item reported once");
+        for (i, item) in items.iter().enumerate() {
+            let r = &results.iter().find(|(p, _)| *p == item.local).unwrap().1;
+            match bad.iter().find(|(b, _)| *b == i) {
+                Some((_, why)) => {
+                    let e = r.as_ref().expect_err("must fail");
+                    assert!(e.contains(why), "f{i}: {e}");
+                    assert!(!item.local.exists(), "f{i} must not appear");
+                }
+                None => {
+                    assert_eq!(
+                        r.as_ref().ok(),
+                        Some(&(want[i].len() as u64)),
+                        "f{i}: {r:?}"
+                    );
+                    assert_eq!(std::fs::read(&item.local).unwrap(), want[i], "f{i}");
+                }
+            }
+        }
+        let temps: Vec<_> = std::fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".xftp-part"))
+            .collect();
+        assert!(temps.is_empty(), "{temps:?}");
+        // The session goes on: a plain download and a listing.
+        let again = dst.join("again");
+        let r = c.download("f3", &again).await.unwrap();
+        assert_eq!(r.bytes, want[3].len() as u64);
+        assert_eq!(std::fs::read(&again).unwrap(), want[3]);
+        assert!(c.mlsd(".").await.unwrap().len() >= 60);
+
+        // Uploads: the downloaded files back, to up{streams}/. f5 is gone
+        // locally; f15 goes to a directory the server does not have.
+        let up = format!("up{streams}");
+        assert!(c.mkd(&up).await.unwrap());
+        std::fs::remove_file(dst.join("f5")).unwrap();
+        let mut uploads: Vec<UploadItem> = (0..60)
+            .filter(|i| ![10, 20, 30].contains(i))
+            .map(|i| UploadItem {
+                local: dst.join(format!("f{i}")),
+                remote: format!("{up}/f{i}"),
+                mtime: Some(1_000_000_000 + i as i64),
+                mode: Some(0o640),
+            })
+            .collect();
+        let f15 = uploads
+            .iter()
+            .position(|u| u.remote.ends_with("/f15"))
+            .unwrap();
+        uploads[f15].remote = format!("{up}/no/such/f15");
+        let mut results: Vec<(String, Result<u64, String>)> = Vec::new();
+        let mut feed = uploads.clone().into_iter();
+        c.upload_batch(
+            || feed.next(),
+            |item, r| results.push((item.remote, r.map(|t| t.bytes).map_err(|e| e.to_string()))),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(results.len(), uploads.len(), "every upload reported once");
+        for u in &uploads {
+            let r = &results.iter().find(|(p, _)| *p == u.remote).unwrap().1;
+            let i: usize = u.remote.rsplit("/f").next().unwrap().parse().unwrap();
+            let on_server = srv.dir.path().join(&u.remote);
+            if i == 5 || i == 15 {
+                let e = r.as_ref().expect_err("must fail");
+                assert!(e.contains(if i == 5 { "f5" } else { "553" }), "f{i}: {e}");
+                assert!(!on_server.exists(), "f{i} must not appear");
+            } else {
+                assert_eq!(
+                    r.as_ref().ok(),
+                    Some(&(want[i].len() as u64)),
+                    "f{i}: {r:?}"
+                );
+                assert_eq!(std::fs::read(&on_server).unwrap(), want[i], "f{i}");
+                let md = std::fs::metadata(&on_server).unwrap();
+                let t = md
+                    .modified()
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                assert_eq!(t.as_secs(), 1_000_000_000 + i as u64, "f{i} time");
+                use std::os::unix::fs::PermissionsExt;
+                assert_eq!(md.permissions().mode() & 0o777, 0o640, "f{i} mode");
+            }
+        }
+        // Still a working session.
+        assert!(c.mlsd(&up).await.unwrap().len() >= 50);
+        c.quit().await;
+    }
+}
