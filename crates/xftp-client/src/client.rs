@@ -2548,6 +2548,10 @@ async fn connect_data(
 /// client whichever end connected, RFC 4217); it resumes the control
 /// connection's session, which the server requires.
 async fn secure_data(s: TcpStream, tls: Option<&ClientTls>, limit: Duration) -> Result<Stream> {
+    // A framed upload ends each connection with a 17-byte EOD block
+    // written after the data: Nagle would hold it until the data is
+    // acknowledged, a round trip (more with delayed ACKs) per transfer.
+    let _ = s.set_nodelay(true);
     match tls {
         None => Ok(Stream::Plain(s)),
         Some(t) => t.connect_data(s, limit).await.map_err(|e| {
