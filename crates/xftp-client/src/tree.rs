@@ -91,6 +91,49 @@ pub struct TreeReport {
     pub elapsed: Duration,
     /// Sessions used.
     pub sessions: usize,
+    /// The large files (at least [`TreeOptions::large`]) moved, one at a
+    /// time with every stream: how many, their bytes, and from the start
+    /// of the first to the end of the last (their rate, set beside a
+    /// single file's, shows what the small files around them cost).
+    pub large: LargeFiles,
+}
+
+/// See [`TreeReport::large`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LargeFiles {
+    /// Files moved.
+    pub files: usize,
+    /// Their payload bytes.
+    pub bytes: u64,
+    /// When the first started and the last ended.
+    pub span: Option<(Instant, Instant)>,
+}
+
+impl LargeFiles {
+    /// One more large file, moved from `start` to now.
+    fn add(&mut self, start: Instant, bytes: u64) {
+        let now = Instant::now();
+        self.files += 1;
+        self.bytes += bytes;
+        self.span = Some(match self.span {
+            Some((a, b)) => (a.min(start), b.max(now)),
+            None => (start, now),
+        });
+    }
+
+    fn merge(&mut self, o: &LargeFiles) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.span = match (self.span, o.span) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (x, y) => x.or(y),
+        };
+    }
+
+    /// From the first start to the last end.
+    pub fn elapsed(&self) -> Duration {
+        self.span.map_or(Duration::ZERO, |(a, b)| b - a)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -228,10 +271,14 @@ pub async fn get_tree(
                     w.rep.failed.push((job.rel, "no session".into()));
                     continue;
                 };
+                let started = Instant::now();
                 match c.download(&src, &target).await {
                     Ok(r) => {
                         w.rep.files += 1;
                         w.rep.bytes += r.bytes;
+                        if job.size >= opt.large {
+                            w.rep.large.add(started, r.bytes);
+                        }
                         if opt.preserve {
                             keep_facts(&target, &job);
                         }
@@ -408,33 +455,90 @@ async fn walk(
     })
 }
 
+/// The files a batch has out, and what became of them. Shared by the
+/// batch's two callbacks; Mutexes only because the future must be Send
+/// (they are never contended).
+struct Books<K> {
+    out: Mutex<std::collections::HashMap<K, Job>>,
+    rep: Mutex<TreeReport>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<K: std::hash::Hash + Eq> Books<K> {
+    fn new() -> Self {
+        Books {
+            out: Mutex::new(std::collections::HashMap::new()),
+            rep: Mutex::new(TreeReport::default()),
+        }
+    }
+
+    /// `job` goes out as the batch item known by `key`.
+    fn lend(&self, key: K, job: Job) {
+        lock(&self.out).insert(key, job);
+    }
+
+    /// The item `key` ended with `r`; `kept` runs for a success.
+    fn settle(&self, key: &K, r: Result<crate::TransferReport>, kept: impl FnOnce(&Job)) {
+        let Some(job) = lock(&self.out).remove(key) else {
+            return;
+        };
+        let mut rep = lock(&self.rep);
+        match r {
+            Ok(t) => {
+                rep.files += 1;
+                rep.bytes += t.bytes;
+                kept(&job);
+            }
+            Err(e) => rep.failed.push((job.rel, e.to_string())),
+        }
+    }
+
+    /// The batch is over: its counts go to `w`. `Ok`: the queue is empty.
+    /// `Err`: the session broke; the files it had not finished (`left`,
+    /// known by `key`) go back to the queue for a new session.
+    fn close<T>(
+        self,
+        w: &mut Worker,
+        q: &Queues,
+        r: std::result::Result<(), (ClientError, Vec<T>)>,
+        key: impl Fn(&T) -> K,
+    ) -> bool {
+        w.rep.merge(vec![self
+            .rep
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())]);
+        match r {
+            Ok(()) => true,
+            Err((e, left)) => {
+                tracing::warn!("a session broke ({e}); reopening");
+                let mut out = self.out.into_inner().unwrap_or_else(|p| p.into_inner());
+                for it in left {
+                    if let Some(job) = out.remove(&key(&it)) {
+                        q.put_back(job);
+                    }
+                }
+                w.client = None;
+                false
+            }
+        }
+    }
+}
+
 /// Download small files over `w`'s session pipelined
 /// ([`Client::download_batch`]) until the queue is empty, reopening the
 /// session if it breaks; returns at once when the server cannot (no
 /// `CACHE`) or the options need a per-file exchange.
 async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt: &TreeOptions) {
-    use std::collections::HashMap;
-    // Both callbacks below need these; Mutexes only because the future
-    // must be Send (they are never contended).
-    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    loop {
-        w.reopen().await;
-        let Some(c) = w.client.as_mut() else {
-            return;
-        };
-        if !c.batch_capable().await.unwrap_or(false) {
-            return;
-        }
-        // The job of each item handed out, for its times and mode.
-        let jobs: Mutex<HashMap<std::path::PathBuf, Job>> = Mutex::new(HashMap::new());
-        let rep = Mutex::new(TreeReport::default());
+    while let Some(c) = w.batch_session().await {
+        let books = Books::new();
         let next = || loop {
             let job = q.pop(Role::Small)?;
             let target = local.join(&job.rel);
             if opt.skip_complete && complete_locally(&target, &job) {
-                lock(&rep).skipped += 1;
+                lock(&books.rep).skipped += 1;
                 continue;
             }
             let item = BatchItem {
@@ -442,65 +546,28 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
                 local: target.clone(),
                 size: Some(job.size),
             };
-            lock(&jobs).insert(target, job);
+            books.lend(target, job);
             return Some(item);
         };
         let done = |item: BatchItem, r: Result<crate::TransferReport>| {
-            let Some(job) = lock(&jobs).remove(&item.local) else {
-                return;
-            };
-            let mut rep = lock(&rep);
-            match r {
-                Ok(t) => {
-                    rep.files += 1;
-                    rep.bytes += t.bytes;
-                    if opt.preserve {
-                        keep_facts(&item.local, &job);
-                    }
+            books.settle(&item.local, r, |job| {
+                if opt.preserve {
+                    keep_facts(&item.local, job);
                 }
-                Err(e) => rep.failed.push((job.rel, e.to_string())),
-            }
+            });
         };
         let r = c.download_batch(next, done).await;
-        w.rep
-            .merge(vec![rep.into_inner().unwrap_or_else(|p| p.into_inner())]);
-        match r {
-            Ok(()) => return,
-            Err((e, left)) => {
-                // The session is gone: the files it had not finished go
-                // back to the queue, and a new session takes them.
-                tracing::warn!("a session broke ({e}); reopening");
-                let mut jobs = jobs.into_inner().unwrap_or_else(|p| p.into_inner());
-                for it in left {
-                    if let Some(job) = jobs.remove(&it.local) {
-                        q.put_back(job);
-                    }
-                }
-                w.client = None;
-            }
+        if books.close(w, q, r, |it: &BatchItem| it.local.clone()) {
+            return;
         }
     }
 }
 
 /// Upload small files over `w`'s session pipelined
-/// ([`Client::upload_batch`]) until the queue is empty, reopening the
-/// session if it breaks; returns at once when the server cannot (no
-/// `CACHE`) or the options need a per-file exchange.
+/// ([`Client::upload_batch`]), as [`get_batched`] downloads them.
 async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt: &TreeOptions) {
-    use std::collections::HashMap;
-    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    loop {
-        w.reopen().await;
-        let Some(c) = w.client.as_mut() else {
-            return;
-        };
-        if !c.batch_capable().await.unwrap_or(false) {
-            return;
-        }
-        let jobs: Mutex<HashMap<String, Job>> = Mutex::new(HashMap::new());
-        let rep = Mutex::new(TreeReport::default());
+    while let Some(c) = w.batch_session().await {
+        let books = Books::new();
         let next = || {
             let job = q.pop(Role::Small)?;
             let item = UploadItem {
@@ -509,37 +576,15 @@ async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
                 mtime: job.mtime.filter(|_| opt.preserve),
                 mode: job.mode.filter(|_| opt.preserve),
             };
-            lock(&jobs).insert(item.remote.clone(), job);
+            books.lend(item.remote.clone(), job);
             Some(item)
         };
         let done = |item: UploadItem, r: Result<crate::TransferReport>| {
-            let Some(job) = lock(&jobs).remove(&item.remote) else {
-                return;
-            };
-            let mut rep = lock(&rep);
-            match r {
-                Ok(t) => {
-                    rep.files += 1;
-                    rep.bytes += t.bytes;
-                }
-                Err(e) => rep.failed.push((job.rel, e.to_string())),
-            }
+            books.settle(&item.remote, r, |_| {});
         };
         let r = c.upload_batch(next, done).await;
-        w.rep
-            .merge(vec![rep.into_inner().unwrap_or_else(|p| p.into_inner())]);
-        match r {
-            Ok(()) => return,
-            Err((e, left)) => {
-                tracing::warn!("a session broke ({e}); reopening");
-                let mut jobs = jobs.into_inner().unwrap_or_else(|p| p.into_inner());
-                for it in left {
-                    if let Some(job) = jobs.remove(&it.remote) {
-                        q.put_back(job);
-                    }
-                }
-                w.client = None;
-            }
+        if books.close(w, q, r, |it: &UploadItem| it.remote.clone()) {
+            return;
         }
     }
 }
@@ -632,10 +677,14 @@ pub async fn put_tree(
                     w.rep.failed.push((job.rel, "no session".into()));
                     continue;
                 };
+                let started = Instant::now();
                 match c.upload(&local.join(&job.rel), &dst).await {
                     Ok(r) => {
                         w.rep.files += 1;
                         w.rep.bytes += r.bytes;
+                        if job.size >= opt.large {
+                            w.rep.large.add(started, r.bytes);
+                        }
                         // A server that refuses once is not asked again.
                         if let (true, Some(t)) = (mfmt, job.mtime) {
                             mfmt = c.mfmt(&dst, t).await.unwrap_or(false);
@@ -745,6 +794,19 @@ impl Worker {
         }
     }
 
+    /// The session, reopened if it broke, when it can move a batch
+    /// (the server keeps connections and nothing needs a per-file
+    /// exchange); `None` otherwise.
+    async fn batch_session(&mut self) -> Option<&mut Client> {
+        self.reopen().await;
+        let c = self.client.as_mut()?;
+        if c.batch_capable().await.unwrap_or(false) {
+            Some(c)
+        } else {
+            None
+        }
+    }
+
     /// Open the session again if the last one broke.
     async fn reopen(&mut self) {
         if self.client.is_none() {
@@ -779,6 +841,7 @@ impl TreeReport {
             self.other += p.other;
             self.failed.extend(p.failed);
             self.sessions = self.sessions.max(p.sessions);
+            self.large.merge(&p.large);
         }
         self.failed.sort();
     }

@@ -13,44 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use xftp_client::xftp_tune::TuneConfig;
 use xftp_client::{AutoConfig, Client, ClientConfig, DataMode};
 
-struct Server {
-    port: u16,
-    dir: tempfile::TempDir,
-    stop: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn server() -> Server {
-    server_with(|_| {}).await
-}
-
-async fn server_with(tweak: impl FnOnce(&mut xftp_server::Config)) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = xftp_server::Config::new(dir.path()).unwrap();
-    cfg.anonymous = true;
-    cfg.anonymous_write = true;
-    tweak(&mut cfg);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let stop = CancellationToken::new();
-    tokio::spawn(xftp_server::serve(l, Arc::new(cfg), stop.clone()));
-    Server { port, dir, stop }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
-        .collect()
-}
+mod common;
+use common::{pattern, server, server_with, Server};
 
 /// Growth every epoch, whatever goodput and RTT say.
 fn forced_growth() -> AutoConfig {

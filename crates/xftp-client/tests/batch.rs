@@ -1,50 +1,17 @@
-//! Pipelined downloads over kept MODE E connections
-//! (`Client::download_batch`) against the in-process server: what fails
-//! fails alone (a missing file, a size that changed since the listing, a
-//! target that cannot be written), everything else arrives whole, and the
-//! session stays usable; on 1 and 3 connections.
+//! Pipelined transfers over kept MODE E connections
+//! (`Client::download_batch`, `Client::upload_batch`) against the
+//! in-process server: what fails fails alone (a missing file, a size that
+//! changed since the listing, a target that cannot be written, a local
+//! file gone, a remote directory missing), everything else arrives whole
+//! with its time and mode, and the session stays usable; on 1 and 3
+//! connections.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
 use xftp_client::{BatchItem, Client, ClientConfig, UploadItem};
 
-struct Server {
-    port: u16,
-    dir: tempfile::TempDir,
-    stop: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = xftp_server::Config::new(dir.path()).unwrap();
-    cfg.anonymous = true;
-    cfg.anonymous_write = true;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let stop = CancellationToken::new();
-    tokio::spawn(xftp_server::serve(l, Arc::new(cfg), stop.clone()));
-    Server { port, dir, stop }
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
+mod common;
+use common::{pattern, server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_keeps_going_past_files_that_fail() {
@@ -54,7 +21,7 @@ async fn a_batch_keeps_going_past_files_that_fail() {
     for i in 0..60u32 {
         // Empty, small, and a few records long.
         let len = [0, 1, 9_000, 700_000][(i % 4) as usize] + i as usize;
-        let data = pattern(len, i + 1);
+        let data = pattern(len, i as u8 + 1);
         std::fs::write(srv.dir.path().join(format!("f{i}")), &data).unwrap();
         want.push(data);
     }

@@ -1796,9 +1796,8 @@ impl Session {
 
     /// Whether PASV, EPSV, PORT, EPRT or MPRT set up this transfer's data
     /// connections; if not, says 425 (before any 150, so the client is not
-    /// told a transfer started). GridFTP clients sending several files in
-    /// MODE E expect the last transfer's connections to be kept for the
-    /// next (data channel caching), which this server does not do.
+    /// told a transfer started). Kept MODE E connections are not a plan:
+    /// `take_cached` is asked first where they apply.
     async fn data_planned(&mut self) -> std::io::Result<bool> {
         if self.cfg.tls_mode == TlsMode::Required && !self.prot_private {
             self.data = DataPlan::None;
@@ -1813,7 +1812,7 @@ impl Session {
             return Ok(true);
         }
         let why = if self.mode_e {
-            "No data connection: use PASV, EPSV, PORT, EPRT or MPRT before each transfer (MODE E connections are not kept between transfers)."
+            "No data connection: use PASV, EPSV, PORT, EPRT or MPRT first (MODE E keeps connections only after a transfer that succeeded, for the next of the same count)."
         } else {
             "No data connection: use PASV, EPSV, PORT, EPRT or MPRT first."
         };

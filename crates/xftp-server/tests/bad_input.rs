@@ -223,7 +223,10 @@ async fn data_connection_that_never_arrives_gets_425() {
     c.cmd("TYPE I", 200).await;
     c.cmd("MODE E", 200).await;
     let r = c.cmd("RETR f", 425).await;
-    assert!(r.text().contains("not kept between transfers"), "{r}");
+    assert!(
+        r.text().contains("keeps connections only after a transfer"),
+        "{r}"
+    );
     c.cmd("MODE S", 200).await;
     assert!(!srv.dir.path().join("g").exists());
     assert_eq!(std::fs::read(srv.dir.path().join("f")).unwrap(), b"data");

@@ -129,6 +129,10 @@ fn trees_both_ways_keep_bytes_times_and_modes() {
     assert_eq!(j["files"], n as u64, "{j}");
     assert_eq!(j["failed"], serde_json::json!([]));
     assert!(j["sessions"].as_u64().unwrap() >= 2, "{j}");
+    // The two files of 8 MiB and more went one at a time with every stream.
+    assert_eq!(j["large_files"], 2, "{j}");
+    assert_eq!(j["large_bytes"], 12_000_001 + 9_000_007, "{j}");
+    assert!(j["large_seconds"].as_f64().unwrap() > 0.0, "{j}");
     same_tree(&root.join("src"), &work.join("copy"));
     assert_eq!(
         mtime(&work.join("copy/a/f0.dat")),

@@ -102,13 +102,7 @@ impl Client {
                 .map(|it| it.remote.clone())
                 .unwrap_or_default()
         };
-        self.settle().await?;
-        if !self.mode_e {
-            let c = Cmd::with("MODE", "E");
-            self.send(&[&c]).await?;
-            self.ctl.expect(&c, &[200]).await?;
-            self.mode_e = true;
-        }
+        self.enter_mode_e().await?;
         let mut queue: VecDeque<usize> = VecDeque::new();
         // RETRs sent and not yet answered, oldest first.
         let mut sent: VecDeque<(usize, Cmd)> = VecDeque::new();
@@ -372,13 +366,7 @@ impl Client {
         held: &mut [Option<UploadItem>; 2],
     ) -> Result<()> {
         let [cur, up] = held;
-        self.settle().await?;
-        if !self.mode_e {
-            let c = Cmd::with("MODE", "E");
-            self.send(&[&c]).await?;
-            self.ctl.expect(&c, &[200]).await?;
-            self.mode_e = true;
-        }
+        self.enter_mode_e().await?;
         let (mut mfmt_ok, mut chmod_ok) = (true, true);
         let mut conns: Option<Vec<Stream>> = None;
         // The STOR of `cur`, already sent over kept connections.
@@ -558,6 +546,21 @@ impl Client {
             retried = false;
             sent = stor;
         }
+    }
+}
+
+impl Client {
+    /// MODE E for the batches of this session (kept connections are
+    /// MODE E's).
+    async fn enter_mode_e(&mut self) -> Result<()> {
+        self.settle().await?;
+        if !self.mode_e {
+            let c = Cmd::with("MODE", "E");
+            self.send(&[&c]).await?;
+            self.ctl.expect(&c, &[200]).await?;
+            self.mode_e = true;
+        }
+        Ok(())
     }
 }
 

@@ -778,6 +778,12 @@ struct TreeSummary {
     seconds: f64,
     throughput_bps: f64,
     sessions: usize,
+    /// The large files, moved one at a time with every stream: how many,
+    /// their bytes, and seconds from the first one's start to the last
+    /// one's end.
+    large_files: usize,
+    large_bytes: u64,
+    large_seconds: f64,
     /// (path, why) for every file that failed.
     failed: Vec<(String, String)>,
 }
@@ -808,6 +814,9 @@ fn tree_finish(
             0.0
         },
         sessions: r.sessions,
+        large_files: r.large.files,
+        large_bytes: r.large.bytes,
+        large_seconds: r.large.elapsed().as_secs_f64(),
         failed: r.failed.clone(),
     };
     if json {
