@@ -119,15 +119,8 @@ impl Client {
                     return Ok(());
                 };
                 let c = Cmd::with("RETR", remote(items, i));
-                let started = match self.prepare_data(false, None).await {
-                    Ok((_, setup)) => {
-                        self.ctl.send(&[&c]).await?;
-                        self.start_transfer(&c, setup).await
-                    }
-                    Err(e) => Err(e),
-                };
-                match started {
-                    Ok((c_conns, _)) => {
+                match self.start_fresh(&c).await {
+                    Ok(c_conns) => {
                         conns = Some(c_conns);
                         fresh = Some((i, c));
                     }
@@ -421,15 +414,8 @@ impl Client {
                 None => {
                     conns = None;
                     let c = Cmd::with("STOR", &item.remote);
-                    let started = match self.prepare_data(false, None).await {
-                        Ok((_, setup)) => {
-                            self.ctl.send(&[&c]).await?;
-                            self.start_transfer(&c, setup).await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    match started {
-                        Ok((cs, _)) => conns = Some(cs),
+                    match self.start_fresh(&c).await {
+                        Ok(cs) => conns = Some(cs),
                         Err(e) if session_lost(&e) => return Err(e),
                         Err(e) => {
                             cur.take();
@@ -550,6 +536,14 @@ impl Client {
 }
 
 impl Client {
+    /// `c` (RETR or STOR) on new data connections: the data plan, `c`,
+    /// its 150 and the connections.
+    async fn start_fresh(&mut self, c: &Cmd) -> Result<Vec<Stream>> {
+        let (_, setup) = self.prepare_data(false, None).await?;
+        self.ctl.send(&[c]).await?;
+        Ok(self.start_transfer(c, setup).await?.0)
+    }
+
     /// MODE E for the batches of this session (kept connections are
     /// MODE E's).
     async fn enter_mode_e(&mut self) -> Result<()> {
