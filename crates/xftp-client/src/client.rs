@@ -722,12 +722,10 @@ impl Client {
             self.recv_adaptive(&c_retr, conns, grow, Arc::new(file), None, expected)
                 .await?
         } else if !self.mode_e && n == 1 {
-            let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            let mut file = tokio::fs::File::from_std(file);
+            let mut file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let count = self.progress_counter();
             self.inline_digest = verify.map(|(a, _)| (xftp_proto::cksum::Digest::new(a), 0));
             let got = self.recv_plain(conns, &mut file, tmp.path(), count).await?;
-            file.flush().await.map_err(|e| local_err(tmp.path(), e))?;
             self.expect_complete(&c_retr).await?;
             vec![got]
         } else {
@@ -958,11 +956,9 @@ impl Client {
             if n == 0 {
                 return Ok(got);
             }
-            let rec = partial.rec.clone();
-            let chunk = buf[..n].to_vec();
-            tokio::task::spawn_blocking(move || xftp_stripe::WriteAt::write_at(&*rec, &chunk, at))
-                .await
-                .map_err(|e| local_err(&partial.path, std::io::Error::other(e)))?
+            // In place, like the engine's positional writes: a write into
+            // the page cache costs less than handing it to another thread.
+            xftp_stripe::WriteAt::write_at(&*partial.rec, &buf[..n], at)
                 .map_err(|e| local_err(&partial.path, e))?;
             at += n as u64;
             got += n as u64;
@@ -2202,7 +2198,9 @@ impl Client {
         }
     }
 
-    async fn recv_plain<W: tokio::io::AsyncWrite + Unpin>(
+    /// One stream-mode connection into `out`, written in place (a write
+    /// into the page cache costs less than handing it to another thread).
+    async fn recv_plain<W: std::io::Write>(
         &mut self,
         mut conns: Vec<Stream>,
         out: &mut W,
@@ -2223,7 +2221,6 @@ impl Client {
                 return Ok(got);
             }
             out.write_all(&buf[..n])
-                .await
                 .map_err(|e| local_err(out_path, e))?;
             if let Some((d, k)) = self.inline_digest.as_mut() {
                 d.update(&buf[..n]);
@@ -2681,33 +2678,19 @@ struct Capped<'a> {
     left: u64,
 }
 
-impl tokio::io::AsyncWrite for Capped<'_> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
+impl std::io::Write for Capped<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if buf.len() as u64 > self.left {
-            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+            return Err(std::io::Error::other(format!(
                 "listing longer than {MAX_LISTING} bytes"
-            ))));
+            )));
         }
         self.left -= buf.len() as u64;
         self.out.extend_from_slice(buf);
-        std::task::Poll::Ready(Ok(buf.len()))
+        Ok(buf.len())
     }
 
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

@@ -216,6 +216,35 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     }
 }
 
+impl<S: xftp_stripe::SendFile + Unpin> xftp_stripe::SendFile for Guarded<S> {
+    fn can_send_file(&self) -> bool {
+        // The rate limit paces writes by their size before they happen;
+        // a file's pages go in whatever amount the socket takes.
+        self.dog.rate.is_none() && self.inner.can_send_file()
+    }
+
+    fn poll_send_file(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_send_file(cx, hdr, fd, offset, len) {
+            Poll::Ready(r) => {
+                this.dog.touch();
+                if let Ok(n) = &r {
+                    progress::add(&this.count, *n);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => poll_stall(&this.dog, &mut this.write_sleep, cx).map(Err),
+        }
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,

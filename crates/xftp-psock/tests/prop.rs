@@ -61,7 +61,9 @@ async fn run(
 struct StreamW<S>(Sender<S>);
 struct StreamR<S>(Receiver<S>);
 
-impl<S: tokio::io::AsyncWrite + Unpin + Send + 'static> tokio::io::AsyncWrite for StreamW<S> {
+impl<S: tokio::io::AsyncWrite + xftp_stripe::SendFile + Unpin + Send + 'static>
+    tokio::io::AsyncWrite for StreamW<S>
+{
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -21,6 +21,9 @@ struct Paced {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
+/// Paced writes go through poll_write: no file pages sent by the kernel.
+impl xftp_stripe::SendFile for Paced {}
+
 impl Paced {
     fn new(inner: TcpStream) -> Self {
         Paced { inner, sleep: None }

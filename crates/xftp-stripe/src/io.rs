@@ -9,6 +9,12 @@ use std::sync::Mutex;
 pub trait ReadAt: Send + Sync + 'static {
     /// Read up to `buf.len()` bytes at `offset`; `Ok(0)` means end of file.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// The file descriptor behind this source, if it is a file the kernel
+    /// can send from directly (`sendfile(2)`, [`crate::SendFile`]).
+    fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Write at an absolute offset (records arrive in any order). Blocking:
@@ -21,6 +27,10 @@ pub trait WriteAt: Send + Sync + 'static {
 impl ReadAt for std::fs::File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         std::os::unix::fs::FileExt::read_at(self, buf, offset)
+    }
+
+    fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self))
     }
 }
 

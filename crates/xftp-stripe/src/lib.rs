@@ -54,11 +54,13 @@ pub mod reasm;
 mod recv;
 pub mod sched;
 mod send;
+mod zerocopy;
 
 pub use io::{write_atomic, MemFile, ReadAt, RecordedFile, WriteAt};
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};
+pub use zerocopy::SendFile;
 
 /// Default record size: 256 KiB. See docs/framing.md for the reasoning.
 pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;

@@ -92,6 +92,8 @@ struct Shared {
     /// Connections stay open after their EOD, for the next transfer
     /// ([`Receiver::file_kept`]).
     keep_open: bool,
+    /// Positional writes into `file`, one at a time.
+    writer: Writer,
 }
 
 impl Shared {
@@ -200,6 +202,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             file,
             expected,
             keep_open,
+            writer: Writer::default(),
         });
         let ctl = RecvControl { shared, tx };
         for c in conns {
@@ -406,10 +409,6 @@ async fn conn_task<S: AsyncRead + Unpin>(
     };
     let mut hdr = [0u8; HEADER_LEN];
     let mut chunk = Vec::new();
-    // One positional write may run while the socket is read for the next
-    // chunk, so network and disk overlap. A block counts as stored (for
-    // the completion rule and the stats) only when its last write is done.
-    let mut pending: Option<PendingWrite> = None;
     let closed = |e: io::Error| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             StripeError::ClosedBeforeEod { conn: idx }
@@ -489,18 +488,12 @@ async fn conn_task<S: AsyncRead + Unpin>(
                     let n = (count - pos).min(FILE_CHUNK as u64) as usize;
                     chunk.resize(n, 0);
                     r.read_exact(&mut chunk).await.map_err(closed)?;
-                    let spare = match pending.take() {
-                        Some(p) => settle(p, &sh, idx).await?,
-                        None => Vec::new(),
-                    };
-                    let full = std::mem::replace(&mut chunk, spare);
-                    let last = pos + n as u64 == count;
-                    pending = Some(PendingWrite {
-                        task: tokio::spawn(write_chunk(file.clone(), full, offset + pos)),
-                        block: last.then_some(count),
-                    });
+                    chunk = sh.writer.write(file, chunk, offset + pos).await?;
                     pos += n as u64;
                 }
+                // A block counts as stored (for the completion rule and
+                // the stats) only once its last byte is written.
+                block_stored(&sh, idx, count);
             } else {
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
@@ -552,9 +545,6 @@ async fn conn_task<S: AsyncRead + Unpin>(
             }
         }
         if acc.end {
-            if let Some(p) = pending.take() {
-                settle(p, &sh, idx).await?;
-            }
             return Ok(match r {
                 ConnReader::Exact(s) => Some(s),
                 ConnReader::Buffered(_) => None,
@@ -610,25 +600,6 @@ async fn reserve(sh: &Shared, offset: u64, count: u64) -> Result<(), StripeError
     }
 }
 
-/// A positional write in flight; `block` is the size of the block it
-/// completes, if it is that block's last chunk.
-struct PendingWrite {
-    task: JoinHandle<Result<Vec<u8>, StripeError>>,
-    block: Option<u64>,
-}
-
-/// Wait for a pending write; returns its buffer for reuse.
-async fn settle(p: PendingWrite, sh: &Shared, idx: usize) -> Result<Vec<u8>, StripeError> {
-    let buf = p
-        .task
-        .await
-        .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))?;
-    if let Some(count) = p.block {
-        block_stored(sh, idx, count);
-    }
-    Ok(buf)
-}
-
 fn block_stored(sh: &Shared, idx: usize, count: u64) {
     let mut st = sh.lock();
     st.reasm.on_payload_done();
@@ -638,18 +609,58 @@ fn block_stored(sh: &Shared, idx: usize, count: u64) {
     }
 }
 
-async fn write_chunk(
-    file: Arc<dyn WriteAt>,
-    chunk: Vec<u8>,
-    offset: u64,
-) -> Result<Vec<u8>, StripeError> {
-    tokio::task::spawn_blocking(move || {
-        file.write_at(&chunk, offset)
-            .map(|()| chunk)
-            .map_err(|e| StripeError::io(None, &e))
-    })
-    .await
-    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+/// The file writes of one receive. A write into the page cache takes tens
+/// of microseconds, less than handing it to another thread and waking the
+/// task again (two thread wake-ups per chunk, the most expensive part of a
+/// loopback receive after the copies), so chunks are written in place by
+/// the connection task that read them. The writes take turns: concurrent
+/// writes into one file serialise on its inode lock in the kernel anyway,
+/// where the waiters spin (a tenth of the CPU of a 4-connection receive
+/// into tmpfs went to that spinning). Once a write takes longer than
+/// [`SLOW_WRITE`] (a throttled or slow disk), the rest of the transfer's
+/// writes go to the blocking pool, so a slow disk never holds up the
+/// runtime's threads (and with them other connections and sessions).
+#[derive(Default)]
+struct Writer {
+    turn: Arc<Mutex<()>>,
+    slow: std::sync::atomic::AtomicBool,
+}
+
+/// A write slower than this sends the rest of a transfer's writes to the
+/// blocking pool (see [`Writer`]).
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl Writer {
+    /// Write all of `chunk` at `at`; hands the buffer back for reuse.
+    async fn write(
+        &self,
+        file: &Arc<dyn WriteAt>,
+        chunk: Vec<u8>,
+        at: u64,
+    ) -> Result<Vec<u8>, StripeError> {
+        use std::sync::atomic::Ordering;
+        if !self.slow.load(Ordering::Relaxed) {
+            let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+            let t0 = std::time::Instant::now();
+            file.write_at(&chunk, at)
+                .map_err(|e| StripeError::io(None, &e))?;
+            drop(turn);
+            if t0.elapsed() > SLOW_WRITE {
+                tracing::debug!("slow storage: further writes of this transfer off the runtime");
+                self.slow.store(true, Ordering::Relaxed);
+            }
+            return Ok(chunk);
+        }
+        let (file, turn) = (file.clone(), self.turn.clone());
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
+            file.write_at(&chunk, at)
+                .map(|()| chunk)
+                .map_err(|e| StripeError::io(None, &e))
+        })
+        .await
+        .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+    }
 }
 
 /// Receive a file over `conns` into `dst` and wait for the end.

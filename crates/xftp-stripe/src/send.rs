@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::block::BlockHeader;
 use crate::driver::{admit_or_reap, Tasks};
 use crate::sched::{Next, Schedule, Scheduler};
-use crate::{ReadAt, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
+use crate::{ReadAt, SendFile, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
 
 /// Sender settings.
 #[derive(Clone, Debug)]
@@ -120,6 +120,9 @@ struct Shared {
     file: Option<Arc<dyn ReadAt>>,
     /// [`SendConfig::keep_open`].
     keep_open: bool,
+    /// Reading the source took long once (a disk, not the page cache):
+    /// from then on records are read in the blocking pool.
+    slow_source: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -156,7 +159,7 @@ impl<S> Clone for SendControl<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
+impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
     /// Start sending `len` bytes of `src` over `conns`.
     ///
     /// With [`Schedule::Static`] the connection set is fixed to `conns`.
@@ -229,6 +232,7 @@ impl<S: AsyncWrite + Unpin + Send + 'static> Sender<S> {
             wake: Notify::new(),
             file,
             keep_open,
+            slow_source: Default::default(),
         });
         for (i, c) in conns.into_iter().enumerate() {
             // The receiver lives in the driver spawned below.
@@ -430,7 +434,7 @@ impl<S: Send + 'static> SendControl<S> {
     }
 }
 
-async fn drive<S: AsyncWrite + Unpin + Send + 'static>(
+async fn drive<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
 ) -> Result<Finished<S>, StripeError> {
@@ -481,7 +485,7 @@ enum Step {
 
 /// One connection's loop; ends with the connection itself when it is to
 /// stay open ([`SendConfig::keep_open`]).
-async fn conn_task<S: AsyncWrite + Unpin>(
+async fn conn_task<S: AsyncWrite + SendFile + Unpin>(
     mut s: S,
     idx: usize,
     sh: Arc<Shared>,
@@ -531,15 +535,26 @@ async fn conn_task<S: AsyncWrite + Unpin>(
                             .file
                             .clone()
                             .ok_or(StripeError::Unsupported("no source"))?;
-                        buf = read_record(file, buf, offset, len).await?;
-                        write_block(&mut s, &hdr, &buf).await.map_err(ioerr)?;
+                        buf = send_record(&mut s, &sh, file, buf, &hdr, offset, len)
+                            .await
+                            .map_err(|e| match e {
+                                RecordError::Net(e) => ioerr(e),
+                                RecordError::Source(e) => e,
+                            })?;
                     }
                 }
-                let mut st = sh.lock();
-                if let Some(stat) = st.stats.get_mut(idx) {
-                    stat.bytes += len;
-                    stat.records += 1;
+                {
+                    let mut st = sh.lock();
+                    if let Some(stat) = st.stats.get_mut(idx) {
+                        stat.bytes += len;
+                        stat.records += 1;
+                    }
                 }
+                // Records are read in place now: a connection whose socket
+                // takes everything at once (loopback, large buffers) would
+                // otherwise keep its thread from record to record, and the
+                // other connections (and tasks) on it would wait.
+                tokio::task::yield_now().await;
             }
             Step::Wait => notified.await,
             Step::End(eof) => {
@@ -579,39 +594,112 @@ async fn write_block<S: AsyncWrite + Unpin>(s: &mut S, hdr: &[u8], data: &[u8]) 
     s.write_all(d).await
 }
 
-/// Fill `buf` with `len` bytes of `file` at `offset`, off the async threads.
-async fn read_record(
+/// Where the page cache cannot be asked (see [`crate::zerocopy::cached`]),
+/// a read or a send that takes longer than this marks the source as slow
+/// (a disk): see [`send_record`].
+const SLOW_SOURCE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Why sending one record failed: the connection, or the source.
+enum RecordError {
+    Net(io::Error),
+    Source(StripeError),
+}
+
+/// Send block header `hdr` and the record `[offset, offset + len)` of
+/// `file` on `s`; returns `buf` for reuse.
+///
+/// A record in the page cache is read in place, by the connection's own
+/// task: a read of 256 KiB from memory takes less than handing it to
+/// another thread and waking the task again. On a plain TCP connection
+/// the kernel even sends the file's pages itself (`sendfile(2)`,
+/// [`SendFile`]): no copy through user space at all. A record not in the
+/// page cache (asked with `RWF_NOWAIT`) is read in the blocking pool, so
+/// a slow disk never holds up the runtime's threads, which other
+/// connections and sessions share.
+async fn send_record<S: AsyncWrite + SendFile + Unpin>(
+    s: &mut S,
+    sh: &Shared,
     file: Arc<dyn ReadAt>,
+    mut buf: Vec<u8>,
+    hdr: &[u8],
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, RecordError> {
+    use std::sync::atomic::Ordering;
+    let in_memory = match file.as_fd() {
+        Some(fd) => crate::zerocopy::cached(fd, offset, len),
+        // Not a file (memory, a test double): nothing to wait for.
+        None => Some(true),
+    };
+    let in_place = match in_memory {
+        Some(c) => c,
+        None => !sh.slow_source.load(Ordering::Relaxed),
+    };
+    let mark_slow = |took: std::time::Duration| {
+        if in_memory.is_none() && took > SLOW_SOURCE {
+            tracing::debug!("slow source: further reads of this transfer off the runtime");
+            sh.slow_source.store(true, Ordering::Relaxed);
+        }
+    };
+    if in_place && s.can_send_file() {
+        if let Some(fd) = file.as_fd() {
+            let mut longest = std::time::Duration::ZERO;
+            let sent = crate::zerocopy::send_all(s, hdr, fd, offset, len as usize, &mut longest)
+                .await
+                .map_err(RecordError::Net)?;
+            if let crate::zerocopy::SentFrom::FileEnded(at) = sent {
+                return Err(RecordError::Source(StripeError::SourceShort {
+                    at,
+                    len: offset + len,
+                }));
+            }
+            mark_slow(longest);
+            return Ok(buf);
+        }
+    }
+    if in_place {
+        let t0 = std::time::Instant::now();
+        buf = read_record(&*file, buf, offset, len).map_err(RecordError::Source)?;
+        mark_slow(t0.elapsed());
+    } else {
+        buf = tokio::task::spawn_blocking(move || read_record(&*file, buf, offset, len))
+            .await
+            .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+            .map_err(RecordError::Source)?;
+    }
+    write_block(s, hdr, &buf).await.map_err(RecordError::Net)?;
+    Ok(buf)
+}
+
+/// Fill `buf` with `len` bytes of `file` at `offset` (blocking).
+fn read_record(
+    file: &dyn ReadAt,
     mut buf: Vec<u8>,
     offset: u64,
     len: u64,
 ) -> Result<Vec<u8>, StripeError> {
-    tokio::task::spawn_blocking(move || {
-        buf.resize(len as usize, 0);
-        let mut got = 0usize;
-        while got < buf.len() {
-            let at = offset + got as u64;
-            match file.read_at(&mut buf[got..], at) {
-                Ok(0) => {
-                    return Err(StripeError::SourceShort {
-                        at,
-                        len: offset + len,
-                    })
-                }
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(StripeError::io(None, &e)),
+    buf.resize(len as usize, 0);
+    let mut got = 0usize;
+    while got < buf.len() {
+        let at = offset + got as u64;
+        match file.read_at(&mut buf[got..], at) {
+            Ok(0) => {
+                return Err(StripeError::SourceShort {
+                    at,
+                    len: offset + len,
+                })
             }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StripeError::io(None, &e)),
         }
-        Ok(buf)
-    })
-    .await
-    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+    }
+    Ok(buf)
 }
 
 /// Send `len` bytes of `src` over `conns` and wait for the end. The
 /// future does not borrow `cfg`.
-pub fn send_file<S: AsyncWrite + Unpin + Send + 'static>(
+pub fn send_file<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
     src: Arc<dyn ReadAt>,
     len: u64,
     conns: Vec<S>,

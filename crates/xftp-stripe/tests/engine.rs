@@ -49,7 +49,7 @@ async fn roundtrip<S, R>(
     cfg: &SendConfig,
 ) -> (TransferReport, TransferReport, Vec<u8>)
 where
-    S: AsyncWrite + Unpin + Send + 'static,
+    S: AsyncWrite + xftp_stripe::SendFile + Unpin + Send + 'static,
     R: AsyncRead + Unpin + Send + 'static,
 {
     let src = Arc::new(MemFile::from(data.to_vec()));
@@ -131,6 +131,9 @@ struct Throttle<S> {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
+// Throttled writes go through poll_write.
+impl<S> xftp_stripe::SendFile for Throttle<S> {}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Throttle<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -166,6 +169,8 @@ enum Conn {
     Fast(DuplexStream),
     Slow(Throttle<DuplexStream>),
 }
+
+impl xftp_stripe::SendFile for Conn {}
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
@@ -236,6 +241,8 @@ struct Killer<S> {
     inner: S,
     left: usize,
 }
+
+impl<S> xftp_stripe::SendFile for Killer<S> {}
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Killer<S> {
     fn poll_write(
@@ -664,4 +671,161 @@ async fn kept_connections_carry_many_files_back_to_back() {
             assert!(rest.is_empty(), "bytes left after the last file");
         }
     }
+}
+
+/// Storage whose first write is slow (a throttled disk), recording the
+/// thread of every write.
+struct SlowFirstWrite {
+    inner: MemFile,
+    threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+}
+
+impl xftp_stripe::WriteAt for SlowFirstWrite {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut t = self.threads.lock().unwrap();
+        if t.is_empty() {
+            std::thread::sleep(Duration::from_millis(60));
+        }
+        t.push(std::thread::current().id());
+        drop(t);
+        self.inner.write_at(buf, offset)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn after_a_slow_write_the_rest_leave_the_runtime_thread() {
+    let data = pattern(2 * 1024 * 1024, 11);
+    let (tx, rx) = duplexes(3);
+    let dst = Arc::new(SlowFirstWrite {
+        inner: MemFile::default(),
+        threads: Default::default(),
+    });
+    let cfg = SendConfig {
+        record_size: RS,
+        ..SendConfig::default()
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    let (s, r) = tokio::join!(
+        send_file(src, data.len() as u64, tx, &cfg),
+        recv_file(dst.clone(), rx, Some(data.len() as u64))
+    );
+    s.unwrap();
+    r.unwrap();
+    assert_eq!(dst.inner.to_vec(), data);
+    let threads = dst.threads.lock().unwrap();
+    let here = std::thread::current().id();
+    // The first write ran in place, on the runtime's only thread; every
+    // later one in the blocking pool.
+    assert_eq!(threads[0], here);
+    assert!(threads.len() > 10, "{} writes", threads.len());
+    assert!(threads[1..].iter().all(|t| *t != here));
+}
+
+/// A TCP connection that counts what went through `sendfile` and what
+/// through ordinary writes.
+struct Counting {
+    inner: TcpStream,
+    by_sendfile: Arc<std::sync::atomic::AtomicU64>,
+    by_write: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl xftp_stripe::SendFile for Counting {
+    fn can_send_file(&self) -> bool {
+        self.inner.can_send_file()
+    }
+
+    fn poll_send_file(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_send_file(cx, hdr, fd, offset, len);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.by_sendfile
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Counting {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, b);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.by_write
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_plain_tcp_goes_by_sendfile() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let data = pattern(5 * 1024 * 1024 + 12_345, 21);
+    let mut f = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut f, &data).unwrap();
+    let (tx, rx) = tcp_pairs(3).await;
+    let by_sendfile = Arc::new(AtomicU64::new(0));
+    let by_write = Arc::new(AtomicU64::new(0));
+    let tx: Vec<_> = tx
+        .into_iter()
+        .map(|inner| Counting {
+            inner,
+            by_sendfile: by_sendfile.clone(),
+            by_write: by_write.clone(),
+        })
+        .collect();
+    let dst = Arc::new(MemFile::default());
+    let len = data.len() as u64;
+    let (s, r) = tokio::join!(
+        send_file(Arc::new(f), len, tx, &SendConfig::default()),
+        recv_file(dst.clone(), rx, Some(len))
+    );
+    assert_eq!(s.unwrap().bytes, len);
+    assert_eq!(r.unwrap().bytes, len);
+    assert_eq!(dst.to_vec(), data);
+    // Every payload byte and its header went by sendfile; ordinary writes
+    // carried only the end-of-data headers (17 bytes a connection).
+    let records = len.div_ceil(u64::from(xftp_stripe::DEFAULT_RECORD_SIZE));
+    assert!(by_sendfile.load(Ordering::Relaxed) >= len + 17 * records);
+    assert_eq!(by_write.load(Ordering::Relaxed), 17 * 3);
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_cut_short_while_sent_by_sendfile_fails_the_transfer() {
+    let data = pattern(1024 * 1024, 5);
+    let mut f = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut f, &data).unwrap();
+    let (tx, rx) = tcp_pairs(2).await;
+    let dst = Arc::new(MemFile::default());
+    // Announced longer than the file is.
+    let len = data.len() as u64 + 300_000;
+    let (s, r) = tokio::join!(
+        send_file(Arc::new(f), len, tx, &SendConfig::default()),
+        recv_file(dst.clone(), rx, Some(len))
+    );
+    assert!(
+        matches!(s, Err(StripeError::SourceShort { .. })),
+        "sender: {s:?}"
+    );
+    assert!(
+        r.is_err(),
+        "the receiver must not see a complete file: {r:?}"
+    );
 }

@@ -138,6 +138,28 @@ impl AsyncRead for Stream {
     }
 }
 
+/// Plain connections send file pages straight from the page cache; TLS
+/// must encrypt them in user space first.
+impl xftp_stripe::SendFile for Stream {
+    fn can_send_file(&self) -> bool {
+        matches!(self, Stream::Plain(_))
+    }
+
+    fn poll_send_file(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_send_file(cx, hdr, fd, offset, len),
+            _ => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+        }
+    }
+}
+
 impl AsyncWrite for Stream {
     fn poll_write(
         self: Pin<&mut Self>,

@@ -212,6 +212,29 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
     }
 }
 
+impl<S: xftp_stripe::SendFile + Unpin> xftp_stripe::SendFile for Metered<S> {
+    fn can_send_file(&self) -> bool {
+        self.inner.can_send_file()
+    }
+
+    fn poll_send_file(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_send_file(cx, hdr, fd, offset, len);
+        if let Poll::Ready(Ok(n)) = r {
+            if let Some(i) = self.meter.count(n, self.fd) {
+                self.follow_window(&i);
+            }
+        }
+        r
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for Metered<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
