@@ -39,10 +39,19 @@ pub trait SendFile {
     }
 }
 
+/// `XFTP_ZEROCOPY=off` in the environment turns `sendfile` off, so that
+/// a benchmark can measure what it saves (bench/loopback.py's
+/// "xftp, no sendfile" rows).
+#[cfg(target_os = "linux")]
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("XFTP_ZEROCOPY").map_or(true, |v| v != "off"))
+}
+
 #[cfg(target_os = "linux")]
 impl SendFile for tokio::net::TcpStream {
     fn can_send_file(&self) -> bool {
-        std::env::var_os("XFTP_NO_SENDFILE").is_none()
+        enabled()
     }
 
     fn poll_send_file(
