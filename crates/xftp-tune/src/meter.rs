@@ -32,6 +32,8 @@ pub struct Meter {
 #[derive(Debug, Default)]
 struct State {
     info: Option<TcpInfo>,
+    /// The reading the last [`MeterSet::totals`] used.
+    at_totals: Option<TcpInfo>,
     fd: Option<RawFd>,
     /// A duplicate taken when a sending connection was dropped with data
     /// still unacknowledged: the kernel goes on delivering it, and what
@@ -111,6 +113,17 @@ impl Meter {
     /// The latest `TCP_INFO` sample.
     pub fn info(&self) -> Option<TcpInfo> {
         self.state.lock().ok().and_then(|g| g.info)
+    }
+
+    /// The latest sample, and whether the receiver's window held the
+    /// connection back since the previous call (its RTT then tells of
+    /// the receiver, not of the path).
+    fn info_for_totals(&self) -> Option<(TcpInfo, bool)> {
+        let mut g = self.state.lock().ok()?;
+        let i = g.info?;
+        let limited = g.at_totals.is_some_and(|p| i.receiver_limited_since(&p));
+        g.at_totals = Some(i);
+        Some((i, limited))
     }
 }
 
@@ -282,7 +295,9 @@ pub struct Totals {
     pub conns: usize,
     /// Bytes moved (payload and framing).
     pub bytes: u64,
-    /// Mean smoothed RTT of the connections that have one.
+    /// Mean smoothed RTT of the connections that have one, leaving out
+    /// those the receiver's window held back since the previous totals
+    /// ([`TcpInfo::receiver_limited_since`]); `None` if none is left.
     pub rtt: Option<Duration>,
     /// Smallest `min_rtt` of any connection.
     pub min_rtt: Option<Duration>,
@@ -346,11 +361,11 @@ impl MeterSet {
         let (mut rtt_sum, mut rtt_n) = (Duration::ZERO, 0u32);
         for meter in m.iter() {
             t.bytes += meter.bytes();
-            if let Some(i) = meter.info() {
+            if let Some((i, receiver_limited)) = meter.info_for_totals() {
                 t.retrans += u64::from(i.total_retrans);
                 t.segs_out += u64::from(i.segs_out);
                 t.delivered += i.delivered_bytes();
-                if !i.rtt.is_zero() {
+                if !i.rtt.is_zero() && !receiver_limited {
                     rtt_sum += i.rtt;
                     rtt_n += 1;
                 }

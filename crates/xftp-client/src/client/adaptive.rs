@@ -99,7 +99,10 @@ impl EngineCtl {
 /// what still sits in socket buffers (megabytes with autotuning) and
 /// arrive in bursts as buffer space frees.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Socks(Arc<Mutex<Vec<OwnedFd>>>);
+pub(crate) struct Socks(Arc<Mutex<Vec<Kept>>>);
+
+/// A kept socket and its reading at the previous sample.
+type Kept = (OwnedFd, Option<xftp_tune::tcpinfo::TcpInfo>);
 
 impl Socks {
     /// Keep a duplicate of `s`'s descriptor (closed when the transfer
@@ -108,7 +111,7 @@ impl Socks {
         match s.as_fd().try_clone_to_owned() {
             Ok(fd) => {
                 if let Ok(mut v) = self.0.lock() {
-                    v.push(fd);
+                    v.push((fd, None));
                 }
             }
             Err(e) => tracing::debug!("cannot keep a data socket for TCP_INFO: {e}"),
@@ -118,17 +121,21 @@ impl Socks {
     /// Sum over the kept sockets.
     fn totals(&self) -> SockTotals {
         let mut t = SockTotals::default();
-        let Ok(v) = self.0.lock() else {
+        let Ok(mut v) = self.0.lock() else {
             return t;
         };
         let (mut rtt_sum, mut rtt_n) = (Duration::ZERO, 0u32);
-        for fd in v.iter() {
+        for (fd, prev) in v.iter_mut() {
             if let Ok(i) = xftp_tune::tcpinfo::read(fd) {
                 t.delivered += i.delivered_bytes();
                 t.received += i.bytes_received;
                 t.retrans += u64::from(i.total_retrans);
                 t.segs += u64::from(i.segs_out);
-                if !i.rtt.is_zero() {
+                // A connection its receiver held back tells nothing of a
+                // router queue (TcpInfo::receiver_limited_since).
+                let limited = prev.is_some_and(|p| i.receiver_limited_since(&p));
+                *prev = Some(i);
+                if !i.rtt.is_zero() && !limited {
                     rtt_sum += i.rtt;
                     rtt_n += 1;
                 }
@@ -147,7 +154,8 @@ struct SockTotals {
     delivered: u64,
     /// Bytes received in order (we receive), read by us or not yet.
     received: u64,
-    /// Mean smoothed RTT.
+    /// Mean smoothed RTT of the connections their receivers did not
+    /// hold back.
     rtt: Option<Duration>,
     retrans: u64,
     segs: u64,
