@@ -37,6 +37,7 @@
 //! ```
 
 pub mod blocking;
+mod direct;
 pub mod handshake;
 mod listener;
 mod stream;

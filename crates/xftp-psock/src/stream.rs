@@ -10,6 +10,7 @@ use tokio::task::JoinSet;
 use xftp_stripe::{Receiver, Sender, StreamStats};
 use xftp_tls::Stream;
 
+use crate::direct::Direct;
 use crate::handshake::{self, Hello, Reply, SessionId, Status};
 use crate::{PsockConfig, PsockError, PsockTls};
 
@@ -43,10 +44,20 @@ use crate::{PsockConfig, PsockError, PsockTls};
 /// # Ok(()) }
 /// ```
 pub struct PsockStream {
-    tx: Sender<WriteHalf<Stream>>,
-    rx: Receiver<ReadHalf<Stream>>,
+    path: Path,
     session: SessionId,
     n: usize,
+}
+
+/// How bytes move: through the striping engine over several connections,
+/// or straight between the application and the one socket of a group of
+/// one ([`Direct`]).
+enum Path {
+    Engine {
+        tx: Sender<WriteHalf<Stream>>,
+        rx: Receiver<ReadHalf<Stream>>,
+    },
+    Direct(Box<Direct>),
 }
 
 impl PsockStream {
@@ -129,13 +140,17 @@ impl PsockStream {
         peer_record: u32,
     ) -> Self {
         let n = conns.len();
-        let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(tokio::io::split).unzip();
-        Self {
-            tx: Sender::stream(w, own_record, cfg.send_buffer),
-            rx: Receiver::stream(r, peer_record, cfg.reorder_cap),
-            session,
-            n,
-        }
+        let path = match <[Stream; 1]>::try_from(conns) {
+            Ok([c]) => Path::Direct(Box::new(Direct::new(c, own_record, peer_record))),
+            Err(conns) => {
+                let (r, w): (Vec<_>, Vec<_>) = conns.into_iter().map(tokio::io::split).unzip();
+                Path::Engine {
+                    tx: Sender::stream(w, own_record, cfg.send_buffer),
+                    rx: Receiver::stream(r, peer_record, cfg.reorder_cap),
+                }
+            }
+        };
+        Self { path, session, n }
     }
 
     /// Number of TCP connections in the group.
@@ -150,17 +165,27 @@ impl PsockStream {
 
     /// Payload bytes sent so far, per connection.
     pub fn sent_stats(&self) -> Vec<StreamStats> {
-        self.tx.stats()
+        match &self.path {
+            Path::Engine { tx, .. } => tx.stats(),
+            Path::Direct(d) => d.sent_stats(),
+        }
     }
 
     /// Payload bytes received so far, per connection.
     pub fn received_stats(&self) -> Vec<StreamStats> {
-        self.rx.stats()
+        match &self.path {
+            Path::Engine { rx, .. } => rx.stats(),
+            Path::Direct(d) => d.received_stats(),
+        }
     }
 
-    /// The most bytes the reorder buffer ever held, and its cap.
+    /// The most bytes the reorder buffer ever held, and its cap (0, 0 on
+    /// one connection, where records go straight to the application).
     pub fn reorder_usage(&self) -> (u64, u64) {
-        self.rx.reorder_usage()
+        match &self.path {
+            Path::Engine { rx, .. } => rx.reorder_usage(),
+            Path::Direct(_) => (0, 0),
+        }
     }
 }
 
@@ -220,7 +245,10 @@ impl AsyncRead for PsockStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        self.rx.poll_read(cx, buf)
+        match &mut self.get_mut().path {
+            Path::Engine { rx, .. } => rx.poll_read(cx, buf),
+            Path::Direct(d) => d.poll_read(cx, buf),
+        }
     }
 }
 
@@ -230,15 +258,24 @@ impl AsyncWrite for PsockStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.tx.poll_write(cx, buf)
+        match &mut self.get_mut().path {
+            Path::Engine { tx, .. } => tx.poll_write(cx, buf),
+            Path::Direct(d) => d.poll_write(cx, buf),
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.tx.poll_flush(cx)
+        match &mut self.get_mut().path {
+            Path::Engine { tx, .. } => tx.poll_flush(cx),
+            Path::Direct(d) => d.poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.tx.poll_close(cx)
+        match &mut self.get_mut().path {
+            Path::Engine { tx, .. } => tx.poll_close(cx),
+            Path::Direct(d) => d.poll_shutdown(cx),
+        }
     }
 }
 
