@@ -15,6 +15,7 @@
 pub mod cache;
 pub mod controller;
 pub mod meter;
+pub mod model;
 pub mod sockbuf;
 pub mod tcpinfo;
 
