@@ -38,7 +38,7 @@
 
 use std::time::Duration;
 
-use crate::controller::{Controller, Sample};
+use crate::controller::{Controller, Sample, Step};
 
 /// Payload bytes per packet.
 pub const MSS: f64 = 1448.0;
@@ -469,8 +469,8 @@ impl Sim {
     }
 
     /// The share of the link's packets that carry new data when the
-    /// pipe (BDP + queue) leaves each connection holding data fewer than
-    /// [`CROWDED`] packets: a calibrated stand-in for what the fluid
+    /// pipe (BDP + queue) leaves each of several connections holding data
+    /// fewer than [`CROWDED`] packets: a calibrated stand-in for what the fluid
     /// misses there (timeouts on windows too small for fast retransmit,
     /// with the records they hold, and go-back-N retransmissions after
     /// them). On the emulated satellite links of docs/results.md 32
@@ -482,7 +482,10 @@ impl Sim {
             .iter()
             .filter(|f| f.born <= self.t && f.held > 0.0)
             .count() as f64;
-        let share = (self.bdp + self.qmax) / holding.max(1.0);
+        if holding < 2.0 {
+            return 1.0;
+        }
+        let share = (self.bdp + self.qmax) / holding;
         (share / CROWDED).clamp(0.5, 1.0)
     }
 
@@ -517,7 +520,11 @@ impl Sim {
         } else {
             1.0
         };
-        let drop_frac = over / inflight.max(1.0) + p;
+        // The chance a retransmission is dropped again: the wire's loss,
+        // and the queue's as long as other connections keep it full (a
+        // lone connection's cut drains it).
+        let sending = self.flows.iter().filter(|f| f.w > 0.0).count().max(1) as f64;
+        let drop_again = p + over / inflight.max(1.0) * (1.0 - 1.0 / sending);
         let eff = if inflight >= self.bdp {
             self.crowding()
         } else {
@@ -565,7 +572,7 @@ impl Sim {
                     x if x < 4.0 => 0.15,
                     _ => 0.0,
                 };
-                let again = 0.5 * drop_frac.min(1.0);
+                let again = 0.5 * drop_again.min(1.0);
                 let p_rto = 1.0 - (1.0 - small) * (1.0 - again);
                 f.slow_start = false;
                 if self.rng.unit() < p_rto {
@@ -861,6 +868,8 @@ pub struct Verdict {
     pub learned: u32,
     /// The warm run (steady from `learned`).
     pub warm: Run,
+    /// The controllers' epochs, fresh and warm.
+    pub steps: (Vec<Step>, Vec<Step>),
 }
 
 impl Verdict {
@@ -963,6 +972,7 @@ pub fn judge(
         fresh_start: start,
         learned,
         warm: warm_run,
+        steps: (c.history().to_vec(), w.history().to_vec()),
     }
 }
 
