@@ -179,10 +179,12 @@ impl Cache {
 /// the longer the path: each growth step is an epoch of about 3 RTTs, and
 /// connections added then open in slow start while the first ones
 /// already fill the queue, so they carry little for the rest of the
-/// transfer. A start a step too high costs one epoch before the
-/// controller backs off. 16 is the cap: past it a small router queue
-/// overflows into the collapse (XFTP's figure 10; fixed 32 on the
-/// satellite profile of docs/results.md runs at half the rate of 16).
+/// transfer. A start too high on a link it crowds is stepped down by the
+/// controller, but slowly where connections are slow: a retired
+/// connection first sends the record it holds. 16 is the cap: past it a
+/// small router queue overflows into the collapse (XFTP's figure 10;
+/// fixed 32 on the satellite profile of docs/results.md runs at half the
+/// rate of 16), and the whole of a small file is handed out at once.
 pub fn start_for_rtt(rtt: Duration) -> u32 {
     if rtt >= LONG_HAUL {
         return 8;
@@ -201,9 +203,11 @@ pub fn start_for_rtt(rtt: Duration) -> u32 {
 /// doubles, and 16 connections on the emulated T1 satellite link (8-packet
 /// queue) lost a tenth to a quarter of their segments in most epochs:
 /// two of three fresh transfers ended with connections in timeout backoff
-/// and took 29 and 39 s against 20 s at 8 (docs/results.md). The loss
-/// from the first epoch on reads as the path's own, so the controller
-/// never sheds it; a low start grows instead where the path has room.
+/// and took 29 and 39 s against 20 s at 8 (docs/results.md). A step down
+/// there takes seconds (each connection moves 0.1 Mbit/s and first sends
+/// the record it holds); a low start grows instead where the path has
+/// room. On the path model this start is what holds back long fat paths
+/// with small windows (docs/tuning.md).
 pub const LONG_HAUL: Duration = Duration::from_millis(300);
 
 /// RTT under which one autotuned connection fills the path: the kernel's

@@ -10,11 +10,16 @@
 //!   ([`initial_streams`], MFTP's `Tp = k·N·W'/D` turned around).
 //! * [`controller`]: dynamic multiplicity control during a transfer
 //!   (XFTP's α/β rule, improved): samples in, decisions out, no I/O and no
-//!   clock of its own, so it is tested on synthetic throughput curves.
+//!   clock of its own, so it is tested on a simulated path.
+//! * [`model`]: that simulated path (a simulation aid, not used by
+//!   transfers): per-connection congestion control over a drop-tail
+//!   bottleneck, and issue 16's random grid of paths to judge `-p auto`
+//!   against fixed counts.
 
 pub mod cache;
 pub mod controller;
 pub mod meter;
+pub mod model;
 pub mod sockbuf;
 pub mod tcpinfo;
 
