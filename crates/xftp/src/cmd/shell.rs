@@ -1289,10 +1289,7 @@ async fn dial(
         Parallel::Fixed(n) => (n, None),
         Parallel::Auto => {
             let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
-            let tune = TuneConfig {
-                max_streams: 32,
-                ..TuneConfig::default()
-            };
+            let tune = TuneConfig::default();
             (1, Some(AutoConfig { tune, cached_best }))
         }
     };

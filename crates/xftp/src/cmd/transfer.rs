@@ -673,10 +673,7 @@ pub(crate) fn client_config(
         Some(Parallel::Fixed(n)) => (n, None),
         Some(Parallel::Auto) => {
             let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
-            let tune = TuneConfig {
-                max_streams: 32,
-                ..TuneConfig::default()
-            };
+            let tune = TuneConfig::default();
             (1, Some(AutoConfig { tune, cached_best }))
         }
     };

@@ -1,0 +1,311 @@
+//! What the engine may ask of a data connection beyond reading and
+//! writing ([`DataSocket`]): send file pages without a copy, and the TCP
+//! socket underneath, whose kernel state tells what it has delivered.
+//!
+//! **sendfile.** A record read into a buffer and written to a socket is
+//! copied twice in user space's name (file to buffer, buffer to socket)
+//! and, read in the blocking pool, costs two thread wake-ups. `sendfile`
+//! hands the kernel the file's pages instead: the socket takes them by
+//! reference. It only works where the socket carries the file's bytes as
+//! they are: plain TCP, not TLS. The block header goes first with
+//! `MSG_MORE`, so header and payload leave in the same segments.
+//!
+//! **Delivery.** The endgame (`SendConfig::endgame`) asks each socket how
+//! many bytes it still holds unacknowledged (`SIOCOUTQ`) and whether it is
+//! in a retransmission timeout (`TCP_INFO`).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A data connection that may send file pages without copying them
+/// through user space. Every method has a default that declines, so a
+/// connection type that cannot (TLS, in-memory pipes) implements it empty;
+/// wrappers that count or time writes delegate, and count what went out.
+pub trait DataSocket {
+    /// Whether [`poll_send_file`](Self::poll_send_file) can move bytes on
+    /// this connection now (a plain TCP socket).
+    fn can_send_file(&self) -> bool {
+        false
+    }
+
+    /// Write `hdr`, then up to `len` bytes of the file `fd` from `offset`,
+    /// as far as the socket takes them; returns how many bytes of the two
+    /// together went out (the header's first). `Ok(0)` with the header
+    /// written means the file ended before `offset`.
+    fn poll_send_file(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _hdr: &[u8],
+        _fd: std::os::fd::BorrowedFd<'_>,
+        _offset: u64,
+        _len: usize,
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::ErrorKind::Unsupported.into()))
+    }
+
+    /// The TCP socket under this connection (also under TLS), for asking
+    /// the kernel what it has delivered; `None` for anything else.
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+}
+
+/// `XFTP_ZEROCOPY=off` in the environment turns `sendfile` off, so that
+/// a benchmark can measure what it saves (bench/loopback.py's
+/// "xftp, no sendfile" rows).
+#[cfg(target_os = "linux")]
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("XFTP_ZEROCOPY").map_or(true, |v| v != "off"))
+}
+
+#[cfg(target_os = "linux")]
+impl DataSocket for tokio::net::TcpStream {
+    fn can_send_file(&self) -> bool {
+        enabled()
+    }
+
+    fn poll_send_file(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        use std::os::fd::AsRawFd;
+        let sock = self.get_mut();
+        loop {
+            std::task::ready!(sock.poll_write_ready(cx))?;
+            let r = sock.try_io(tokio::io::Interest::WRITABLE, || {
+                let s = sock.as_raw_fd();
+                let mut sent = 0usize;
+                if !hdr.is_empty() {
+                    let more = if len > 0 { libc::MSG_MORE } else { 0 };
+                    // SAFETY: `hdr` is a valid buffer for the call; `s` is
+                    // the open socket of `sock`.
+                    let n = unsafe {
+                        libc::send(s, hdr.as_ptr().cast(), hdr.len(), more | libc::MSG_NOSIGNAL)
+                    };
+                    if n < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    sent = n as usize;
+                    if sent < hdr.len() || len == 0 {
+                        return Ok(sent);
+                    }
+                }
+                let mut off = libc::off_t::try_from(offset)
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+                // SAFETY: both descriptors are open for the call and `off`
+                // is a valid off_t the kernel updates.
+                let n = unsafe { libc::sendfile(s, fd.as_raw_fd(), &mut off, len) };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    // The header went out: report it; the payload's
+                    // readiness is waited for on the next call.
+                    if sent > 0 && e.kind() == io::ErrorKind::WouldBlock {
+                        return Ok(sent);
+                    }
+                    return Err(e);
+                }
+                Ok(sent + n as usize)
+            });
+            match r {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self))
+    }
+}
+
+impl DataSocket for tokio::io::DuplexStream {}
+
+impl<T> DataSocket for tokio::io::WriteHalf<T> {}
+
+impl<T: DataSocket + ?Sized + Unpin> DataSocket for Box<T> {
+    fn can_send_file(&self) -> bool {
+        (**self).can_send_file()
+    }
+
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        (**self).tcp_socket()
+    }
+
+    fn poll_send_file(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        hdr: &[u8],
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut **self).poll_send_file(cx, hdr, fd, offset, len)
+    }
+}
+
+/// Send `hdr` and `len` bytes of `fd` at `offset` in full. `longest` is
+/// raised to the longest single call: `sendfile` reads pages missing from
+/// the page cache from the disk, in the calling thread.
+pub(crate) async fn send_all<S: DataSocket + Unpin>(
+    s: &mut S,
+    mut hdr: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+    mut offset: u64,
+    mut len: usize,
+    longest: &mut std::time::Duration,
+) -> io::Result<SentFrom> {
+    while !hdr.is_empty() || len > 0 {
+        let n = std::future::poll_fn(|cx| {
+            let t0 = std::time::Instant::now();
+            let r = Pin::new(&mut *s).poll_send_file(cx, hdr, fd, offset, len);
+            *longest = (*longest).max(t0.elapsed());
+            r
+        })
+        .await?;
+        if hdr.is_empty() && n == 0 {
+            // The file is shorter than announced (truncated while sent).
+            return Ok(SentFrom::FileEnded(offset));
+        }
+        let h = n.min(hdr.len());
+        hdr = &hdr[h..];
+        let d = n - h;
+        offset += d as u64;
+        len -= d;
+    }
+    Ok(SentFrom::Complete)
+}
+
+/// How [`send_all`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SentFrom {
+    /// Every byte went out.
+    Complete,
+    /// The file ended at this offset, before the record's end.
+    FileEnded(u64),
+}
+
+/// What the kernel says of a sending TCP socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// Bytes written to the socket and not yet acknowledged by the peer
+    /// (sent or not).
+    pub outq: u64,
+    /// In loss recovery by retransmission timeout, or backing off after
+    /// one: the bytes it holds wait a timeout at least.
+    pub timed_out: bool,
+    /// The retransmission timeout.
+    pub rto: std::time::Duration,
+}
+
+/// Ask the kernel about the TCP socket `fd`; `None` where it cannot tell.
+pub(crate) fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut outq: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
+            return None;
+        }
+        let mut info = [0u8; 104];
+        let mut len = info.len() as libc::socklen_t;
+        // SAFETY: a writable buffer of `len` bytes and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r != 0 || len < 12 {
+            return None;
+        }
+        // struct tcp_info: u8 state, ca_state, retransmits, probes,
+        // backoff, ...; u32 rto at byte 8 (include/uapi/linux/tcp.h).
+        const TCP_CA_LOSS: u8 = 4;
+        let rto = u32::from_ne_bytes([info[8], info[9], info[10], info[11]]);
+        Some(Delivery {
+            outq: u64::try_from(outq).unwrap_or(0),
+            timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
+            rto: std::time::Duration::from_micros(u64::from(rto)),
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        None
+    }
+}
+
+/// Whether `[offset, offset + len)` of the file `fd` is in the page cache,
+/// judged by its first and last byte (read-ahead fills whole windows):
+/// `preadv2` with `RWF_NOWAIT` reads only what needs no disk. `None`
+/// where the kernel or the filesystem cannot tell.
+pub(crate) fn cached(fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: u64) -> Option<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        if len == 0 {
+            return Some(true);
+        }
+        let probe = |at: u64| -> Option<bool> {
+            let mut byte = 0u8;
+            let iov = libc::iovec {
+                iov_base: (&mut byte as *mut u8).cast(),
+                iov_len: 1,
+            };
+            let at = libc::off_t::try_from(at).ok()?;
+            // SAFETY: one valid iovec of one byte, on an open descriptor.
+            let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+            if n >= 0 {
+                return Some(true);
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EAGAIN) => Some(false),
+                _ => None,
+            }
+        };
+        Some(probe(offset)? && probe(offset + len - 1)?)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (fd, offset, len);
+        None
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    #[test]
+    fn the_page_cache_is_asked_before_a_read() {
+        let mut f = tempfile::tempfile().expect("a temporary file");
+        f.write_all(&vec![7u8; 1 << 20]).expect("written");
+        assert_eq!(cached(f.as_fd(), 0, 1 << 20), Some(true), "just written");
+        f.sync_all().expect("synced");
+        // SAFETY: an open descriptor; advice only.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid statfs buffer and descriptor.
+        unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) };
+        let in_memory_fs = st.f_type == libc::TMPFS_MAGIC;
+        let want = if in_memory_fs {
+            Some(true)
+        } else {
+            Some(false)
+        };
+        assert_eq!(cached(f.as_fd(), 0, 1 << 20), want, "after DONTNEED");
+        assert_eq!(cached(f.as_fd(), 5, 0), Some(true), "nothing to read");
+    }
+}
