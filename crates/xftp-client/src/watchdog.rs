@@ -216,11 +216,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     }
 }
 
-impl<S: xftp_stripe::SendFile + Unpin> xftp_stripe::SendFile for Guarded<S> {
+impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Guarded<S> {
     fn can_send_file(&self) -> bool {
         // The rate limit paces writes by their size before they happen;
         // a file's pages go in whatever amount the socket takes.
         self.dog.rate.is_none() && self.inner.can_send_file()
+    }
+
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.tcp_socket()
     }
 
     fn poll_send_file(

@@ -61,7 +61,7 @@ async fn run(
 struct StreamW<S>(Sender<S>);
 struct StreamR<S>(Receiver<S>);
 
-impl<S: tokio::io::AsyncWrite + xftp_stripe::SendFile + Unpin + Send + 'static>
+impl<S: tokio::io::AsyncWrite + xftp_stripe::DataSocket + Unpin + Send + 'static>
     tokio::io::AsyncWrite for StreamW<S>
 {
     fn poll_write(

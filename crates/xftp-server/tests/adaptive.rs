@@ -22,7 +22,7 @@ struct Paced {
 }
 
 /// Paced writes go through poll_write: no file pages sent by the kernel.
-impl xftp_stripe::SendFile for Paced {}
+impl xftp_stripe::DataSocket for Paced {}
 
 impl Paced {
     fn new(inner: TcpStream) -> Self {

@@ -11,7 +11,7 @@ pub trait ReadAt: Send + Sync + 'static {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
 
     /// The file descriptor behind this source, if it is a file the kernel
-    /// can send from directly (`sendfile(2)`, [`crate::SendFile`]).
+    /// can send from directly (`sendfile(2)`, [`crate::DataSocket`]).
     fn as_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
@@ -22,6 +22,14 @@ pub trait ReadAt: Send + Sync + 'static {
 pub trait WriteAt: Send + Sync + 'static {
     /// Write all of `buf` at `offset`, extending the file if needed.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Read back `buf.len()` bytes written before at `offset`: how a
+    /// receiver that takes duplicate records (the endgame) checks a second
+    /// copy against the first. `Unsupported` where the storage cannot.
+    fn read_back(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let _ = (buf, offset);
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 impl ReadAt for std::fs::File {
@@ -37,6 +45,10 @@ impl ReadAt for std::fs::File {
 impl WriteAt for std::fs::File {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
+    }
+
+    fn read_back(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
     }
 }
 
@@ -85,6 +97,10 @@ impl WriteAt for RecordedFile {
         std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)?;
         self.wrote(offset, buf.len() as u64);
         Ok(())
+    }
+
+    fn read_back(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
     }
 }
 
@@ -147,6 +163,18 @@ impl WriteAt for MemFile {
             v.resize(end, 0);
         }
         v[start..end].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn read_back(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let v = self.lock();
+        let start = usize::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| v.get(start..end))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
         Ok(())
     }
 }

@@ -48,19 +48,20 @@
 
 pub mod block;
 mod driver;
+pub mod endgame;
 mod io;
 pub mod ranges;
 pub mod reasm;
 mod recv;
 pub mod sched;
 mod send;
-mod zerocopy;
+mod sock;
 
 pub use io::{write_atomic, MemFile, ReadAt, RecordedFile, WriteAt};
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};
-pub use zerocopy::SendFile;
+pub use sock::{DataSocket, Delivery, Probe};
 
 /// Default record size: 256 KiB. See docs/framing.md for the reasoning.
 pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
@@ -68,7 +69,9 @@ pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
 /// Payload bytes and records carried by one data connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
-    /// Payload bytes (headers not counted).
+    /// Payload bytes (headers not counted). A receiver that takes
+    /// duplicates counts only the bytes a connection stored first; a
+    /// sender counts what it sent, copies included.
     pub bytes: u64,
     /// Data blocks.
     pub records: u64,
@@ -78,8 +81,12 @@ pub struct StreamStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TransferReport {
     /// Payload bytes this transfer moved (a resumed receive does not
-    /// count what was already in place).
+    /// count what was already in place; a receive that took duplicates
+    /// counts each byte once).
     pub bytes: u64,
+    /// The endgame's copies: payload bytes received again (a receiver),
+    /// or sent again (a sender).
+    pub duplicate_bytes: u64,
     /// Per data connection, in the order connections were added.
     pub streams: Vec<StreamStats>,
 }
@@ -113,6 +120,15 @@ pub enum StripeError {
         /// Start of the offending range.
         start: u64,
         /// End of the offending range.
+        end: u64,
+    },
+    /// A second copy of a byte range (the endgame sends stuck records
+    /// again) differs from the first: the sender is broken or hostile.
+    #[error("bytes [{start}, {end}) arrived twice and the copies differ")]
+    DuplicateDiffers {
+        /// Start of the range.
+        start: u64,
+        /// End of the range.
         end: u64,
     },
     /// The peer sent a block after the EOD of that connection.

@@ -152,6 +152,31 @@ impl RangeSet {
             .map(|(&s, &e)| (s, e))
     }
 
+    /// Whether every byte of `[start, end)` is present (an empty range
+    /// always is).
+    pub fn covers(&self, start: u64, end: u64) -> bool {
+        end <= start
+            || self
+                .at_or_after(start)
+                .is_some_and(|(s, e)| s <= start && e >= end)
+    }
+
+    /// The parts of `[start, end)` that are present, in order.
+    pub fn overlaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            match self.at_or_after(at) {
+                Some((s, e)) if s < end => {
+                    out.push((s.max(at), e.min(end)));
+                    at = e;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// What is missing of `[0, len)`.
     pub fn missing(&self, len: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
@@ -185,6 +210,19 @@ impl RangeSet {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn covers_and_overlaps() {
+        let mut r = RangeSet::new();
+        r.union(10, 20);
+        r.union(30, 40);
+        assert!(r.covers(10, 20) && r.covers(12, 18) && r.covers(5, 5));
+        assert!(!r.covers(9, 12) && !r.covers(15, 35) && !r.covers(40, 41));
+        assert_eq!(r.overlaps(0, 100), vec![(10, 20), (30, 40)]);
+        assert_eq!(r.overlaps(15, 35), vec![(15, 20), (30, 35)]);
+        assert_eq!(r.overlaps(20, 30), vec![]);
+        assert_eq!(r.overlaps(35, 36), vec![(35, 36)]);
+    }
 
     #[test]
     fn union_missing_and_lookup() {

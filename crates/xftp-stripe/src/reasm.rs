@@ -45,6 +45,20 @@ pub struct Reassembly {
     /// The most connections the receiver will take (an EOF announcing more
     /// could never complete).
     max_conns: Option<u64>,
+    /// Duplicates taken ([`Reassembly::take_duplicates`]): the size, and
+    /// the bytes actually stored.
+    dup: Option<Duplicates>,
+}
+
+/// The endgame's receiving rule: a byte range may arrive more than once;
+/// the first copy is stored, later ones are compared with it. The
+/// transfer is complete when every byte of the announced size is stored
+/// and the EOF block has arrived, whatever connections are still open
+/// (a connection stuck in a timeout carries only copies).
+#[derive(Clone, Debug, Default)]
+struct Duplicates {
+    size: u64,
+    stored: RangeSet,
 }
 
 impl Reassembly {
@@ -60,6 +74,36 @@ impl Reassembly {
         Self {
             ranges: have,
             ..Self::default()
+        }
+    }
+
+    /// Take duplicate ranges (the endgame): see [`Duplicates`]. Needs the
+    /// size out of band; what is already in place (`with_ranges`) counts
+    /// as stored.
+    pub fn take_duplicates(&mut self, size: u64) {
+        self.dup = Some(Duplicates {
+            size,
+            stored: self.ranges.clamped(size),
+        });
+    }
+
+    /// Whether duplicates are taken.
+    pub fn takes_duplicates(&self) -> bool {
+        self.dup.is_some()
+    }
+
+    /// With duplicates taken: the parts of `[start, end)` already stored,
+    /// which a new copy must match instead of overwrite.
+    pub fn stored_within(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.dup
+            .as_ref()
+            .map_or_else(Vec::new, |d| d.stored.overlaps(start, end))
+    }
+
+    /// With duplicates taken: `[start, end)` is stored.
+    pub fn on_stored(&mut self, start: u64, end: u64) {
+        if let Some(d) = self.dup.as_mut() {
+            d.stored.union(start, end);
         }
     }
 
@@ -111,12 +155,17 @@ impl Reassembly {
                 max: MAX_RECORD,
             });
         } else if h.count > 0 {
-            self.ranges
-                .insert(h.offset, h.end())
-                .map_err(|o| StripeError::Overlap {
-                    start: o.start,
-                    end: o.end,
-                })?;
+            if self.dup.is_some() {
+                // A copy: checked against the first when stored.
+                self.ranges.union(h.offset, h.end());
+            } else {
+                self.ranges
+                    .insert(h.offset, h.end())
+                    .map_err(|o| StripeError::Overlap {
+                        start: o.start,
+                        end: o.end,
+                    })?;
+            }
             data = Some((h.offset, h.count));
             self.in_flight += 1;
         }
@@ -125,7 +174,7 @@ impl Reassembly {
             self.conns[conn] = ConnState::Ended;
             self.eods += 1;
         }
-        if let Some(n) = self.eof {
+        if let (Some(n), None) = (self.eof, &self.dup) {
             if self.eods > n {
                 return Err(StripeError::TooManyEods {
                     expected: n,
@@ -169,6 +218,9 @@ impl Reassembly {
     /// Whether the completion rule holds now (and every accepted payload
     /// has been stored).
     pub fn is_done(&self) -> bool {
+        if let Some(d) = &self.dup {
+            return self.eof.is_some() && d.stored.is_complete(d.size);
+        }
         self.eof == Some(self.eods)
             && self.in_flight == 0
             && self.ranges.is_complete(self.ranges.max_end())
@@ -196,6 +248,23 @@ impl Reassembly {
         let Some(n) = self.eof else {
             return Err(StripeError::MissingEof);
         };
+        if let Some(d) = &self.dup {
+            // Every byte stored is all that counts; connections may have
+            // been reset with copies still on them.
+            if let Some((at, _)) = d.stored.missing(d.size).first() {
+                return Err(StripeError::Hole {
+                    at: *at,
+                    total: d.size,
+                });
+            }
+            if self.ranges.max_end() > d.size {
+                return Err(StripeError::SizeMismatch {
+                    expected: d.size,
+                    got: self.ranges.max_end(),
+                });
+            }
+            return Ok(d.size);
+        }
         if self.eods != n {
             return Err(StripeError::MissingEods {
                 expected: n,

@@ -68,6 +68,12 @@ impl Reorder {
 
 struct State {
     reasm: Reassembly,
+    /// With duplicates taken: the first connection failure, reported only
+    /// if the transfer cannot complete without that connection.
+    conn_failed: Option<StripeError>,
+    /// With duplicates taken: payload bytes that arrived again and
+    /// matched what was stored (the stats count bytes stored first).
+    duplicates: u64,
     stats: Vec<StreamStats>,
     failed: Option<StripeError>,
     result: Option<Result<TransferReport, StripeError>>,
@@ -94,6 +100,10 @@ struct Shared {
     keep_open: bool,
     /// Positional writes into `file`, one at a time.
     writer: Writer,
+    /// The completion rule may hold: with duplicates taken it can while
+    /// connections are still open (a stuck one), so the driver must not
+    /// wait for them to end.
+    maybe_done: Notify,
 }
 
 impl Shared {
@@ -163,6 +173,25 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
         )
     }
 
+    /// The endgame's receive ([`crate::endgame`]): a file of `size` bytes
+    /// of which `have` is already in `dst`, taking byte ranges that arrive
+    /// more than once (the first copy is stored, every later one must
+    /// match it, read back from `dst`: [`WriteAt::read_back`]), and
+    /// complete once every byte is stored and the EOF block has arrived,
+    /// even with connections still open or reset (a sender in the endgame
+    /// resets connections stuck with copies). A connection that fails is
+    /// an error only if the transfer cannot complete without it.
+    pub fn file_endgame(
+        dst: Arc<dyn WriteAt>,
+        size: u64,
+        have: crate::ranges::RangeSet,
+        conns: Vec<S>,
+    ) -> Self {
+        let mut reasm = Reassembly::with_ranges(have);
+        reasm.take_duplicates(size);
+        Self::start(Some(dst), Some(size), None, reasm, conns, false)
+    }
+
     /// Receive an ordered byte stream read with
     /// [`poll_read`](Self::poll_read). At most `cap` bytes are held
     /// (raised to two blocks); blocks larger than `max_block` are refused.
@@ -192,6 +221,8 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
         let shared = Arc::new(Shared {
             st: Mutex::new(State {
                 reasm,
+                conn_failed: None,
+                duplicates: 0,
                 stats: Vec::new(),
                 failed: None,
                 result: None,
@@ -203,6 +234,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
             expected,
             keep_open,
             writer: Writer::default(),
+            maybe_done: Notify::new(),
         });
         let ctl = RecvControl { shared, tx };
         for c in conns {
@@ -341,6 +373,9 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     let mut open = true;
     let mut kept = Vec::new();
     let result = loop {
+        let maybe_done = shared.maybe_done.notified();
+        tokio::pin!(maybe_done);
+        maybe_done.as_mut().enable();
         {
             let st = shared.lock();
             let (eods, eof) = st.reasm.eod_progress();
@@ -348,19 +383,31 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
             // carried a block are still open (one added just as the sender
             // sent EOF): they cannot hold data, so stop waiting for them.
             // With no connection running, decide if nothing more can come.
-            let idle_and_over = set.is_empty() && (eof == Some(eods) || !open);
+            let ended = if st.reasm.takes_duplicates() {
+                eof.is_some()
+            } else {
+                eof == Some(eods)
+            };
+            let idle_and_over = set.is_empty() && (ended || !open);
             if st.reasm.is_done() || idle_and_over {
-                break st
-                    .reasm
-                    .finish(shared.expected)
-                    .map(|_total| TransferReport {
+                let verdict = st.reasm.finish(shared.expected);
+                break match (verdict, &st.conn_failed) {
+                    // Incomplete because a connection failed: say so.
+                    (Err(_), Some(e)) => Err(e.clone()),
+                    (v, _) => v.map(|_total| TransferReport {
                         bytes: st.stats.iter().map(|s| s.bytes).sum(),
+                        duplicate_bytes: st.duplicates,
                         streams: st.stats.clone(),
-                    });
+                    }),
+                };
             }
         }
-        let spawn = |idx, s| conn_task(s, idx, shared.clone());
-        match admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+        let spawn = |idx, s| conn_task_tolerant(s, idx, shared.clone());
+        let event = tokio::select! {
+            r = admit_or_reap(&mut rx, &mut open, &mut set, spawn) => r,
+            () = &mut maybe_done => continue,
+        };
+        match event {
             Ok(Some(Some(s))) => kept.push(s),
             Ok(_) => {}
             Err(e) => break Err(e),
@@ -391,6 +438,31 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
     shared.space.notify_waiters();
     drop(set);
     result.map(|r| (r, kept))
+}
+
+/// [`conn_task`]; with duplicates taken, a connection's own failure
+/// (reset, closed early) is set aside: the others may still bring every
+/// byte (a sender in the endgame resets connections stuck with copies).
+async fn conn_task_tolerant<S: AsyncRead + Unpin>(
+    s: S,
+    idx: usize,
+    sh: Arc<Shared>,
+) -> Result<Option<S>, StripeError> {
+    match conn_task(s, idx, sh.clone()).await {
+        Err(e @ (StripeError::Io { conn: Some(_), .. } | StripeError::ClosedBeforeEod { .. })) => {
+            let mut st = sh.lock();
+            if !st.reasm.takes_duplicates() {
+                return Err(e);
+            }
+            tracing::debug!(
+                conn = idx,
+                "data connection failed: {e}; the others may complete"
+            );
+            st.conn_failed.get_or_insert(e);
+            Ok(None)
+        }
+        other => other,
+    }
 }
 
 /// One connection's loop; ends with the connection itself when it is to
@@ -479,21 +551,30 @@ async fn conn_task<S: AsyncRead + Unpin>(
                     });
                 }
             }
-            st.reasm.on_header(idx, &h)?
+            let acc = st.reasm.on_header(idx, &h)?;
+            if st.reasm.takes_duplicates() && st.reasm.is_done() {
+                // The EOF after every byte was stored.
+                sh.maybe_done.notify_one();
+            }
+            acc
         };
         if let Some((offset, count)) = acc.data {
             if let Some(file) = &sh.file {
                 let mut pos = 0u64;
+                let mut fresh = 0u64;
                 while pos < count {
                     let n = (count - pos).min(FILE_CHUNK as u64) as usize;
                     chunk.resize(n, 0);
                     r.read_exact(&mut chunk).await.map_err(closed)?;
-                    chunk = sh.writer.write(file, chunk, offset + pos).await?;
+                    let (c, new) = store(&sh, file, chunk, offset + pos).await?;
+                    chunk = c;
+                    fresh += new;
                     pos += n as u64;
                 }
                 // A block counts as stored (for the completion rule and
-                // the stats) only once its last byte is written.
-                block_stored(&sh, idx, count);
+                // the stats) only once its last byte is written; a copy
+                // counts only the bytes it stored first.
+                block_stored(&sh, idx, fresh);
             } else {
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
@@ -607,6 +688,9 @@ fn block_stored(sh: &Shared, idx: usize, count: u64) {
         stat.bytes += count;
         stat.records += 1;
     }
+    if st.reasm.takes_duplicates() && st.reasm.is_done() {
+        sh.maybe_done.notify_one();
+    }
 }
 
 /// The file writes of one receive. A write into the page cache takes tens
@@ -630,37 +714,78 @@ struct Writer {
 /// blocking pool (see [`Writer`]).
 const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(20);
 
-impl Writer {
-    /// Write all of `chunk` at `at`; hands the buffer back for reuse.
-    async fn write(
-        &self,
-        file: &Arc<dyn WriteAt>,
-        chunk: Vec<u8>,
-        at: u64,
-    ) -> Result<Vec<u8>, StripeError> {
-        use std::sync::atomic::Ordering;
-        if !self.slow.load(Ordering::Relaxed) {
-            let turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
-            let t0 = std::time::Instant::now();
-            file.write_at(&chunk, at)
-                .map_err(|e| StripeError::io(None, &e))?;
-            drop(turn);
-            if t0.elapsed() > SLOW_WRITE {
-                tracing::debug!("slow storage: further writes of this transfer off the runtime");
-                self.slow.store(true, Ordering::Relaxed);
-            }
-            return Ok(chunk);
+/// Write all of `chunk` at `at` into `file` (see [`Writer`]); hands the
+/// buffer back for reuse.
+async fn store(
+    sh: &Arc<Shared>,
+    file: &Arc<dyn WriteAt>,
+    chunk: Vec<u8>,
+    at: u64,
+) -> Result<(Vec<u8>, u64), StripeError> {
+    use std::sync::atomic::Ordering;
+    let w = &sh.writer;
+    if !w.slow.load(Ordering::Relaxed) {
+        let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = std::time::Instant::now();
+        let fresh = store_piece(sh, &**file, &chunk, at)?;
+        drop(turn);
+        if t0.elapsed() > SLOW_WRITE {
+            tracing::debug!("slow storage: further writes of this transfer off the runtime");
+            w.slow.store(true, Ordering::Relaxed);
         }
-        let (file, turn) = (file.clone(), self.turn.clone());
-        tokio::task::spawn_blocking(move || {
-            let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
-            file.write_at(&chunk, at)
-                .map(|()| chunk)
-                .map_err(|e| StripeError::io(None, &e))
-        })
-        .await
-        .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+        return Ok((chunk, fresh));
     }
+    let (sh, file) = (sh.clone(), file.clone());
+    tokio::task::spawn_blocking(move || {
+        let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
+        store_piece(&sh, &*file, &chunk, at).map(|fresh| (chunk, fresh))
+    })
+    .await
+    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+}
+
+/// One piece, with the writer's turn held: where duplicates are taken, the
+/// parts already stored are compared with what is there instead of
+/// written again, and the rest is written. Returns the bytes stored for
+/// the first time.
+fn store_piece(sh: &Shared, file: &dyn WriteAt, chunk: &[u8], at: u64) -> Result<u64, StripeError> {
+    let ioerr = |e: io::Error| StripeError::io(None, &e);
+    let end = at + chunk.len() as u64;
+    let (dup, present) = {
+        let st = sh.lock();
+        (st.reasm.takes_duplicates(), st.reasm.stored_within(at, end))
+    };
+    if !dup {
+        return file
+            .write_at(chunk, at)
+            .map(|()| chunk.len() as u64)
+            .map_err(ioerr);
+    }
+    let mut pos = at;
+    let mut fresh = 0u64;
+    let mut first = Vec::new();
+    for (a, b) in present {
+        if pos < a {
+            file.write_at(&chunk[(pos - at) as usize..(a - at) as usize], pos)
+                .map_err(ioerr)?;
+            fresh += a - pos;
+        }
+        first.resize((b - a) as usize, 0);
+        file.read_back(&mut first, a).map_err(ioerr)?;
+        if first[..] != chunk[(a - at) as usize..(b - at) as usize] {
+            return Err(StripeError::DuplicateDiffers { start: a, end: b });
+        }
+        pos = b;
+    }
+    if pos < end {
+        file.write_at(&chunk[(pos - at) as usize..], pos)
+            .map_err(ioerr)?;
+        fresh += end - pos;
+    }
+    let mut st = sh.lock();
+    st.reasm.on_stored(at, end);
+    st.duplicates += chunk.len() as u64 - fresh;
+    Ok(fresh)
 }
 
 /// Receive a file over `conns` into `dst` and wait for the end.

@@ -13,8 +13,9 @@ use tokio::task::JoinHandle;
 
 use crate::block::BlockHeader;
 use crate::driver::{admit_or_reap, Tasks};
+use crate::endgame::{Books, Observed};
 use crate::sched::{Next, Schedule, Scheduler};
-use crate::{ReadAt, SendFile, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
+use crate::{DataSocket, ReadAt, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
 
 /// Sender settings.
 #[derive(Clone, Debug)]
@@ -28,6 +29,14 @@ pub struct SendConfig {
     /// [`Sender::finish_kept`] hands them back. Off: each connection's
     /// write side is shut down after its EOD.
     pub keep_open: bool,
+    /// The endgame ([`crate::endgame`]): a connection that runs out of
+    /// records sends again the records a connection stuck in a
+    /// retransmission timeout still holds, and the transfer ends once
+    /// every byte is delivered, resetting connections still stuck. Only
+    /// for a receiver that takes identical duplicates and completes
+    /// without every EOD (`Receiver::file_endgame`; xftp's `OPTS MULT
+    /// ENDGAME`). Files only; not with `keep_open`.
+    pub endgame: bool,
 }
 
 impl Default for SendConfig {
@@ -36,6 +45,7 @@ impl Default for SendConfig {
             record_size: DEFAULT_RECORD_SIZE,
             schedule: Schedule::Dynamic,
             keep_open: false,
+            endgame: false,
         }
     }
 }
@@ -103,6 +113,36 @@ struct State {
     stats: Vec<StreamStats>,
     result: Option<Result<TransferReport, StripeError>>,
     app_waker: Option<Waker>,
+    /// The endgame's books and sockets, when it is on.
+    endgame: Option<EndgameState>,
+}
+
+/// The endgame's I/O side: duplicates of every connection's socket, to
+/// ask the kernel what each has delivered, and each task's part in the end.
+struct EndgameState {
+    books: Books,
+    probes: Vec<Option<Box<dyn crate::Probe>>>,
+    /// Per connection: running out of records, it helps the others.
+    helping: Vec<bool>,
+    /// Per connection: its task has ended (EOD sent, or failed).
+    ended: Vec<bool>,
+    /// Per connection: to be reset, its records delivered by others.
+    abort: Vec<bool>,
+    last_observed: Option<std::time::Instant>,
+    /// Payload bytes sent again, for the report.
+    resent: u64,
+}
+
+impl EndgameState {
+    fn grow(&mut self, idx: usize) {
+        if self.probes.len() <= idx {
+            self.probes.resize_with(idx + 1, || None);
+            self.helping.resize(idx + 1, false);
+            self.ended.resize(idx + 1, false);
+            self.abort.resize(idx + 1, false);
+        }
+        self.books.add_conn(idx);
+    }
 }
 
 impl State {
@@ -123,6 +163,9 @@ struct Shared {
     /// Reading the source took long once (a disk, not the page cache):
     /// from then on records are read in the blocking pool.
     slow_source: std::sync::atomic::AtomicBool,
+    /// The endgame reset some connections (their tasks end at once).
+    abort: Notify,
+    born: std::time::Instant,
 }
 
 impl Shared {
@@ -159,7 +202,7 @@ impl<S> Clone for SendControl<S> {
     }
 }
 
-impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
+impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
     /// Start sending `len` bytes of `src` over `conns`.
     ///
     /// With [`Schedule::Static`] the connection set is fixed to `conns`.
@@ -168,7 +211,24 @@ impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
             Schedule::Dynamic => Scheduler::dynamic(cfg.record_size, len),
             Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
         };
-        Self::start(sched, None, Some(src), conns, cfg.keep_open)
+        let endgame = Self::endgame_for(cfg, len, &crate::ranges::RangeSet::new());
+        Self::start(sched, None, Some(src), conns, cfg.keep_open, endgame)
+    }
+
+    fn endgame_for(
+        cfg: &SendConfig,
+        len: u64,
+        have: &crate::ranges::RangeSet,
+    ) -> Option<EndgameState> {
+        (cfg.endgame && !cfg.keep_open).then(|| EndgameState {
+            books: Books::new(len, have),
+            probes: Vec::new(),
+            helping: Vec::new(),
+            ended: Vec::new(),
+            abort: Vec::new(),
+            last_observed: None,
+            resent: 0,
+        })
     }
 
     /// Resume: send the bytes of `[0, len)` the receiver does not have
@@ -182,7 +242,8 @@ impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
         cfg: &SendConfig,
     ) -> Self {
         let sched = Scheduler::dynamic_except(cfg.record_size, len, have);
-        Self::start(sched, None, Some(src), conns, cfg.keep_open)
+        let endgame = Self::endgame_for(cfg, len, have);
+        Self::start(sched, None, Some(src), conns, cfg.keep_open, endgame)
     }
 
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
@@ -200,7 +261,7 @@ impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
             written: 0,
             closing: false,
         };
-        Self::start(Scheduler::stream(rs), Some(sb), None, conns, false)
+        Self::start(Scheduler::stream(rs), Some(sb), None, conns, false, None)
     }
 
     fn start(
@@ -209,9 +270,15 @@ impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
         file: Option<Arc<dyn ReadAt>>,
         conns: Vec<S>,
         keep_open: bool,
+        mut endgame: Option<EndgameState>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let n = conns.len();
+        if let Some(e) = endgame.as_mut() {
+            for i in 0..n {
+                e.grow(i);
+            }
+        }
         if sched.schedule() == Schedule::Dynamic {
             for _ in 0..n {
                 // Dynamic schedulers always accept connections.
@@ -228,11 +295,14 @@ impl<S: AsyncWrite + SendFile + Unpin + Send + 'static> Sender<S> {
                 stats: vec![StreamStats::default(); n],
                 result: None,
                 app_waker: None,
+                endgame,
             }),
             wake: Notify::new(),
             file,
             keep_open,
             slow_source: Default::default(),
+            abort: Notify::new(),
+            born: std::time::Instant::now(),
         });
         for (i, c) in conns.into_iter().enumerate() {
             // The receiver lives in the driver spawned below.
@@ -414,6 +484,9 @@ impl<S: Send + 'static> SendControl<S> {
         let idx = st.sched.add_conn().map_err(|_| StripeError::StaticAdd)?;
         st.active += 1;
         st.stats.push(StreamStats::default());
+        if let Some(e) = st.endgame.as_mut() {
+            e.grow(idx);
+        }
         // Sent while holding the lock so the driver cannot finish between
         // our registration and the hand-over.
         if self.tx.send((idx, conn)).is_err() {
@@ -434,7 +507,7 @@ impl<S: Send + 'static> SendControl<S> {
     }
 }
 
-async fn drive<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
+async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
 ) -> Result<Finished<S>, StripeError> {
@@ -446,8 +519,13 @@ async fn drive<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
             let st = shared.lock();
             if st.eof_sent {
                 let streams = st.stats.clone();
+                let resent = st.endgame.as_ref().map_or(0, |e| e.resent);
+                if resent > 0 {
+                    tracing::debug!(bytes = resent, "endgame: bytes sent again");
+                }
                 break Ok(TransferReport {
                     bytes: streams.iter().map(|s| s.bytes).sum(),
+                    duplicate_bytes: resent,
                     streams,
                 });
             }
@@ -467,6 +545,10 @@ async fn drive<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
         tracing::debug!(error = %e, "striped send failed");
         st.failed = Some(e.clone());
     }
+    if let Some(e) = st.endgame.as_mut() {
+        // The duplicates kept the sockets open for the endgame's questions.
+        e.probes.clear();
+    }
     st.result = Some(result.clone());
     st.wake_app();
     drop(st);
@@ -480,16 +562,103 @@ async fn drive<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
 enum Step {
     Record(u64, u64, Option<Bytes>),
     Wait,
+    Help,
+    Aborted,
     End(Option<u64>),
 }
 
-/// One connection's loop; ends with the connection itself when it is to
-/// stay open ([`SendConfig::keep_open`]).
-async fn conn_task<S: AsyncWrite + SendFile + Unpin>(
+/// One connection's task; ends with the connection itself when it is to
+/// stay open ([`SendConfig::keep_open`]). The endgame may reset it.
+async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
     mut s: S,
     idx: usize,
     sh: Arc<Shared>,
 ) -> Result<Option<S>, StripeError> {
+    {
+        let mut st = sh.lock();
+        if let Some(e) = st.endgame.as_mut() {
+            e.grow(idx);
+            e.probes[idx] = s.probe();
+        }
+    }
+    let outcome = {
+        let body = conn_body(&mut s, idx, &sh);
+        tokio::pin!(body);
+        tokio::select! {
+            r = &mut body => Some(r),
+            () = reset_ordered(&sh, idx) => None,
+        }
+    };
+    let ended = |sh: &Shared| {
+        if let Some(e) = sh.lock().endgame.as_mut() {
+            e.ended[idx] = true;
+        }
+    };
+    match outcome {
+        Some(Ok(Ended::Keep)) => {
+            ended(&sh);
+            Ok(Some(s))
+        }
+        Some(Ok(Ended::Closed)) => {
+            ended(&sh);
+            Ok(None)
+        }
+        Some(Err(e)) => {
+            ended(&sh);
+            Err(e)
+        }
+        Some(Ok(Ended::Reset)) | None => {
+            // Stuck, and everything it held was delivered by others: a
+            // reset rather than the wait for its timeouts (and its data).
+            // Our duplicate of its socket goes first, so that dropping
+            // the connection closes the socket.
+            let probe = sh
+                .lock()
+                .endgame
+                .as_mut()
+                .and_then(|e| e.probes[idx].take());
+            if let Some(p) = probe {
+                p.reset_on_close();
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Ready once the endgame has marked connection `idx` to be reset.
+async fn reset_ordered(sh: &Shared, idx: usize) {
+    loop {
+        let notified = sh.abort.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if sh
+            .lock()
+            .endgame
+            .as_ref()
+            .is_some_and(|e| e.abort.get(idx).copied().unwrap_or(false))
+        {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// How a connection's task ended.
+enum Ended {
+    /// EOD sent; the connection stays open for the next transfer.
+    Keep,
+    /// EOD sent and the write side shut down.
+    Closed,
+    /// Reset by the endgame: stuck with copies delivered by others.
+    Reset,
+}
+
+/// The connection's records, then its end.
+async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
+    s: &mut S,
+    idx: usize,
+    sh: &Arc<Shared>,
+) -> Result<Ended, StripeError> {
     let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
     let mut buf = Vec::new();
     loop {
@@ -516,26 +685,32 @@ async fn conn_task<S: AsyncWrite + SendFile + Unpin>(
                 }
                 Next::Wait => Step::Wait,
                 Next::Done => {
-                    st.active -= 1;
-                    let last = st.active == 0 && st.sched.exhausted();
-                    if last {
-                        st.eof_sent = true;
+                    // Out of records (not retired): in the endgame, help
+                    // until everything is delivered.
+                    let exhausted = st.sched.exhausted();
+                    match st.endgame.as_mut() {
+                        Some(e) if e.abort[idx] => Step::Aborted,
+                        Some(e) if exhausted && !e.books.all_delivered() => {
+                            e.helping[idx] = true;
+                            Step::Help
+                        }
+                        _ => end_step(&mut st, idx),
                     }
-                    Step::End(last.then(|| st.sched.conn_count() as u64))
                 }
             }
         };
         match step {
             Step::Record(offset, len, payload) => {
                 let hdr = BlockHeader::data(offset, len).encode();
+                queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
                 match payload {
-                    Some(b) => write_block(&mut s, &hdr, &b).await.map_err(ioerr)?,
+                    Some(b) => write_block(s, &hdr, &b).await.map_err(ioerr)?,
                     None => {
                         let file = sh
                             .file
                             .clone()
                             .ok_or(StripeError::Unsupported("no source"))?;
-                        buf = send_record(&mut s, &sh, file, buf, &hdr, offset, len)
+                        buf = send_record(s, sh, file, buf, &hdr, offset, len)
                             .await
                             .map_err(|e| match e {
                                 RecordError::Net(e) => ioerr(e),
@@ -545,6 +720,9 @@ async fn conn_task<S: AsyncWrite + SendFile + Unpin>(
                 }
                 {
                     let mut st = sh.lock();
+                    if let Some(e) = st.endgame.as_mut() {
+                        e.books.written(idx, hdr.len() as u64 + len);
+                    }
                     if let Some(stat) = st.stats.get_mut(idx) {
                         stat.bytes += len;
                         stat.records += 1;
@@ -557,20 +735,218 @@ async fn conn_task<S: AsyncWrite + SendFile + Unpin>(
                 tokio::task::yield_now().await;
             }
             Step::Wait => notified.await,
-            Step::End(eof) => {
-                let hdr = match eof {
-                    Some(n) => BlockHeader::eof(n),
-                    None => BlockHeader::eod(),
-                };
-                s.write_all(&hdr.encode()).await.map_err(ioerr)?;
-                s.flush().await.map_err(ioerr)?;
-                if sh.keep_open {
-                    return Ok(Some(s));
+            Step::Help => {
+                let (b, clear) = help(s, idx, sh, buf).await?;
+                buf = b;
+                if !clear {
+                    // Itself stuck with copies delivered by others.
+                    return Ok(Ended::Reset);
                 }
-                s.shutdown().await.map_err(ioerr)?;
-                return Ok(None);
+                let step = end_step(&mut sh.lock(), idx);
+                if let Step::End(eof) = step {
+                    return end_connection(s, sh, idx, eof).await;
+                }
             }
+            Step::Aborted => return Ok(Ended::Reset),
+            Step::End(eof) => return end_connection(s, sh, idx, eof).await,
         }
+    }
+}
+
+/// Account for `bytes` about to be written on `idx` (a record, if any).
+fn queued(sh: &Shared, idx: usize, bytes: u64, record: Option<(u64, u64)>) {
+    let now = sh.born.elapsed();
+    if let Some(e) = sh.lock().endgame.as_mut() {
+        e.books.queued(idx, bytes, record, now);
+    }
+}
+
+/// This connection ends: the last one to end sends the EOF block.
+fn end_step(st: &mut State, idx: usize) -> Step {
+    // Under the same lock as `active`: an endgame that resets the
+    // connections neither helping nor ended must not count this one again.
+    if let Some(e) = st.endgame.as_mut() {
+        e.ended[idx] = true;
+        e.helping[idx] = false;
+    }
+    st.active -= 1;
+    let last = st.active == 0 && st.sched.exhausted();
+    if last {
+        st.eof_sent = true;
+    }
+    Step::End(last.then(|| st.sched.conn_count() as u64))
+}
+
+/// Write the EOD (or, `eof`, the EOF block with the count) and end.
+async fn end_connection<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    sh: &Shared,
+    idx: usize,
+    eof: Option<u64>,
+) -> Result<Ended, StripeError> {
+    let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
+    let hdr = match eof {
+        Some(n) => BlockHeader::eof(n),
+        None => BlockHeader::eod(),
+    };
+    queued(sh, idx, hdr.encode().len() as u64, None);
+    s.write_all(&hdr.encode()).await.map_err(ioerr)?;
+    if let Some(e) = sh.lock().endgame.as_mut() {
+        e.books.written(idx, hdr.encode().len() as u64);
+    }
+    s.flush().await.map_err(ioerr)?;
+    if sh.keep_open {
+        return Ok(Ended::Keep);
+    }
+    s.shutdown().await.map_err(ioerr)?;
+    Ok(Ended::Closed)
+}
+
+/// How often a helping connection asks the kernel what the others have
+/// delivered.
+const ENDGAME_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The endgame on connection `idx`, out of records: send again the
+/// records stuck connections hold, until every byte is delivered; then
+/// order the connections still stuck to be reset. Returns the buffer and
+/// whether this connection is clear to end with its EOD (false: it is
+/// stuck itself and counted out, to be reset).
+async fn help<S: AsyncWrite + DataSocket + Unpin>(
+    s: &mut S,
+    idx: usize,
+    sh: &Arc<Shared>,
+    mut buf: Vec<u8>,
+) -> Result<(Vec<u8>, bool), StripeError> {
+    let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
+    loop {
+        observe(sh, false);
+        if sh
+            .lock()
+            .endgame
+            .as_ref()
+            .is_some_and(|e| e.books.all_delivered())
+        {
+            // Who is clear is judged on fresh readings.
+            observe(sh, true);
+        }
+        let claim = {
+            let mut st = sh.lock();
+            if let Some(e) = &st.failed {
+                return Err(StripeError::Aborted(e.to_string()));
+            }
+            let State {
+                endgame, active, ..
+            } = &mut *st;
+            let Some(e) = endgame.as_mut() else {
+                return Ok((buf, true));
+            };
+            if e.abort[idx] {
+                // Counted out by another helper.
+                return Ok((buf, false));
+            }
+            if e.books.all_delivered() {
+                // Connections that are not ended and either not helping
+                // or not clear hold nothing that is not delivered already,
+                // but would block on their EOD behind copies waiting a
+                // timeout: reset them. This one too, if it is not clear
+                // (another helper, clear, is left to send the EOF: the
+                // last copies were acknowledged on one).
+                let clear_self = e.books.is_clear(idx);
+                let mut reset = 0;
+                for j in 0..e.abort.len() {
+                    let alive = !e.ended[j] && !e.abort[j];
+                    let stays = e.helping[j] && e.books.is_clear(j);
+                    if alive && !stays && (j != idx || !clear_self) {
+                        e.abort[j] = true;
+                        e.helping[j] = false;
+                        reset += 1;
+                    }
+                }
+                *active -= reset;
+                // Connections that ended (their EOD written) but whose
+                // records still wait a timeout: reset them through our
+                // duplicate of their socket, which is the last one left.
+                for j in 0..e.probes.len() {
+                    if e.ended[j] {
+                        if let Some(p) = e.probes[j].take() {
+                            if !e.books.is_clear(j) {
+                                p.reset_on_close();
+                            }
+                        }
+                    }
+                }
+                drop(st);
+                if reset > 0 {
+                    tracing::debug!(conns = reset, "endgame: stuck connections reset");
+                    sh.abort.notify_waiters();
+                }
+                return Ok((buf, clear_self));
+            }
+            let c = e.books.claim(idx);
+            if let Some((_, len)) = c {
+                e.resent += len;
+            }
+            c
+        };
+        match claim {
+            Some((offset, len)) => {
+                let hdr = BlockHeader::data(offset, len).encode();
+                queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
+                let file = sh
+                    .file
+                    .clone()
+                    .ok_or(StripeError::Unsupported("no source"))?;
+                buf = send_record(s, sh, file, buf, &hdr, offset, len)
+                    .await
+                    .map_err(|e| match e {
+                        RecordError::Net(e) => ioerr(e),
+                        RecordError::Source(e) => e,
+                    })?;
+                let mut st = sh.lock();
+                if let Some(e) = st.endgame.as_mut() {
+                    e.books.written(idx, hdr.len() as u64 + len);
+                }
+                if let Some(stat) = st.stats.get_mut(idx) {
+                    stat.bytes += len;
+                    stat.records += 1;
+                }
+            }
+            None => tokio::time::sleep(ENDGAME_POLL).await,
+        }
+    }
+}
+
+/// Ask every connection with undelivered records (with `all`, every
+/// connection) what it has delivered, at most once per [`ENDGAME_POLL`]
+/// whichever helper asks, unless `all`. The questions are system calls of
+/// a few microseconds each, asked under the lock.
+fn observe(sh: &Shared, all: bool) {
+    let now = std::time::Instant::now();
+    let at = sh.born.elapsed();
+    let mut st = sh.lock();
+    let Some(e) = st.endgame.as_mut() else {
+        return;
+    };
+    if !all
+        && e.last_observed
+            .is_some_and(|t| now.duration_since(t) < ENDGAME_POLL)
+    {
+        return;
+    }
+    e.last_observed = Some(now);
+    for i in 0..e.probes.len() {
+        if !all && !e.books.holds_undelivered(i) {
+            continue;
+        }
+        let Some(d) = e.probes[i].as_ref().and_then(|p| p.delivery()) else {
+            continue;
+        };
+        let o = Observed {
+            outq: d.outq,
+            timed_out: d.timed_out,
+            rto: d.rto,
+        };
+        e.books.observe(i, o, at);
     }
 }
 
@@ -594,7 +970,7 @@ async fn write_block<S: AsyncWrite + Unpin>(s: &mut S, hdr: &[u8], data: &[u8]) 
     s.write_all(d).await
 }
 
-/// Where the page cache cannot be asked (see [`crate::zerocopy::cached`]),
+/// Where the page cache cannot be asked (see [`crate::sock::cached`]),
 /// a read or a send that takes longer than this marks the source as slow
 /// (a disk): see [`send_record`].
 const SLOW_SOURCE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -612,11 +988,11 @@ enum RecordError {
 /// task: a read of 256 KiB from memory takes less than handing it to
 /// another thread and waking the task again. On a plain TCP connection
 /// the kernel even sends the file's pages itself (`sendfile(2)`,
-/// [`SendFile`]): no copy through user space at all. A record not in the
+/// [`DataSocket`]): no copy through user space at all. A record not in the
 /// page cache (asked with `RWF_NOWAIT`) is read in the blocking pool, so
 /// a slow disk never holds up the runtime's threads, which other
 /// connections and sessions share.
-async fn send_record<S: AsyncWrite + SendFile + Unpin>(
+async fn send_record<S: AsyncWrite + DataSocket + Unpin>(
     s: &mut S,
     sh: &Shared,
     file: Arc<dyn ReadAt>,
@@ -627,7 +1003,7 @@ async fn send_record<S: AsyncWrite + SendFile + Unpin>(
 ) -> Result<Vec<u8>, RecordError> {
     use std::sync::atomic::Ordering;
     let in_memory = match file.as_fd() {
-        Some(fd) => crate::zerocopy::cached(fd, offset, len),
+        Some(fd) => crate::sock::cached(fd, offset, len),
         // Not a file (memory, a test double): nothing to wait for.
         None => Some(true),
     };
@@ -644,10 +1020,10 @@ async fn send_record<S: AsyncWrite + SendFile + Unpin>(
     if in_place && s.can_send_file() {
         if let Some(fd) = file.as_fd() {
             let mut longest = std::time::Duration::ZERO;
-            let sent = crate::zerocopy::send_all(s, hdr, fd, offset, len as usize, &mut longest)
+            let sent = crate::sock::send_all(s, hdr, fd, offset, len as usize, &mut longest)
                 .await
                 .map_err(RecordError::Net)?;
-            if let crate::zerocopy::SentFrom::FileEnded(at) = sent {
+            if let crate::sock::SentFrom::FileEnded(at) = sent {
                 return Err(RecordError::Source(StripeError::SourceShort {
                     at,
                     len: offset + len,
@@ -699,7 +1075,7 @@ fn read_record(
 
 /// Send `len` bytes of `src` over `conns` and wait for the end. The
 /// future does not borrow `cfg`.
-pub fn send_file<S: AsyncWrite + SendFile + Unpin + Send + 'static>(
+pub fn send_file<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
     src: Arc<dyn ReadAt>,
     len: u64,
     conns: Vec<S>,

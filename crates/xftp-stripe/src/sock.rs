@@ -49,6 +49,38 @@ pub trait DataSocket {
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+
+    /// A handle that tells, from any task, what this connection has
+    /// delivered (the endgame's question). By default the kernel's answer
+    /// for [`tcp_socket`](Self::tcp_socket), through a duplicate of it.
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        let fd = self.tcp_socket()?.try_clone_to_owned().ok()?;
+        Some(Box::new(FdProbe(fd)))
+    }
+}
+
+/// What a sender may ask of one of its connections from elsewhere.
+pub trait Probe: Send + Sync {
+    /// Bytes not yet acknowledged, and whether it waits a timeout.
+    fn delivery(&self) -> Option<Delivery>;
+
+    /// Make the connection's close a reset: what it still holds is not to
+    /// be delivered (the endgame delivered it otherwise).
+    fn reset_on_close(&self) {}
+}
+
+/// The kernel's answers for a TCP socket, through a duplicate descriptor
+/// (which keeps the socket open until the probe is dropped).
+struct FdProbe(std::os::fd::OwnedFd);
+
+impl Probe for FdProbe {
+    fn delivery(&self) -> Option<Delivery> {
+        delivery(std::os::fd::AsFd::as_fd(&self.0))
+    }
+
+    fn reset_on_close(&self) {
+        reset_on_close(std::os::fd::AsFd::as_fd(&self.0));
+    }
 }
 
 /// `XFTP_ZEROCOPY=off` in the environment turns `sendfile` off, so that
@@ -190,9 +222,9 @@ pub(crate) enum SentFrom {
     FileEnded(u64),
 }
 
-/// What the kernel says of a sending TCP socket.
+/// What a sending connection has delivered ([`Probe::delivery`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Delivery {
+pub struct Delivery {
     /// Bytes written to the socket and not yet acknowledged by the peer
     /// (sent or not).
     pub outq: u64,
@@ -204,7 +236,7 @@ pub(crate) struct Delivery {
 }
 
 /// Ask the kernel about the TCP socket `fd`; `None` where it cannot tell.
-pub(crate) fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
+fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -242,6 +274,32 @@ pub(crate) fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
     {
         let _ = fd;
         None
+    }
+}
+
+/// Make the socket's close a reset (`SO_LINGER` 0): what it still holds
+/// is not to be delivered.
+fn reset_on_close(fd: std::os::fd::BorrowedFd<'_>) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid linger struct and its size, on an open socket.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            tracing::debug!("SO_LINGER: {}", io::Error::last_os_error());
+        }
     }
 }
 

@@ -49,7 +49,7 @@ async fn roundtrip<S, R>(
     cfg: &SendConfig,
 ) -> (TransferReport, TransferReport, Vec<u8>)
 where
-    S: AsyncWrite + xftp_stripe::SendFile + Unpin + Send + 'static,
+    S: AsyncWrite + xftp_stripe::DataSocket + Unpin + Send + 'static,
     R: AsyncRead + Unpin + Send + 'static,
 {
     let src = Arc::new(MemFile::from(data.to_vec()));
@@ -76,6 +76,7 @@ async fn sizes_and_stream_counts_in_memory() {
                     record_size: RS,
                     schedule,
                     keep_open: false,
+                    endgame: false,
                 };
                 let (s, r, got) = roundtrip(&data, tx, rx, &cfg).await;
                 assert!(got == data, "size {size} n {n} {schedule:?}");
@@ -132,7 +133,7 @@ struct Throttle<S> {
 }
 
 // Throttled writes go through poll_write.
-impl<S> xftp_stripe::SendFile for Throttle<S> {}
+impl<S> xftp_stripe::DataSocket for Throttle<S> {}
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Throttle<S> {
     fn poll_write(
@@ -170,7 +171,7 @@ enum Conn {
     Slow(Throttle<DuplexStream>),
 }
 
-impl xftp_stripe::SendFile for Conn {}
+impl xftp_stripe::DataSocket for Conn {}
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
@@ -214,6 +215,7 @@ async fn timed_with_slow_conn(schedule: Schedule, data: &[u8]) -> (Duration, Tra
         record_size: 32 * 1024,
         schedule,
         keep_open: false,
+        endgame: false,
     };
     let t = Instant::now();
     let (s, r, got) = roundtrip(data, tx, rx, &cfg).await;
@@ -242,7 +244,7 @@ struct Killer<S> {
     left: usize,
 }
 
-impl<S> xftp_stripe::SendFile for Killer<S> {}
+impl<S> xftp_stripe::DataSocket for Killer<S> {}
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Killer<S> {
     fn poll_write(
@@ -348,6 +350,7 @@ async fn add_and_retire_connections_mid_transfer() {
         record_size: 16 * 1024,
         schedule: Schedule::Dynamic,
         keep_open: false,
+        endgame: false,
     };
     let src = Arc::new(MemFile::from(data.clone()));
     let dst = Arc::new(MemFile::default());
@@ -586,6 +589,7 @@ async fn a_resumed_transfer_sends_only_the_holes() {
             record_size: 16 * 1024,
             schedule: Schedule::Dynamic,
             keep_open: false,
+            endgame: false,
         };
         let src = Arc::new(MemFile::from(data.clone()));
         let sender = Sender::file_except(src, len, &have, tx, &cfg);
@@ -729,7 +733,7 @@ struct Counting {
     by_write: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl xftp_stripe::SendFile for Counting {
+impl xftp_stripe::DataSocket for Counting {
     fn can_send_file(&self) -> bool {
         self.inner.can_send_file()
     }
@@ -827,5 +831,242 @@ async fn a_file_cut_short_while_sent_by_sendfile_fails_the_transfer() {
     assert!(
         r.is_err(),
         "the receiver must not see a complete file: {r:?}"
+    );
+}
+
+// ---------------------------------------------------------------- endgame
+
+fn block(offset: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = xftp_stripe::block::BlockHeader::data(offset, payload.len() as u64)
+        .encode()
+        .to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Feed raw bytes on each connection to a receiver that takes duplicates.
+async fn receive_raw(
+    size: u64,
+    wires: Vec<Vec<u8>>,
+) -> (Result<TransferReport, StripeError>, Vec<u8>) {
+    use tokio::io::AsyncWriteExt;
+    let (tx, rx) = duplexes(wires.len());
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file_endgame(dst.clone(), size, Default::default(), rx);
+    let feed = async {
+        for (mut t, w) in tx.into_iter().zip(wires) {
+            t.write_all(&w).await.unwrap();
+            // Kept open: a connection that never ends.
+            std::mem::forget(t);
+        }
+    };
+    let (_, r) = tokio::join!(feed, rcv.finish());
+    (r, dst.to_vec())
+}
+
+#[tokio::test]
+async fn a_receiver_in_the_endgame_takes_identical_copies_and_refuses_others() {
+    let data = pattern(300, 9);
+    let eof = xftp_stripe::block::BlockHeader::eof(2).encode().to_vec();
+    // Conn 0 carries [0, 200) and the EOF; conn 1 a copy of [100, 200)
+    // and [200, 300). It completes without any EOD on conn 1.
+    let a = [
+        block(0, &data[..100]),
+        block(100, &data[100..200]),
+        eof.clone(),
+    ]
+    .concat();
+    let b = [block(100, &data[100..200]), block(200, &data[200..])].concat();
+    let (r, got) = receive_raw(300, vec![a, b]).await;
+    let r = r.unwrap();
+    assert_eq!(got, data);
+    assert_eq!(r.bytes, 300, "each byte counted once");
+    assert_eq!(r.duplicate_bytes, 100);
+    // A copy overlapping two records, partly new.
+    let a = [block(0, &data[..150]), eof.clone()].concat();
+    let b = [block(100, &data[100..300])].concat();
+    let (r, got) = receive_raw(300, vec![a, b]).await;
+    assert_eq!(r.unwrap().bytes, 300);
+    assert_eq!(got, data);
+    // A copy that differs in one byte is refused.
+    let mut bad = data[100..200].to_vec();
+    bad[42] ^= 1;
+    let a = [block(0, &data[..200]), eof.clone()].concat();
+    let b = [block(100, &bad), block(200, &data[200..])].concat();
+    let (r, _) = receive_raw(300, vec![a, b]).await;
+    assert!(
+        matches!(r, Err(StripeError::DuplicateDiffers { .. })),
+        "{r:?}"
+    );
+    // Every byte but no EOF: not complete (a sender that stopped early).
+    let a = block(0, &data);
+    let (tx, rx) = duplexes(1);
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file_endgame(dst, 300, Default::default(), rx);
+    let mut tx = tx;
+    {
+        use tokio::io::AsyncWriteExt;
+        tx[0].write_all(&a).await.unwrap();
+        tx[0].shutdown().await.unwrap();
+    }
+    assert!(rcv.finish().await.is_err());
+}
+
+/// What crossed one in-memory "connection": bytes the sender wrote, bytes
+/// the receiving application read. As with TCP, what the peer has
+/// acknowledged is on its way to the application; here what it read.
+#[derive(Default)]
+struct Wire {
+    written: std::sync::atomic::AtomicU64,
+    read: std::sync::atomic::AtomicU64,
+    /// The reader stopped: what is not read waits "a timeout" for good.
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+/// The sending end of a [`Wire`].
+struct WireTx(DuplexStream, Arc<Wire>);
+/// The receiving end; it stops reading for good after `left` bytes.
+struct WireRx(DuplexStream, Arc<Wire>, usize);
+
+struct WireProbe(Arc<Wire>);
+
+impl xftp_stripe::Probe for WireProbe {
+    fn delivery(&self) -> Option<xftp_stripe::Delivery> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let outq = self.0.written.load(SeqCst) - self.0.read.load(SeqCst);
+        Some(xftp_stripe::Delivery {
+            outq,
+            timed_out: outq > 0 && self.0.stalled.load(SeqCst),
+            rto: Duration::from_millis(200),
+        })
+    }
+}
+
+impl xftp_stripe::DataSocket for WireTx {
+    fn probe(&self) -> Option<Box<dyn xftp_stripe::Probe>> {
+        Some(Box::new(WireProbe(self.1.clone())))
+    }
+}
+
+impl AsyncWrite for WireTx {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.0).poll_write(cx, b);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.1
+                .written
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::SeqCst);
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for WireRx {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.2 == 0 {
+            self.1.stalled.store(true, SeqCst);
+            return Poll::Pending;
+        }
+        let want = buf.remaining().min(self.2);
+        let mut part = buf.take(want);
+        let r = Pin::new(&mut self.0).poll_read(cx, &mut part);
+        let n = part.filled().len();
+        if let Poll::Ready(Ok(())) = r {
+            // SAFETY: `part` filled `n` bytes of `buf`'s unfilled part.
+            unsafe { buf.assume_init(n) };
+            buf.advance(n);
+            self.2 -= n;
+            self.1.read.fetch_add(n as u64, SeqCst);
+        }
+        r
+    }
+}
+
+/// `n` wires; the one at `stuck` stops being read after `after` bytes.
+fn wires(n: usize, stuck: usize, after: usize) -> (Vec<WireTx>, Vec<WireRx>) {
+    (0..n)
+        .map(|i| {
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            let w = Arc::new(Wire::default());
+            let left = if i == stuck { after } else { usize::MAX };
+            (WireTx(a, w.clone()), WireRx(b, w, left))
+        })
+        .unzip()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endgame_delivers_a_stuck_connections_records_through_the_others() {
+    let data = pattern(24 * 1024 * 1024 + 999, 77);
+    let len = data.len() as u64;
+    for stuck_after in [0, 300_000, 1 << 20] {
+        // Connection 2 is read up to `stuck_after` bytes, then never again.
+        let (tx, rx) = wires(4, 2, stuck_after);
+        let dst = Arc::new(MemFile::default());
+        let cfg = SendConfig {
+            record_size: 128 * 1024,
+            endgame: true,
+            ..SendConfig::default()
+        };
+        let run = async {
+            tokio::join!(
+                send_file(Arc::new(MemFile::from(data.clone())), len, tx, &cfg),
+                Receiver::file_endgame(dst.clone(), len, Default::default(), rx).finish()
+            )
+        };
+        let (s, r) = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the endgame ends the transfer");
+        let s = s.unwrap();
+        let r = r.unwrap();
+        assert!(dst.to_vec() == data, "content, stuck after {stuck_after}");
+        assert_eq!(r.bytes, len, "each byte counted once");
+        // The sender sent again what the stuck one held, and only that
+        // (a 64 KiB pipe holds less than a record).
+        assert!(s.duplicate_bytes > 0, "nothing sent again");
+        assert!(
+            s.duplicate_bytes <= 3 * 128 * 1024,
+            "{} bytes sent again",
+            s.duplicate_bytes
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_endgame_a_stuck_connection_holds_the_end() {
+    // The same stall without the endgame never completes: the test above
+    // is about the endgame, not about the stall being harmless.
+    let data = pattern(8 * 1024 * 1024, 78);
+    let len = data.len() as u64;
+    let (tx, rx) = wires(3, 1, 1 << 20);
+    let dst = Arc::new(MemFile::default());
+    let cfg = SendConfig {
+        record_size: 128 * 1024,
+        ..SendConfig::default()
+    };
+    let run = async {
+        tokio::join!(
+            send_file(Arc::new(MemFile::from(data.clone())), len, tx, &cfg),
+            Receiver::file_endgame(dst.clone(), len, Default::default(), rx).finish()
+        )
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), run)
+            .await
+            .is_err(),
+        "completed without the endgame"
     );
 }

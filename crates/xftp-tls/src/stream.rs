@@ -140,7 +140,7 @@ impl AsyncRead for Stream {
 
 /// Plain connections send file pages straight from the page cache; TLS
 /// must encrypt them in user space first.
-impl xftp_stripe::SendFile for Stream {
+impl xftp_stripe::DataSocket for Stream {
     fn can_send_file(&self) -> bool {
         matches!(self, Stream::Plain(_))
     }
@@ -157,6 +157,10 @@ impl xftp_stripe::SendFile for Stream {
             Stream::Plain(s) => Pin::new(s).poll_send_file(cx, hdr, fd, offset, len),
             _ => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
         }
+    }
+
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(self.tcp()))
     }
 }
 

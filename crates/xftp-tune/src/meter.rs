@@ -225,9 +225,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Metered<S> {
     }
 }
 
-impl<S: xftp_stripe::SendFile + Unpin> xftp_stripe::SendFile for Metered<S> {
+impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Metered<S> {
     fn can_send_file(&self) -> bool {
         self.inner.can_send_file()
+    }
+
+    fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.tcp_socket()
     }
 
     fn poll_send_file(

@@ -1,0 +1,316 @@
+//! Sans-IO bookkeeping of the sender's endgame.
+//!
+//! The end of a striped transfer waits for its slowest connection. On a
+//! lossy path the last records often sit on a connection in a
+//! retransmission timeout (a second or more, doubling), while the other
+//! connections have nothing left to do. In the endgame a connection that
+//! runs out of records does not end: it watches what every connection has
+//! *delivered* (acknowledged by the peer's TCP) and sends again, on
+//! itself, the records a stuck connection still holds. The receiver takes
+//! the first copy of each byte and checks every later copy against it
+//! (`Receiver::file_endgame`); the transfer ends once every byte has been
+//! delivered by some connection, and connections still stuck are then
+//! reset instead of waited for.
+//!
+//! This module keeps the books; it does no I/O and has no clock. Its
+//! caller tells it what each connection wrote ([`Books::queued`],
+//! [`Books::written`]) and what the kernel says (`observe`: bytes still
+//! unacknowledged, whether the connection is in a retransmission
+//! timeout), and asks it what to send again ([`Books::claim`]) and whether
+//! everything is delivered ([`Books::all_delivered`]).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::ranges::RangeSet;
+
+/// A record written to a connection and not yet known to be delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sent {
+    offset: u64,
+    len: u64,
+    /// The connection's byte count (headers included) at the record's
+    /// end: delivered once the peer has acknowledged that many.
+    end: u64,
+    /// Already claimed to be sent again on another connection.
+    resent: bool,
+}
+
+/// One connection's books.
+#[derive(Clone, Debug, Default)]
+struct Book {
+    /// Bytes handed to the connection's writes so far (headers included).
+    queued: u64,
+    /// Bytes of those whose write completed: in the kernel's hands.
+    written: u64,
+    pending: VecDeque<Sent>,
+    /// Bytes the peer has acknowledged, as far as known.
+    acked: u64,
+    /// When `acked` last grew (or the first record was queued).
+    progress_at: Duration,
+    /// Holding records that wait a timeout: others may send them again.
+    stuck: bool,
+    /// Bytes unacknowledged at the last observation.
+    outq: u64,
+}
+
+/// What the kernel says of one connection (see `sock::delivery`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Bytes written and not yet acknowledged by the peer.
+    pub outq: u64,
+    /// In a retransmission timeout or backing off after one.
+    pub timed_out: bool,
+    /// The connection's retransmission timeout.
+    pub rto: Duration,
+}
+
+/// A connection counts as stuck when nothing it holds was acknowledged
+/// for longer than this, even without a timeout on record (a floor under
+/// its own RTO, which starts at 200 ms on Linux).
+const NO_PROGRESS_FLOOR: Duration = Duration::from_millis(200);
+
+/// The endgame's books over every connection of one file transfer.
+#[derive(Clone, Debug)]
+pub struct Books {
+    books: Vec<Book>,
+    /// Every byte some connection has delivered, and what the receiver
+    /// had before (a resumed transfer).
+    delivered: RangeSet,
+    len: u64,
+}
+
+impl Books {
+    /// A transfer of `[0, len)` of which the receiver already has `have`.
+    pub fn new(len: u64, have: &RangeSet) -> Self {
+        Books {
+            books: Vec::new(),
+            delivered: have.clamped(len),
+            len,
+        }
+    }
+
+    /// Register connection `idx` (indices are dense, in order of addition).
+    pub fn add_conn(&mut self, idx: usize) {
+        if self.books.len() <= idx {
+            self.books.resize_with(idx + 1, Book::default);
+        }
+    }
+
+    /// Connection `idx` is about to write `bytes` (header included); if it
+    /// is a record, `record` is its range. `now`: time since the start.
+    pub fn queued(&mut self, idx: usize, bytes: u64, record: Option<(u64, u64)>, now: Duration) {
+        self.add_conn(idx);
+        let b = &mut self.books[idx];
+        if b.pending.is_empty() {
+            // Waiting on the peer starts now, not when the last record
+            // was delivered.
+            b.progress_at = now;
+        }
+        b.queued += bytes;
+        if let Some((offset, len)) = record {
+            if !self.delivered.covers(offset, offset + len) {
+                b.pending.push_back(Sent {
+                    offset,
+                    len,
+                    end: b.queued,
+                    resent: false,
+                });
+            }
+        }
+    }
+
+    /// Connection `idx`'s write of `bytes` completed.
+    pub fn written(&mut self, idx: usize, bytes: u64) {
+        self.add_conn(idx);
+        self.books[idx].written += bytes;
+    }
+
+    /// What the kernel says of connection `idx` at `now`: its records up
+    /// to what the peer acknowledged are delivered; it is stuck when it
+    /// holds undelivered records and is in a timeout, or has seen no
+    /// acknowledgement for longer than its RTO.
+    pub fn observe(&mut self, idx: usize, o: Observed, now: Duration) {
+        self.add_conn(idx);
+        let b = &mut self.books[idx];
+        // The write in progress is not in `written` yet, while its bytes
+        // may already be in the kernel's queue: this underestimates what
+        // was acknowledged, never overestimates it.
+        b.outq = o.outq;
+        let acked = b.written.saturating_sub(o.outq);
+        if acked > b.acked {
+            b.acked = acked;
+            b.progress_at = now;
+        }
+        while let Some(s) = b.pending.front() {
+            if s.end > b.acked {
+                break;
+            }
+            self.delivered.union(s.offset, s.offset + s.len);
+            b.pending.pop_front();
+        }
+        // Records delivered by another connection's copy.
+        let delivered = &self.delivered;
+        b.pending
+            .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
+        let silent = now.saturating_sub(b.progress_at) > o.rto.max(NO_PROGRESS_FLOOR);
+        b.stuck = !b.pending.is_empty() && (o.timed_out || silent);
+    }
+
+    /// A record a stuck connection holds that no one has sent again yet,
+    /// for connection `helper` to send; it is marked as claimed.
+    pub fn claim(&mut self, helper: usize) -> Option<(u64, u64)> {
+        let delivered = &self.delivered;
+        for (i, b) in self.books.iter_mut().enumerate() {
+            if i == helper || !b.stuck {
+                continue;
+            }
+            if let Some(s) = b
+                .pending
+                .iter_mut()
+                .find(|s| !s.resent && !delivered.covers(s.offset, s.offset + s.len))
+            {
+                s.resent = true;
+                return Some((s.offset, s.len));
+            }
+        }
+        None
+    }
+
+    /// Whether connection `idx`'s socket held nothing unacknowledged at
+    /// its last observation (never observed: it never wrote anything
+    /// that is unacknowledged, as far as known). Once every byte is
+    /// delivered, a connection that is not clear still holds copies in a
+    /// timeout: it is reset rather than given its EOD to write.
+    pub fn is_clear(&self, idx: usize) -> bool {
+        self.books.get(idx).map_or(true, |b| b.outq == 0)
+    }
+
+    /// Whether connection `idx` holds records not yet delivered.
+    pub fn holds_undelivered(&self, idx: usize) -> bool {
+        self.books.get(idx).is_some_and(|b| !b.pending.is_empty())
+    }
+
+    /// Whether every byte of the transfer has been delivered by some
+    /// connection.
+    pub fn all_delivered(&self) -> bool {
+        self.delivered.is_complete(self.len)
+    }
+
+    /// Bytes delivered so far (with what the receiver had before).
+    pub fn delivered_bytes(&self) -> u64 {
+        self.delivered.covered()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: u64 = 17;
+    const MS: Duration = Duration::from_millis(1);
+    const RTO: Duration = Duration::from_millis(300);
+
+    fn obs(outq: u64, timed_out: bool) -> Observed {
+        Observed {
+            outq,
+            timed_out,
+            rto: RTO,
+        }
+    }
+
+    /// Connection `idx` writes a whole record.
+    fn send(b: &mut Books, idx: usize, offset: u64, len: u64, now: Duration) {
+        b.queued(idx, H + len, Some((offset, len)), now);
+        b.written(idx, H + len);
+    }
+
+    #[test]
+    fn records_are_delivered_as_the_peer_acknowledges_them() {
+        let mut b = Books::new(300, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        send(&mut b, 0, 100, 100, MS);
+        send(&mut b, 1, 200, 100, MS);
+        // Conn 0: the first record acknowledged, the second not.
+        b.observe(0, obs(H + 100, false), 2 * MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        assert!(!b.all_delivered());
+        assert_eq!(b.delivered_bytes(), 200);
+        assert!(b.holds_undelivered(0));
+        assert!(!b.holds_undelivered(1));
+        b.observe(0, obs(0, false), 3 * MS);
+        assert!(b.all_delivered());
+    }
+
+    #[test]
+    fn a_stuck_connections_records_are_claimed_once_each() {
+        let mut b = Books::new(300, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        send(&mut b, 0, 100, 100, MS);
+        send(&mut b, 1, 200, 100, MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        // Conn 0 slow but not stuck: nothing to claim.
+        b.observe(0, obs(2 * (H + 100), false), 50 * MS);
+        assert_eq!(b.claim(1), None);
+        // In a retransmission timeout: its records go to the helper, in
+        // order, each once.
+        b.observe(0, obs(2 * (H + 100), true), 60 * MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
+        assert_eq!(b.claim(1), Some((100, 100)));
+        assert_eq!(b.claim(1), None);
+        // The helper's copies are delivered: everything is, though conn 0
+        // never acknowledged its own.
+        send(&mut b, 1, 0, 100, 61 * MS);
+        send(&mut b, 1, 100, 100, 61 * MS);
+        b.observe(1, obs(0, false), 70 * MS);
+        assert!(b.all_delivered());
+        // And conn 0's records count as delivered by the other copy.
+        b.observe(0, obs(2 * (H + 100), true), 80 * MS);
+        assert!(!b.holds_undelivered(0));
+    }
+
+    #[test]
+    fn silence_longer_than_the_rto_is_stuck_too() {
+        let mut b = Books::new(100, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        b.observe(0, obs(H + 100, false), 100 * MS);
+        assert_eq!(b.claim(1), None);
+        b.observe(0, obs(H + 100, false), MS + RTO + MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
+    }
+
+    #[test]
+    fn a_record_being_written_counts_as_undelivered() {
+        let mut b = Books::new(100, &RangeSet::new());
+        b.queued(0, H + 100, Some((0, 100)), MS);
+        // Part of it in the kernel, none acknowledged: outq reports what
+        // the kernel holds, `written` does not count the record yet.
+        b.observe(0, obs(50, true), 2 * MS);
+        assert!(!b.all_delivered());
+        assert_eq!(b.claim(1), Some((0, 100)));
+    }
+
+    #[test]
+    fn a_resumed_transfer_starts_with_what_the_receiver_has() {
+        let mut have = RangeSet::new();
+        have.union(0, 100);
+        let mut b = Books::new(200, &have);
+        assert!(!b.all_delivered());
+        send(&mut b, 0, 100, 100, MS);
+        b.observe(0, obs(0, false), 2 * MS);
+        assert!(b.all_delivered());
+    }
+
+    #[test]
+    fn end_of_data_headers_count_in_the_bytes_acknowledged() {
+        let mut b = Books::new(100, &RangeSet::new());
+        b.queued(0, H, None, MS);
+        b.written(0, H);
+        send(&mut b, 0, 0, 100, MS);
+        // Only the first header acknowledged.
+        b.observe(0, obs(H + 100, false), 2 * MS);
+        assert!(!b.all_delivered());
+        b.observe(0, obs(0, false), 3 * MS);
+        assert!(b.all_delivered());
+    }
+}
