@@ -270,6 +270,7 @@ struct PendingLogin {
     ty: Cmd,
     bufsize: Option<Cmd>,
     opts_static: Option<Cmd>,
+    endgame: Option<Cmd>,
     feat: Option<Cmd>,
     mult: Option<Cmd>,
 }
@@ -463,6 +464,10 @@ impl Client {
                 .cfg
                 .static_split
                 .then(|| Cmd::with("OPTS", "MULT STATIC")),
+            // Downloads take duplicate records and complete without a
+            // stuck connection's EOD (Receiver::file_endgame); this asks
+            // an xftp server to send stuck records again. Others refuse it.
+            endgame: (auto || want > 1).then(|| Cmd::with("OPTS", "MULT ENDGAME")),
             // The automatic mode needs to know what the server offers; the
             // count is chosen once the RTT is known (after these replies).
             feat: auto.then(|| Cmd::bare("FEAT")),
@@ -510,6 +515,7 @@ impl Client {
         batch.push(&login.ty);
         batch.extend(login.bufsize.as_ref());
         batch.extend(login.opts_static.as_ref());
+        batch.extend(login.endgame.as_ref());
         batch.extend(login.feat.as_ref());
         batch.extend(login.mult.as_ref());
         if let Some(p) = &prelude {
@@ -609,6 +615,13 @@ impl Client {
                     reply_text(&r)
                 ));
             } else if !r.is_success() {
+                return Err(unexpected(c, &r));
+            }
+        }
+        if let Some(c) = &login.endgame {
+            // Accepted or not, nothing else changes.
+            let r = self.ctl.read_reply().await?;
+            if r.is_preliminary() {
                 return Err(unexpected(c, &r));
             }
         }
@@ -766,9 +779,14 @@ impl Client {
             .collect();
         // The controller judges the payload of this transfer.
         let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
-        let rx = match have {
-            Some(h) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
-            None => xftp_stripe::Receiver::file(dst, expected, conns),
+        let rx = match (expected, have) {
+            // With the size known, copies of stuck records are taken
+            // (an xftp server in the endgame sends them).
+            (Some(size), have) => {
+                xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
+            }
+            (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+            (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
         };
         let live = Live {
             ctl: EngineCtl::Recv(rx.control()),
@@ -1721,9 +1739,14 @@ impl Client {
         self.note_buffers(std::slice::from_ref(&first));
         let dog = self.watchdog();
         let conns = vec![dog.guard(first)];
-        let rx = match have {
-            Some(h) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
-            None => xftp_stripe::Receiver::file(dst, expected, conns),
+        let rx = match (expected, have) {
+            // With the size known, copies of stuck records are taken
+            // (an xftp server in the endgame sends them).
+            (Some(size), have) => {
+                xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
+            }
+            (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+            (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
         };
         let ctl = rx.control();
         let more = async {
@@ -2300,7 +2323,14 @@ impl Client {
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-        let report = xftp_stripe::recv_file(Arc::new(file), conns, expected)
+        let rx = match expected {
+            Some(size) => {
+                xftp_stripe::Receiver::file_endgame(Arc::new(file), size, Default::default(), conns)
+            }
+            None => xftp_stripe::Receiver::file(Arc::new(file), expected, conns),
+        };
+        let report = rx
+            .finish()
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())

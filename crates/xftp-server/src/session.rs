@@ -97,6 +97,7 @@ pub async fn run(
         bufsize: None,
         schedule: Schedule::Dynamic,
         mode_e: false,
+        endgame: false,
         mult_set: false,
         shutdown,
         stop_upload: None,
@@ -205,6 +206,9 @@ struct Session {
     schedule: Schedule,
     /// MODE E: framed transfers even on one connection.
     mode_e: bool,
+    /// OPTS MULT ENDGAME: the client takes duplicate records, so large
+    /// framed sends may use the endgame (stuck records sent again).
+    endgame: bool,
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
     shutdown: CancellationToken,
@@ -992,6 +996,14 @@ impl Session {
                     )
                     .await
                 }
+                "ENDGAME" => {
+                    self.endgame = true;
+                    self.reply(
+                        200,
+                        "MULT endgame on: stuck records of large files are sent again on idle connections.",
+                    )
+                    .await
+                }
                 "DYNAMIC" => {
                     self.schedule = Schedule::Dynamic;
                     self.reply(
@@ -1001,7 +1013,7 @@ impl Session {
                     .await
                 }
                 _ => {
-                    self.reply(501, "OPTS MULT takes STATIC, DYNAMIC or FRAMED.")
+                    self.reply(501, "OPTS MULT takes STATIC, DYNAMIC, FRAMED or ENDGAME.")
                         .await
                 }
             }
@@ -1942,10 +1954,15 @@ impl Session {
                 .into_iter()
                 .map(|c| meters.wrap(c).bound_backlog())
                 .collect();
+            // The endgame's extra round trip at the end (every byte
+            // acknowledged before the last EOD) pays only on files that
+            // take many round trips; its connections are not kept.
+            let endgame = self.endgame && len >= ENDGAME_MIN;
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
-                keep_open: true,
+                keep_open: !endgame,
+                endgame,
             };
             let sender = match &have {
                 Some(h) => Sender::file_except(Arc::new(file), len, h, conns, &cfg),
@@ -2430,6 +2447,9 @@ enum ListKind {
 /// At least [`GROWTH_ROOM`] connections are assumed: a client choosing its
 /// count as it goes (`-p auto`) may raise it, and connections it adds
 /// help only while records are left to hand out.
+/// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`).
+const ENDGAME_MIN: u64 = 8 << 20;
+
 fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
     let per = len / (2 * n.max(GROWTH_ROOM) as u64);
     per.clamp(16 * 1024, u64::from(configured.max(16 * 1024))) as u32
