@@ -466,3 +466,26 @@ async fn static_schedule_on_request() {
     c.cmd("OPTS MULT DYNAMIC", 200).await;
     c.cmd("OPTS MULT SIDEWAYS", 501).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_file_after_opts_mult_endgame_reaches_an_endgame_receiver() {
+    let srv = start(|_| {}).await;
+    // Above the 8 MiB floor, not a whole number of records.
+    let data = pattern(9 * 1024 * 1024 + 4321, 13);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("OPTS MULT ENDGAME", 200).await;
+    c.cmd("MULT 4", 200).await;
+    let conns = c.epsv_connect(4).await;
+    c.cmd("RETR f", 150).await;
+    let dst = Arc::new(MemFile::default());
+    let len = data.len() as u64;
+    let rep = xftp_stripe::Receiver::file_endgame(dst.clone(), len, Default::default(), conns)
+        .finish()
+        .await
+        .unwrap();
+    c.expect(226).await;
+    assert_eq!(dst.to_vec(), data);
+    assert_eq!(rep.bytes, len);
+    assert_eq!(rep.duplicate_bytes, 0, "nothing was stuck on loopback");
+}

@@ -561,20 +561,20 @@ async fn conn_task<S: AsyncRead + Unpin>(
         if let Some((offset, count)) = acc.data {
             if let Some(file) = &sh.file {
                 let mut pos = 0u64;
-                let mut fresh = 0u64;
                 while pos < count {
                     let n = (count - pos).min(FILE_CHUNK as u64) as usize;
                     chunk.resize(n, 0);
                     r.read_exact(&mut chunk).await.map_err(closed)?;
-                    let (c, new) = store(&sh, file, chunk, offset + pos).await?;
-                    chunk = c;
-                    fresh += new;
+                    chunk = store(&sh, file, chunk, offset + pos, idx).await?;
                     pos += n as u64;
                 }
                 // A block counts as stored (for the completion rule and
-                // the stats) only once its last byte is written; a copy
-                // counts only the bytes it stored first.
-                block_stored(&sh, idx, fresh);
+                // the stats) only once its last byte is written. With
+                // duplicates taken, each piece counted the bytes it stored
+                // first as it stored them (the rule then looks at the
+                // bytes stored, and the report must agree with it).
+                let dup = sh.lock().reasm.takes_duplicates();
+                block_stored(&sh, idx, if dup { 0 } else { count });
             } else {
                 reserve(&sh, offset, count).await?;
                 // `count` ≤ max_block, checked above.
@@ -721,24 +721,25 @@ async fn store(
     file: &Arc<dyn WriteAt>,
     chunk: Vec<u8>,
     at: u64,
-) -> Result<(Vec<u8>, u64), StripeError> {
+    idx: usize,
+) -> Result<Vec<u8>, StripeError> {
     use std::sync::atomic::Ordering;
     let w = &sh.writer;
     if !w.slow.load(Ordering::Relaxed) {
         let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
         let t0 = std::time::Instant::now();
-        let fresh = store_piece(sh, &**file, &chunk, at)?;
+        store_piece(sh, &**file, &chunk, at, idx)?;
         drop(turn);
         if t0.elapsed() > SLOW_WRITE {
             tracing::debug!("slow storage: further writes of this transfer off the runtime");
             w.slow.store(true, Ordering::Relaxed);
         }
-        return Ok((chunk, fresh));
+        return Ok(chunk);
     }
     let (sh, file) = (sh.clone(), file.clone());
     tokio::task::spawn_blocking(move || {
         let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
-        store_piece(&sh, &*file, &chunk, at).map(|fresh| (chunk, fresh))
+        store_piece(&sh, &*file, &chunk, at, idx).map(|()| chunk)
     })
     .await
     .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
@@ -746,9 +747,15 @@ async fn store(
 
 /// One piece, with the writer's turn held: where duplicates are taken, the
 /// parts already stored are compared with what is there instead of
-/// written again, and the rest is written. Returns the bytes stored for
-/// the first time.
-fn store_piece(sh: &Shared, file: &dyn WriteAt, chunk: &[u8], at: u64) -> Result<u64, StripeError> {
+/// written again, and the rest is written; connection `idx`'s stats count
+/// the bytes it stored first.
+fn store_piece(
+    sh: &Shared,
+    file: &dyn WriteAt,
+    chunk: &[u8],
+    at: u64,
+    idx: usize,
+) -> Result<(), StripeError> {
     let ioerr = |e: io::Error| StripeError::io(None, &e);
     let end = at + chunk.len() as u64;
     let (dup, present) = {
@@ -756,10 +763,7 @@ fn store_piece(sh: &Shared, file: &dyn WriteAt, chunk: &[u8], at: u64) -> Result
         (st.reasm.takes_duplicates(), st.reasm.stored_within(at, end))
     };
     if !dup {
-        return file
-            .write_at(chunk, at)
-            .map(|()| chunk.len() as u64)
-            .map_err(ioerr);
+        return file.write_at(chunk, at).map_err(ioerr);
     }
     let mut pos = at;
     let mut fresh = 0u64;
@@ -785,7 +789,10 @@ fn store_piece(sh: &Shared, file: &dyn WriteAt, chunk: &[u8], at: u64) -> Result
     let mut st = sh.lock();
     st.reasm.on_stored(at, end);
     st.duplicates += chunk.len() as u64 - fresh;
-    Ok(fresh)
+    if let Some(stat) = st.stats.get_mut(idx) {
+        stat.bytes += fresh;
+    }
+    Ok(())
 }
 
 /// Receive a file over `conns` into `dst` and wait for the end.

@@ -633,6 +633,7 @@ fn auto_download_needs_two_control_flights_before_the_data() {
         "PASS",
         "TYPE",
         "FEAT",
+        "OPTS MULT ENDGAME",
         "OPTS MULT FRAMED",
         "MULT",
         "SIZE",
