@@ -511,7 +511,44 @@ def table2(rows, out):
     fig.savefig(out, dpi=120)
 
 
-KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "mftp6tools": mftp6tools, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof, "fig12": fig12, "table2": table2}
+def autogrid(rows, out):
+    # Must match exp_auto_grid in bench/run: per path, auto fresh and warm
+    # against the best fixed N, and the best's share of the payload limit.
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    fresh, warm, share, names = [], [], [], []
+    for p in paths:
+        rs = [r for r in rows if r["path"] == p]
+        fixed = [r for r in rs if r["tool"] not in ("auto-fresh", "auto-warm") and r["mbit_s"] != "timeout"]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda r: float(r["mbit_s"]))
+        b = float(best["mbit_s"])
+
+        def ratio(kind):
+            x = next((r for r in rs if r["tool"] == kind), None)
+            return float(x["mbit_s"]) / b if x and x["mbit_s"] != "timeout" else 0.0
+
+        fresh.append(ratio("auto-fresh"))
+        warm.append(ratio("auto-warm"))
+        share.append(b / float(best["payload_limit_mbit_s"]))
+        names.append(f"{p}\nN={best['streams']}")
+    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(names) + 2), 4.5))
+    x = range(len(names))
+    w = 0.27
+    ax.bar([i - w for i in x], fresh, w, label="auto fresh / best fixed")
+    ax.bar(list(x), warm, w, label="auto warm / best fixed")
+    ax.bar([i + w for i in x], share, w, label="best fixed / payload limit", color="tab:gray")
+    ax.axhline(0.9, color="tab:red", lw=0.8, ls="--")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(names, fontsize=7)
+    ax.set_ylim(0, 1.3)
+    ax.set_ylabel("ratio")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+KINDS = {"fig10": fig10, "fig11": fig11, "fig6": fig6, "mftp6": mftp6, "mftp6tools": mftp6tools, "psock2": psock2, "roundtrips": roundtrips, "autoprof": autoprof, "fig12": fig12, "table2": table2, "autogrid": autogrid}
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in KINDS:

@@ -196,6 +196,9 @@ pub struct TransferReport {
     pub checksum: Option<Checksum>,
     /// Bytes a resumed download found already in place (not in `bytes`).
     pub already: u64,
+    /// Payload bytes that arrived twice (the endgame's copies of records
+    /// a stuck connection held); not in `bytes`.
+    pub received_twice: u64,
 }
 
 impl TransferReport {
@@ -243,6 +246,8 @@ pub struct Client {
     /// computed as the bytes pass (no second read of the file), and the
     /// bytes it covers.
     inline_digest: Option<(xftp_proto::cksum::Digest, u64)>,
+    /// The last striped receive's copies (`TransferReport::received_twice`).
+    received_twice: u64,
     /// The algorithm of the upload being verified, for `inline_digest`.
     verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
@@ -398,6 +403,7 @@ impl Client {
             buf_in_force: None,
             last_controller: None,
             inline_digest: None,
+            received_twice: 0,
             verify_alg: None,
             mult_refused: None,
             gridftp: None,
@@ -467,7 +473,8 @@ impl Client {
             // Downloads take duplicate records and complete without a
             // stuck connection's EOD (Receiver::file_endgame); this asks
             // an xftp server to send stuck records again. Others refuse it.
-            endgame: (auto || want > 1).then(|| Cmd::with("OPTS", "MULT ENDGAME")),
+            endgame: ((auto || want > 1) && endgame_wanted())
+                .then(|| Cmd::with("OPTS", "MULT ENDGAME")),
             // The automatic mode needs to know what the server offers; the
             // count is chosen once the RTT is known (after these replies).
             feat: auto.then(|| Cmd::bare("FEAT")),
@@ -703,6 +710,7 @@ impl Client {
     /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         self.inline_digest = None;
+        self.received_twice = 0;
         if self.cfg.resume {
             return self.download_resumable(remote, local).await;
         }
@@ -800,6 +808,7 @@ impl Client {
         };
         let ctlr = self.new_controller(n);
         let rep = self.adapt(c_retr, rx.finish(), live, ctlr).await?;
+        self.received_twice += rep.duplicate_bytes;
         Ok(rep.streams.iter().map(|s| s.bytes).collect())
     }
 
@@ -885,6 +894,7 @@ impl Client {
             timeline: Some(timeline),
             checksum,
             already,
+            received_twice: std::mem::take(&mut self.received_twice),
         })
     }
 
@@ -1281,6 +1291,7 @@ impl Client {
             timeline: Some(timeline),
             checksum: None,
             already: 0,
+            received_twice: 0,
         })
     }
 
@@ -1945,6 +1956,7 @@ impl Client {
             timeline: Some(done.timeline),
             checksum,
             already: 0,
+            received_twice: std::mem::take(&mut self.received_twice),
         })
     }
 
@@ -2333,6 +2345,7 @@ impl Client {
             .finish()
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        self.received_twice += report.duplicate_bytes;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 
@@ -2370,6 +2383,12 @@ impl Client {
 /// the temporary file takes the target's name.
 /// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands
 /// until its checksum matched.
+/// `XFTP_ENDGAME=off` in the environment: do not ask for the endgame
+/// (for measuring what it does: `bench/run endgame`).
+fn endgame_wanted() -> bool {
+    std::env::var_os("XFTP_ENDGAME").map_or(true, |v| v != "off")
+}
+
 fn temp_remote_name(remote: &str) -> String {
     let (dir, name) = match remote.rfind('/') {
         Some(i) => remote.split_at(i + 1),

@@ -519,6 +519,7 @@ impl Client {
                         timeline: None,
                         checksum: None,
                         already: 0,
+                        received_twice: 0,
                     }),
                 }
             });

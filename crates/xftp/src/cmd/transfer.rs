@@ -338,6 +338,11 @@ struct Summary {
     /// (`bytes` counts only what this run moved).
     #[serde(skip_serializing_if = "is_zero")]
     bytes_already_present: u64,
+    /// Payload bytes that arrived twice: copies of records a stuck
+    /// connection held, sent again by a server in the endgame (not in
+    /// `bytes`).
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes_received_twice: u64,
     /// `--verify`: the algorithm both ends used.
     #[serde(skip_serializing_if = "Option::is_none")]
     checksum_algorithm: Option<String>,
@@ -373,6 +378,7 @@ impl Summary {
             tls_version: None,
             tls_cipher: None,
             bytes_already_present: r.already,
+            bytes_received_twice: r.received_twice,
             checksum_algorithm: r.checksum.as_ref().map(|c| c.algorithm.to_string()),
             checksum: r.checksum.as_ref().map(|c| c.value.clone()),
             error: None,
@@ -406,6 +412,7 @@ impl Summary {
             tls_version: None,
             tls_cipher: None,
             bytes_already_present: 0,
+            bytes_received_twice: 0,
             checksum_algorithm: None,
             checksum: None,
             error: Some(msg),
@@ -593,6 +600,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             timeline: None,
             checksum: None,
             already: 0,
+            received_twice: 0,
         };
         let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
@@ -1111,6 +1119,7 @@ mod tests {
                 value: "900150983cd24fb0d6963f7d28e17f72".into(),
             }),
             already: 0,
+            received_twice: 0,
         };
         let v: serde_json::Value =
             serde_json::to_value(Summary::ok(&r, Duration::from_secs(3))).unwrap();
