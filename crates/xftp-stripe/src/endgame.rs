@@ -4,13 +4,13 @@
 //! lossy path the last records often sit on a connection in a
 //! retransmission timeout (a second or more, doubling), while the other
 //! connections have nothing left to do. In the endgame a connection that
-//! runs out of records does not end: it watches what every connection has
+//! has sent its EOD does not close: it watches what every connection has
 //! *delivered* (acknowledged by the peer's TCP) and sends again, on
 //! itself, the records a stuck connection still holds. The receiver takes
-//! the first copy of each byte and checks every later copy against it
-//! (`Receiver::file_endgame`); the transfer ends once every byte has been
-//! delivered by some connection, and connections still stuck are then
-//! reset instead of waited for.
+//! the first copy of each byte and checks every later copy against it,
+//! also after a connection's EOD (`Receiver::file_endgame`), and is done
+//! once every byte is stored; the sender stops once every byte has been
+//! delivered by some connection and resets the connections still stuck.
 //!
 //! This module keeps the books; it does no I/O and has no clock. Its
 //! caller tells it what each connection wrote ([`Books::queued`],
@@ -63,6 +63,8 @@ pub struct Observed {
     pub timed_out: bool,
     /// The connection's retransmission timeout.
     pub rto: Duration,
+    /// The connection has retransmitted (see `Books::lossy`).
+    pub lossy: bool,
 }
 
 /// A connection counts as stuck when nothing it holds was acknowledged
@@ -78,6 +80,8 @@ pub struct Books {
     /// had before (a resumed transfer).
     delivered: RangeSet,
     len: u64,
+    /// Some connection has retransmitted during the transfer.
+    lossy: bool,
 }
 
 impl Books {
@@ -87,6 +91,7 @@ impl Books {
             books: Vec::new(),
             delivered: have.clamped(len),
             len,
+            lossy: false,
         }
     }
 
@@ -137,6 +142,7 @@ impl Books {
         // may already be in the kernel's queue: this underestimates what
         // was acknowledged, never overestimates it.
         b.outq = o.outq;
+        self.lossy |= o.lossy;
         let acked = b.written.saturating_sub(o.outq);
         if acked > b.acked {
             b.acked = acked;
@@ -191,6 +197,14 @@ impl Books {
         self.books.get(idx).is_some_and(|b| !b.pending.is_empty())
     }
 
+    /// Whether some connection has retransmitted. On a path that has lost
+    /// nothing so far no connection waits a timeout, and a connection out
+    /// of records ends at once: the endgame's wait for every byte to be
+    /// acknowledged would cost a round trip for nothing.
+    pub fn lossy(&self) -> bool {
+        self.lossy
+    }
+
     /// Whether every byte of the transfer has been delivered by some
     /// connection.
     pub fn all_delivered(&self) -> bool {
@@ -216,6 +230,7 @@ mod tests {
             outq,
             timed_out,
             rto: RTO,
+            lossy: timed_out,
         }
     }
 

@@ -50,11 +50,14 @@ pub struct Reassembly {
     dup: Option<Duplicates>,
 }
 
-/// The endgame's receiving rule: a byte range may arrive more than once;
-/// the first copy is stored, later ones are compared with it. The
-/// transfer is complete when every byte of the announced size is stored
-/// and the EOF block has arrived, whatever connections are still open
-/// (a connection stuck in a timeout carries only copies).
+/// The endgame's receiving rule: a byte range may arrive more than once,
+/// also after its connection's EOD (the sender's connections go on
+/// sending copies of what a stuck one holds); the first copy is stored,
+/// later ones are compared with it. The transfer is complete when every
+/// byte of the announced size is stored, whatever connections are still
+/// open and whether the EOF block has arrived (a sender resets
+/// connections stuck with copies, and one stuck before its EOF never
+/// sends it).
 #[derive(Clone, Debug, Default)]
 struct Duplicates {
     size: u64,
@@ -128,7 +131,7 @@ impl Reassembly {
             .get(conn)
             .copied()
             .ok_or(StripeError::BadIndex(conn))?;
-        if state == ConnState::Ended {
+        if state == ConnState::Ended && self.dup.is_none() {
             return Err(StripeError::DataAfterEod { conn });
         }
         let d = h.descriptor;
@@ -170,7 +173,7 @@ impl Reassembly {
             self.in_flight += 1;
         }
         let end = d.contains(Descriptor::EOD);
-        if end {
+        if end && state == ConnState::Open {
             self.conns[conn] = ConnState::Ended;
             self.eods += 1;
         }
@@ -219,7 +222,7 @@ impl Reassembly {
     /// has been stored).
     pub fn is_done(&self) -> bool {
         if let Some(d) = &self.dup {
-            return self.eof.is_some() && d.stored.is_complete(d.size);
+            return d.stored.is_complete(d.size);
         }
         self.eof == Some(self.eods)
             && self.in_flight == 0
@@ -245,9 +248,6 @@ impl Reassembly {
     /// transfer is complete, otherwise why not. `expected` is a size the
     /// sender announced out of band (e.g. FTP SIZE), if any.
     pub fn finish(&self, expected: Option<u64>) -> Result<u64, StripeError> {
-        let Some(n) = self.eof else {
-            return Err(StripeError::MissingEof);
-        };
         if let Some(d) = &self.dup {
             // Every byte stored is all that counts; connections may have
             // been reset with copies still on them.
@@ -265,6 +265,9 @@ impl Reassembly {
             }
             return Ok(d.size);
         }
+        let Some(n) = self.eof else {
+            return Err(StripeError::MissingEof);
+        };
         if self.eods != n {
             return Err(StripeError::MissingEods {
                 expected: n,

@@ -175,12 +175,14 @@ impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
 
     /// The endgame's receive ([`crate::endgame`]): a file of `size` bytes
     /// of which `have` is already in `dst`, taking byte ranges that arrive
-    /// more than once (the first copy is stored, every later one must
-    /// match it, read back from `dst`: [`WriteAt::read_back`]), and
-    /// complete once every byte is stored and the EOF block has arrived,
-    /// even with connections still open or reset (a sender in the endgame
-    /// resets connections stuck with copies). A connection that fails is
-    /// an error only if the transfer cannot complete without it.
+    /// more than once, also after a connection's EOD (the first copy is
+    /// stored, every later one must match it, read back from `dst`:
+    /// [`WriteAt::read_back`]), and complete once every byte is stored,
+    /// even with connections still open or reset and without the EOF (a
+    /// sender in the endgame resets connections stuck with copies). The
+    /// connections still open are then read on in the background until
+    /// the sender closes them (at most a minute). A connection that fails
+    /// is an error only if the transfer cannot complete without it.
     pub fn file_endgame(
         dst: Arc<dyn WriteAt>,
         size: u64,
@@ -432,13 +434,29 @@ async fn drive<S: AsyncRead + Unpin + Send + 'static>(
         tracing::debug!(error = %e, "striped receive failed");
         st.failed = Some(e.clone());
     }
+    let linger = st.reasm.takes_duplicates() && result.is_ok() && !set.is_empty();
     st.result = Some(result.clone());
     st.wake_app();
     drop(st);
     shared.space.notify_waiters();
-    drop(set);
+    if linger {
+        // Complete before every connection ended (the endgame): the
+        // sender may still be writing EODs and copies. Read on until it
+        // closes them, rather than reset them under it (which would fail
+        // its end of a transfer that succeeded); bounded in time.
+        tokio::spawn(async move {
+            let drain = async { while set.join_next().await.is_some() {} };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+        });
+    } else {
+        drop(set);
+    }
     result.map(|r| (r, kept))
 }
+
+/// How long a complete receive goes on reading connections the sender has
+/// not closed yet (see the end of `drive`).
+const LINGER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// [`conn_task`]; with duplicates taken, a connection's own failure
 /// (reset, closed early) is set aside: the others may still bring every
@@ -520,7 +538,17 @@ async fn conn_task<S: AsyncRead + Unpin>(
             }
         }
     }
+    // With duplicates taken the connection is read past its EOD (copies
+    // may follow), until the sender closes it.
+    let mut past_eod = false;
     loop {
+        if past_eod && have == 0 {
+            match r.read(&mut hdr[..1]).await {
+                Ok(0) => return Ok(None),
+                Ok(n) => have = n,
+                Err(e) => return Err(closed(e)),
+            }
+        }
         r.read_exact(&mut hdr[have..]).await.map_err(closed)?;
         have = 0;
         let h = match BlockHeader::decode(&hdr) {
@@ -624,6 +652,10 @@ async fn conn_task<S: AsyncRead + Unpin>(
             if sh.file.is_none() {
                 block_stored(&sh, idx, count);
             }
+        }
+        if acc.end && sh.lock().reasm.takes_duplicates() && !sh.keep_open {
+            past_eod = true;
+            continue;
         }
         if acc.end {
             return Ok(match r {

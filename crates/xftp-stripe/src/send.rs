@@ -29,13 +29,14 @@ pub struct SendConfig {
     /// [`Sender::finish_kept`] hands them back. Off: each connection's
     /// write side is shut down after its EOD.
     pub keep_open: bool,
-    /// The endgame ([`crate::endgame`]): a connection that runs out of
-    /// records sends again the records a connection stuck in a
-    /// retransmission timeout still holds, and the transfer ends once
-    /// every byte is delivered, resetting connections still stuck. Only
-    /// for a receiver that takes identical duplicates and completes
-    /// without every EOD (`Receiver::file_endgame`; xftp's `OPTS MULT
-    /// ENDGAME`). Files only; not with `keep_open`.
+    /// The endgame ([`crate::endgame`]): a connection past its EOD sends
+    /// again the records a connection stuck in a retransmission timeout
+    /// still holds, until every byte is delivered (past the end of
+    /// [`Sender::finish`] when every connection wrote its EOD); then
+    /// connections still stuck are reset. Only for a receiver that takes
+    /// identical copies, also after an EOD, and completes without every
+    /// EOD (`Receiver::file_endgame`; xftp's `OPTS MULT ENDGAME`). Files
+    /// only; not with `keep_open`.
     pub endgame: bool,
 }
 
@@ -109,6 +110,10 @@ struct State {
     active: usize,
     /// The EOF block is committed: nothing may be added any more.
     eof_sent: bool,
+    /// Connections that have taken their end (EOD or EOF) ...
+    ends_taken: usize,
+    /// ... and written it.
+    ends_written: usize,
     failed: Option<StripeError>,
     stats: Vec<StreamStats>,
     result: Option<Result<TransferReport, StripeError>>,
@@ -122,8 +127,6 @@ struct State {
 struct EndgameState {
     books: Books,
     probes: Vec<Option<Box<dyn crate::Probe>>>,
-    /// Per connection: running out of records, it helps the others.
-    helping: Vec<bool>,
     /// Per connection: its task has ended (EOD sent, or failed).
     ended: Vec<bool>,
     /// Per connection: to be reset, its records delivered by others.
@@ -137,7 +140,6 @@ impl EndgameState {
     fn grow(&mut self, idx: usize) {
         if self.probes.len() <= idx {
             self.probes.resize_with(idx + 1, || None);
-            self.helping.resize(idx + 1, false);
             self.ended.resize(idx + 1, false);
             self.abort.resize(idx + 1, false);
         }
@@ -165,6 +167,9 @@ struct Shared {
     slow_source: std::sync::atomic::AtomicBool,
     /// The endgame reset some connections (their tasks end at once).
     abort: Notify,
+    /// A connection wrote its EOD, or the endgame reset some: the driver
+    /// checks whether the transfer is over.
+    ended: Notify,
     born: std::time::Instant,
 }
 
@@ -223,7 +228,6 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
         (cfg.endgame && !cfg.keep_open).then(|| EndgameState {
             books: Books::new(len, have),
             probes: Vec::new(),
-            helping: Vec::new(),
             ended: Vec::new(),
             abort: Vec::new(),
             last_observed: None,
@@ -291,6 +295,8 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
                 stream,
                 active: n,
                 eof_sent: false,
+                ends_taken: 0,
+                ends_written: 0,
                 failed: None,
                 stats: vec![StreamStats::default(); n],
                 result: None,
@@ -302,6 +308,7 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             keep_open,
             slow_source: Default::default(),
             abort: Notify::new(),
+            ended: Notify::new(),
             born: std::time::Instant::now(),
         });
         for (i, c) in conns.into_iter().enumerate() {
@@ -515,9 +522,24 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
     let mut open = true;
     let mut kept = Vec::new();
     let result = loop {
-        if set.is_empty() {
+        let ended = shared.ended.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        // In the endgame the transfer is over once every connection has
+        // written its EOD (or been reset, its records delivered by
+        // others): the connections go on sending copies of what stuck ones
+        // hold, after the EOD, while the caller (the 226) goes ahead.
+        let over_in_endgame = {
             let st = shared.lock();
-            if st.eof_sent {
+            st.endgame.as_ref().is_some_and(|e| {
+                st.active == 0
+                    && st.ends_written == st.ends_taken
+                    && (st.eof_sent || e.books.all_delivered())
+            })
+        };
+        if set.is_empty() || over_in_endgame {
+            let st = shared.lock();
+            if st.eof_sent || over_in_endgame {
                 let streams = st.stats.clone();
                 let resent = st.endgame.as_ref().map_or(0, |e| e.resent);
                 if resent > 0 {
@@ -534,7 +556,11 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
             }
         }
         let spawn = |idx, s| conn_task(s, idx, shared.clone());
-        match admit_or_reap(&mut rx, &mut open, &mut set, spawn).await {
+        let event = tokio::select! {
+            r = admit_or_reap(&mut rx, &mut open, &mut set, spawn) => r,
+            () = &mut ended => continue,
+        };
+        match event {
             Ok(Some(Some(s))) => kept.push(s),
             Ok(_) => {}
             Err(e) => break Err(e),
@@ -545,14 +571,28 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
         tracing::debug!(error = %e, "striped send failed");
         st.failed = Some(e.clone());
     }
-    if let Some(e) = st.endgame.as_mut() {
-        // The duplicates kept the sockets open for the endgame's questions.
-        e.probes.clear();
-    }
+    let endgame = st.endgame.is_some();
     st.result = Some(result.clone());
     st.wake_app();
     drop(st);
     shared.wake.notify_waiters();
+    if endgame && result.is_ok() && !set.is_empty() {
+        // The endgame goes on past the EODs until every byte is delivered
+        // (or the receiver, complete, closes the connections); bounded in
+        // time in case neither happens.
+        tokio::spawn(async move {
+            let drain = async { while set.join_next().await.is_some() {} };
+            let _ = tokio::time::timeout(ENDGAME_MAX, drain).await;
+            if let Some(e) = shared.lock().endgame.as_mut() {
+                e.probes.clear();
+            }
+        });
+        return result.map(|r| (r, kept));
+    }
+    if let Some(e) = shared.lock().endgame.as_mut() {
+        // The duplicates kept the sockets open for the endgame's questions.
+        e.probes.clear();
+    }
     // Dropping `set` aborts the other connection tasks and closes their
     // connections without EOD, so the receiver fails too.
     drop(set);
@@ -562,7 +602,6 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
 enum Step {
     Record(u64, u64, Option<Bytes>),
     Wait,
-    Help,
     Aborted,
     End(Option<u64>),
 }
@@ -593,6 +632,21 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
         if let Some(e) = sh.lock().endgame.as_mut() {
             e.ended[idx] = true;
         }
+    };
+    // In the endgame, a connection that fails once every byte is delivered
+    // (the receiver, complete, closed it) has done its part.
+    let outcome = match outcome {
+        Some(Err(e))
+            if sh
+                .lock()
+                .endgame
+                .as_ref()
+                .is_some_and(|g| g.books.all_delivered()) =>
+        {
+            tracing::debug!(conn = idx, "after every byte was delivered: {e}");
+            Some(Ok(Ended::Closed))
+        }
+        other => other,
     };
     match outcome {
         Some(Ok(Ended::Keep)) => {
@@ -684,19 +738,10 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
                     Step::Record(offset, len, payload)
                 }
                 Next::Wait => Step::Wait,
-                Next::Done => {
-                    // Out of records (not retired): in the endgame, help
-                    // until everything is delivered.
-                    let exhausted = st.sched.exhausted();
-                    match st.endgame.as_mut() {
-                        Some(e) if e.abort[idx] => Step::Aborted,
-                        Some(e) if exhausted && !e.books.all_delivered() => {
-                            e.helping[idx] = true;
-                            Step::Help
-                        }
-                        _ => end_step(&mut st, idx),
-                    }
-                }
+                Next::Done => match st.endgame.as_ref() {
+                    Some(e) if e.abort[idx] => Step::Aborted,
+                    _ => end_step(&mut st, idx),
+                },
             }
         };
         match step {
@@ -735,20 +780,21 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
                 tokio::task::yield_now().await;
             }
             Step::Wait => notified.await,
-            Step::Help => {
-                let (b, clear) = help(s, idx, sh, buf).await?;
-                buf = b;
-                if !clear {
-                    // Itself stuck with copies delivered by others.
-                    return Ok(Ended::Reset);
-                }
-                let step = end_step(&mut sh.lock(), idx);
-                if let Step::End(eof) = step {
-                    return end_connection(s, sh, idx, eof).await;
-                }
-            }
             Step::Aborted => return Ok(Ended::Reset),
-            Step::End(eof) => return end_connection(s, sh, idx, eof).await,
+            Step::End(eof) => {
+                end_of_data(s, sh, idx, eof).await?;
+                // In the endgame a connection goes on after its EOD (the
+                // receiver takes copies after it): sending again what a
+                // stuck connection holds, until every byte is delivered.
+                if sh.lock().endgame.is_some() && s.probe().is_some() {
+                    let (_, clear) = help(s, idx, sh, buf).await?;
+                    if !clear {
+                        // Itself stuck with copies delivered by others.
+                        return Ok(Ended::Reset);
+                    }
+                }
+                return close_connection(s, sh, idx).await;
+            }
         }
     }
 }
@@ -764,12 +810,12 @@ fn queued(sh: &Shared, idx: usize, bytes: u64, record: Option<(u64, u64)>) {
 /// This connection ends: the last one to end sends the EOF block.
 fn end_step(st: &mut State, idx: usize) -> Step {
     // Under the same lock as `active`: an endgame that resets the
-    // connections neither helping nor ended must not count this one again.
+    // connections not ended must not count this one again.
     if let Some(e) = st.endgame.as_mut() {
         e.ended[idx] = true;
-        e.helping[idx] = false;
     }
     st.active -= 1;
+    st.ends_taken += 1;
     let last = st.active == 0 && st.sched.exhausted();
     if last {
         st.eof_sent = true;
@@ -777,13 +823,13 @@ fn end_step(st: &mut State, idx: usize) -> Step {
     Step::End(last.then(|| st.sched.conn_count() as u64))
 }
 
-/// Write the EOD (or, `eof`, the EOF block with the count) and end.
-async fn end_connection<S: AsyncWrite + Unpin>(
+/// Write the EOD (or, `eof`, the EOF block with the count).
+async fn end_of_data<S: AsyncWrite + Unpin>(
     s: &mut S,
     sh: &Shared,
     idx: usize,
     eof: Option<u64>,
-) -> Result<Ended, StripeError> {
+) -> Result<(), StripeError> {
     let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
     let hdr = match eof {
         Some(n) => BlockHeader::eof(n),
@@ -791,26 +837,45 @@ async fn end_connection<S: AsyncWrite + Unpin>(
     };
     queued(sh, idx, hdr.encode().len() as u64, None);
     s.write_all(&hdr.encode()).await.map_err(ioerr)?;
-    if let Some(e) = sh.lock().endgame.as_mut() {
+    s.flush().await.map_err(ioerr)?;
+    let mut st = sh.lock();
+    if let Some(e) = st.endgame.as_mut() {
         e.books.written(idx, hdr.encode().len() as u64);
     }
-    s.flush().await.map_err(ioerr)?;
+    st.ends_written += 1;
+    drop(st);
+    sh.ended.notify_one();
+    Ok(())
+}
+
+/// After the EOD: keep the connection for the next transfer, or shut its
+/// write side down.
+async fn close_connection<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    sh: &Shared,
+    idx: usize,
+) -> Result<Ended, StripeError> {
     if sh.keep_open {
         return Ok(Ended::Keep);
     }
-    s.shutdown().await.map_err(ioerr)?;
+    s.shutdown()
+        .await
+        .map_err(|e| StripeError::io(Some(idx), &e))?;
     Ok(Ended::Closed)
 }
+
+/// The longest the endgame goes on after the transfer's end.
+const ENDGAME_MAX: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How often a helping connection asks the kernel what the others have
 /// delivered.
 const ENDGAME_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// The endgame on connection `idx`, out of records: send again the
-/// records stuck connections hold, until every byte is delivered; then
-/// order the connections still stuck to be reset. Returns the buffer and
-/// whether this connection is clear to end with its EOD (false: it is
-/// stuck itself and counted out, to be reset).
+/// The endgame on connection `idx`, past its EOD: send again the records
+/// stuck connections hold, until every byte is delivered; then order the
+/// connections stuck before their EOD to be reset. Returns the buffer and
+/// whether this connection is clear to close (false: it holds copies in a
+/// timeout itself, to be reset).
 async fn help<S: AsyncWrite + DataSocket + Unpin>(
     s: &mut S,
     idx: usize,
@@ -840,25 +905,16 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
             let Some(e) = endgame.as_mut() else {
                 return Ok((buf, true));
             };
-            if e.abort[idx] {
-                // Counted out by another helper.
-                return Ok((buf, false));
-            }
             if e.books.all_delivered() {
-                // Connections that are not ended and either not helping
-                // or not clear hold nothing that is not delivered already,
-                // but would block on their EOD behind copies waiting a
-                // timeout: reset them. This one too, if it is not clear
-                // (another helper, clear, is left to send the EOF: the
-                // last copies were acknowledged on one).
+                // Connections that have not reached their EOD are stuck
+                // in the middle of a record delivered by others: reset
+                // them (they would hold up the end). Those past it that
+                // are not clear reset themselves (their own help ends so).
                 let clear_self = e.books.is_clear(idx);
                 let mut reset = 0;
                 for j in 0..e.abort.len() {
-                    let alive = !e.ended[j] && !e.abort[j];
-                    let stays = e.helping[j] && e.books.is_clear(j);
-                    if alive && !stays && (j != idx || !clear_self) {
+                    if !e.ended[j] && !e.abort[j] {
                         e.abort[j] = true;
-                        e.helping[j] = false;
                         reset += 1;
                     }
                 }
@@ -879,6 +935,7 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
                 if reset > 0 {
                     tracing::debug!(conns = reset, "endgame: stuck connections reset");
                     sh.abort.notify_waiters();
+                    sh.ended.notify_one();
                 }
                 return Ok((buf, clear_self));
             }
@@ -945,6 +1002,7 @@ fn observe(sh: &Shared, all: bool) {
             outq: d.outq,
             timed_out: d.timed_out,
             rto: d.rto,
+            lossy: d.lossy,
         };
         e.books.observe(i, o, at);
     }

@@ -233,6 +233,9 @@ pub struct Delivery {
     pub timed_out: bool,
     /// The retransmission timeout.
     pub rto: std::time::Duration,
+    /// The connection has retransmitted at least once: loss is about, and
+    /// with it the timeouts the endgame is for.
+    pub lossy: bool,
 }
 
 /// Ask the kernel about the TCP socket `fd`; `None` where it cannot tell.
@@ -264,10 +267,15 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
         // backoff, ...; u32 rto at byte 8 (include/uapi/linux/tcp.h).
         const TCP_CA_LOSS: u8 = 4;
         let rto = u32::from_ne_bytes([info[8], info[9], info[10], info[11]]);
+        // u32 total_retrans at byte 100.
+        let retrans = info
+            .get(100..104)
+            .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
         Some(Delivery {
             outq: u64::try_from(outq).unwrap_or(0),
             timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
             rto: std::time::Duration::from_micros(u64::from(rto)),
+            lossy: retrans > 0 || info[1] == TCP_CA_LOSS,
         })
     }
     #[cfg(not(target_os = "linux"))]

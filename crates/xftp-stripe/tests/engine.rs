@@ -898,8 +898,13 @@ async fn a_receiver_in_the_endgame_takes_identical_copies_and_refuses_others() {
         matches!(r, Err(StripeError::DuplicateDiffers { .. })),
         "{r:?}"
     );
-    // Every byte but no EOF: not complete (a sender that stopped early).
-    let a = block(0, &data);
+    // Every byte but no EOF: complete (a sender in the endgame does not
+    // send EOF when a connection stuck before its end was reset).
+    let (r, got) = receive_raw(300, vec![block(0, &data)]).await;
+    assert_eq!(r.unwrap().bytes, 300);
+    assert_eq!(got, data);
+    // Bytes missing and the connection closed: not complete.
+    let a = block(0, &data[..200]);
     let (tx, rx) = duplexes(1);
     let dst = Arc::new(MemFile::default());
     let rcv = Receiver::file_endgame(dst, 300, Default::default(), rx);
@@ -934,10 +939,12 @@ impl xftp_stripe::Probe for WireProbe {
     fn delivery(&self) -> Option<xftp_stripe::Delivery> {
         use std::sync::atomic::Ordering::SeqCst;
         let outq = self.0.written.load(SeqCst) - self.0.read.load(SeqCst);
+        let stalled = self.0.stalled.load(SeqCst);
         Some(xftp_stripe::Delivery {
             outq,
-            timed_out: outq > 0 && self.0.stalled.load(SeqCst),
+            timed_out: outq > 0 && stalled,
             rto: Duration::from_millis(200),
+            lossy: stalled,
         })
     }
 }
