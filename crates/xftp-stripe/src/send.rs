@@ -900,7 +900,10 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
                 return Err(StripeError::Aborted(e.to_string()));
             }
             let State {
-                endgame, active, ..
+                endgame,
+                active,
+                sched,
+                ..
             } = &mut *st;
             let Some(e) = endgame.as_mut() else {
                 return Ok((buf, true));
@@ -939,7 +942,16 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
                 }
                 return Ok((buf, clear_self));
             }
-            let c = e.books.claim(idx);
+            // Only once every record is handed out: a connection that
+            // was retired mid-transfer (fewer connections wanted) must not
+            // add copies while the others still have new records to send
+            // (on a lossy path some connection is nearly always in a
+            // timeout, and those copies took half the link).
+            let c = if sched.exhausted() {
+                e.books.claim(idx)
+            } else {
+                None
+            };
             if let Some((_, len)) = c {
                 e.resent += len;
             }
