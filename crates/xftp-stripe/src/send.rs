@@ -746,32 +746,13 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
         };
         match step {
             Step::Record(offset, len, payload) => {
-                let hdr = BlockHeader::data(offset, len).encode();
-                queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
                 match payload {
-                    Some(b) => write_block(s, &hdr, &b).await.map_err(ioerr)?,
-                    None => {
-                        let file = sh
-                            .file
-                            .clone()
-                            .ok_or(StripeError::Unsupported("no source"))?;
-                        buf = send_record(s, sh, file, buf, &hdr, offset, len)
-                            .await
-                            .map_err(|e| match e {
-                                RecordError::Net(e) => ioerr(e),
-                                RecordError::Source(e) => e,
-                            })?;
+                    Some(b) => {
+                        let hdr = BlockHeader::data(offset, len).encode();
+                        write_block(s, &hdr, &b).await.map_err(ioerr)?;
+                        sent(sh, idx, len);
                     }
-                }
-                {
-                    let mut st = sh.lock();
-                    if let Some(e) = st.endgame.as_mut() {
-                        e.books.written(idx, hdr.len() as u64 + len);
-                    }
-                    if let Some(stat) = st.stats.get_mut(idx) {
-                        stat.bytes += len;
-                        stat.records += 1;
-                    }
+                    None => buf = send_file_record(s, sh, idx, buf, offset, len).await?,
                 }
                 // Records are read in place now: a connection whose socket
                 // takes everything at once (loopback, large buffers) would
@@ -796,6 +777,44 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
                 return close_connection(s, sh, idx).await;
             }
         }
+    }
+}
+
+/// Send the record `[offset, offset + len)` of the source file on
+/// connection `idx`, with its books; returns `buf` for reuse.
+async fn send_file_record<S: AsyncWrite + DataSocket + Unpin>(
+    s: &mut S,
+    sh: &Arc<Shared>,
+    idx: usize,
+    buf: Vec<u8>,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, StripeError> {
+    let hdr = BlockHeader::data(offset, len).encode();
+    queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
+    let file = sh
+        .file
+        .clone()
+        .ok_or(StripeError::Unsupported("no source"))?;
+    let buf = send_record(s, sh, file, buf, &hdr, offset, len)
+        .await
+        .map_err(|e| match e {
+            RecordError::Net(e) => StripeError::io(Some(idx), &e),
+            RecordError::Source(e) => e,
+        })?;
+    sent(sh, idx, len);
+    Ok(buf)
+}
+
+/// A record of `len` payload bytes went out on `idx`.
+fn sent(sh: &Shared, idx: usize, len: u64) {
+    let mut st = sh.lock();
+    if let Some(e) = st.endgame.as_mut() {
+        e.books.written(idx, crate::block::HEADER_LEN as u64 + len);
+    }
+    if let Some(stat) = st.stats.get_mut(idx) {
+        stat.bytes += len;
+        stat.records += 1;
     }
 }
 
@@ -882,7 +901,6 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
     sh: &Arc<Shared>,
     mut buf: Vec<u8>,
 ) -> Result<(Vec<u8>, bool), StripeError> {
-    let ioerr = |e: io::Error| StripeError::io(Some(idx), &e);
     loop {
         observe(sh, false);
         if sh
@@ -958,28 +976,7 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
             c
         };
         match claim {
-            Some((offset, len)) => {
-                let hdr = BlockHeader::data(offset, len).encode();
-                queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
-                let file = sh
-                    .file
-                    .clone()
-                    .ok_or(StripeError::Unsupported("no source"))?;
-                buf = send_record(s, sh, file, buf, &hdr, offset, len)
-                    .await
-                    .map_err(|e| match e {
-                        RecordError::Net(e) => ioerr(e),
-                        RecordError::Source(e) => e,
-                    })?;
-                let mut st = sh.lock();
-                if let Some(e) = st.endgame.as_mut() {
-                    e.books.written(idx, hdr.len() as u64 + len);
-                }
-                if let Some(stat) = st.stats.get_mut(idx) {
-                    stat.bytes += len;
-                    stat.records += 1;
-                }
-            }
+            Some((offset, len)) => buf = send_file_record(s, sh, idx, buf, offset, len).await?,
             None => tokio::time::sleep(ENDGAME_POLL).await,
         }
     }

@@ -956,14 +956,7 @@ mod tests {
         window: Option<f64>,
         cc: Cc,
     ) -> PathSpec {
-        PathSpec {
-            rate_bps: rate,
-            rtt: Duration::from_secs_f64(rtt_ms / 1e3),
-            queue_bytes: queue,
-            loss,
-            window,
-            cc,
-        }
+        PathSpec::new(rate, rtt_ms, queue, loss, window, cc)
     }
 
     /// A controller from `start` on `p` for `secs` of an endless

@@ -154,6 +154,26 @@ pub struct PathSpec {
 }
 
 impl PathSpec {
+    /// A path of `rate` bit/s, `rtt_ms` of base RTT, a queue of `queue`
+    /// bytes, random loss `loss`, a window cap (or autotuned) and `cc`.
+    pub fn new(
+        rate: f64,
+        rtt_ms: f64,
+        queue: f64,
+        loss: f64,
+        window: Option<f64>,
+        cc: Cc,
+    ) -> PathSpec {
+        PathSpec {
+            rate_bps: rate,
+            rtt: Duration::from_secs_f64(rtt_ms / 1e3),
+            queue_bytes: queue,
+            loss,
+            window,
+            cc,
+        }
+    }
+
     /// A path drawn from issue 16's distribution (the same as `bench/run
     /// auto-grid`): rate 2-800 Mbit/s and RTT 1-600 ms log-uniform, no
     /// loss or 1e-5..1e-2 log-uniform (even odds), a queue of 0.1-2 BDP
@@ -1099,14 +1119,7 @@ mod tests {
         window: Option<f64>,
         cc: Cc,
     ) -> PathSpec {
-        PathSpec {
-            rate_bps: rate,
-            rtt: Duration::from_secs_f64(rtt_ms / 1e3),
-            queue_bytes: queue,
-            loss,
-            window,
-            cc,
-        }
+        PathSpec::new(rate, rtt_ms, queue, loss, window, cc)
     }
 
     /// Mean payload rate of `n` fixed connections over `secs`, as a share
