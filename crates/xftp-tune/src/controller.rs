@@ -543,7 +543,12 @@ impl Controller {
         let crowded = (queueing || (heavy_loss && per_conn < CROWD_SHARE))
             && loss - self.quiet_loss.unwrap_or(0.0) > self.cfg.shed_loss;
         // The path's own loss does not bar fast growth: only loss above it.
-        let clean = !queueing
+        // Clean needs an RTT to show no queue: a server whose connections
+        // are all held by their receivers' windows reports none (a window
+        // cap, as on DS3), and a x4 step taken blind went from 16 to 64
+        // where 16 already carried 0.96 of the link.
+        let clean = epoch_rtt.is_some()
+            && !queueing
             && loss
                 <= self
                     .cfg
@@ -1202,6 +1207,32 @@ mod tests {
 
     fn last(c: &Controller) -> Option<Reason> {
         c.history().last().map(|s| s.reason)
+    }
+
+    #[test]
+    fn no_rtt_is_no_clean_path() {
+        // Goodput flat after the start's slow start, no loss, and no RTT
+        // at all (every connection held by its receiver's window): growth
+        // may be tried, but by doubling, not x4.
+        // (The first epoch's RTT, 200 ms, sets the floor, as the
+        // handshake's would; 16 connections of 40 segments each.)
+        let mut c = Controller::new(TuneConfig::default(), 16);
+        let mut bytes = 0u64;
+        for i in 0..=80u64 {
+            bytes += 250_000;
+            c.on_sample(Sample {
+                at: Duration::from_millis(50 * i),
+                bytes,
+                rtt: (i < 12).then_some(Duration::from_millis(200)),
+                retrans: 0,
+                segs_out: bytes / 1448,
+                remaining: None,
+            });
+            if c.streams() != 16 {
+                break;
+            }
+        }
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
     }
 
     #[test]
