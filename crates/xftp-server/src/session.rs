@@ -82,6 +82,7 @@ pub async fn run(
         local,
         reader: LineReader::new(),
         queued: VecDeque::new(),
+        unsent: Vec::new(),
         login: Login::AwaitUser,
         failures: 0,
         cwd: VPath::root(),
@@ -114,6 +115,7 @@ pub async fn run(
                 let Some(tls) = s.tls.clone() else {
                     return Ok(());
                 };
+                s.flush_replies().await?;
                 let tcp = match s.ctl.into_plain() {
                     Ok(t) => t,
                     Err(_) => return Ok(()),
@@ -181,6 +183,9 @@ struct Session {
     reader: LineReader,
     /// Lines already read but not yet handled (pipelined commands).
     queued: VecDeque<Result<Vec<u8>, ProtoError>>,
+    /// Replies not yet written: those to a pipelined flight go out
+    /// together ([`Session::send`]).
+    unsent: Vec<u8>,
     login: Login,
     failures: u32,
     cwd: VPath,
@@ -271,6 +276,50 @@ fn hash_feat(current: Algorithm) -> String {
         .join(";")
 }
 
+/// Whether a queued command line is one the server answers at once,
+/// without waiting on the client or the disk for long: replies before it
+/// may wait for its own. (Login, settings, queries of a name, a passive
+/// listener; PASS takes its password check's half second, but its client
+/// waits for the 230 in any case.)
+fn answered_at_once(line: &Result<Vec<u8>, ProtoError>) -> bool {
+    let Ok(line) = line else {
+        return true;
+    };
+    let verb = line
+        .split(|b| *b == b' ')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_uppercase();
+    matches!(
+        verb.as_slice(),
+        b"USER"
+            | b"PASS"
+            | b"ACCT"
+            | b"TYPE"
+            | b"MODE"
+            | b"STRU"
+            | b"OPTS"
+            | b"FEAT"
+            | b"MULT"
+            | b"SIZE"
+            | b"MDTM"
+            | b"PWD"
+            | b"XPWD"
+            | b"CWD"
+            | b"XCWD"
+            | b"CDUP"
+            | b"SYST"
+            | b"NOOP"
+            | b"REST"
+            | b"EPSV"
+            | b"PASV"
+            | b"PBSZ"
+            | b"PROT"
+            | b"ALLO"
+            | b"HELP"
+    )
+}
+
 fn quote(path: &str) -> String {
     // RFC 959 appendix II: a quote inside a 257 path is doubled.
     path.replace('"', "\"\"")
@@ -288,9 +337,29 @@ impl Session {
         self.send(&Reply::new(code, text)).await
     }
 
+    /// Send a reply, or keep it to go out with the next ones while the
+    /// client's pipelined flight goes on with commands answered at once.
+    /// Each reply in a segment of its own made xftp's login flight (nine
+    /// replies) overflow an 8-packet router queue: the ninth waited out a
+    /// retransmission timeout, 1.9 s on a 560 ms path. Anything that may
+    /// wait on the client (a data connection, TLS) or take long is not
+    /// in the list, so its predecessors' replies are never held by it.
     async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!(peer = %self.peer, "-> {}", r);
-        self.ctl.write_all(&r.encode()).await?;
+        self.unsent.extend_from_slice(&r.encode());
+        if self.queued.front().is_some_and(answered_at_once) {
+            return Ok(());
+        }
+        self.flush_replies().await
+    }
+
+    /// Write the replies kept by [`Session::send`].
+    async fn flush_replies(&mut self) -> std::io::Result<()> {
+        if self.unsent.is_empty() {
+            return Ok(());
+        }
+        let out = std::mem::take(&mut self.unsent);
+        self.ctl.write_all(&out).await?;
         // TLS keeps what the socket did not take; a reply must go now.
         self.ctl.flush().await
     }
@@ -311,6 +380,7 @@ impl Session {
             if let Some(l) = self.queued.pop_front() {
                 return Ok(Some(l));
             }
+            self.flush_replies().await?;
             let read = tokio::select! {
                 _ = self.shutdown.cancelled() => {
                     let _ = self.reply(421, "Server shutting down.").await;
@@ -394,6 +464,7 @@ impl Session {
                 Flow::StartTls => return Ok(Flow::StartTls),
             }
         }
+        let _ = self.flush_replies().await;
         let _ = self.ctl.shutdown().await;
         Ok(Flow::Quit)
     }
@@ -1623,6 +1694,8 @@ impl Session {
         n: usize,
         sending: bool,
     ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>)>> {
+        // The client may need a reply still kept to open them.
+        self.flush_replies().await?;
         let plan = std::mem::take(&mut self.data);
         let opened = match data::open(
             plan,
@@ -1666,6 +1739,8 @@ impl Session {
         progress: Progress,
         mut live: Option<Live>,
     ) -> std::io::Result<Outcome<T>> {
+        // The 150 (and whatever came before it) goes out now.
+        self.flush_replies().await?;
         // Set by `store` for a stream-mode upload just before; this
         // transfer's alone.
         let mut stop = self.stop_upload.take();
@@ -1734,9 +1809,11 @@ impl Session {
                                 None => format!("Transfer in progress: {} bytes.", progress.load(Ordering::Relaxed)),
                             };
                             self.reply(213, text).await?;
+                            self.flush_replies().await?;
                         } else if verb == "NOOP" {
                             // Answered at once: clients time round trips with it.
                             self.reply(200, "NOOP ok.").await?;
+                            self.flush_replies().await?;
                         } else if let (Some(lv), Ok(Ok(Command::Mult(n)))) = (live.as_mut(), l.as_ref().map(|l| Command::parse(l))) {
                             let want = n
                                 .unwrap_or(self.cfg.default_streams)
@@ -1747,6 +1824,7 @@ impl Session {
                                 self.streams = want.clamp(1, self.cfg.max_streams.max(1));
                             }
                             self.reply(code, text).await?;
+                            self.flush_replies().await?;
                         } else {
                             self.queued.push_back(l);
                         }

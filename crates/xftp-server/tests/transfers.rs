@@ -489,3 +489,48 @@ async fn a_large_file_after_opts_mult_endgame_reaches_an_endgame_receiver() {
     assert_eq!(rep.bytes, len);
     assert_eq!(rep.duplicate_bytes, 0, "nothing was stuck on loopback");
 }
+
+#[tokio::test]
+async fn replies_to_a_pipelined_flight_go_out_together() {
+    // A login flight sent in one write is answered in one write (one
+    // segment, not six: on a path with a router queue of a few packets
+    // the last of six waited out a retransmission timeout), and a reply
+    // a later command needs from the client (EPSV before LIST) is not
+    // held back by it. (Linux: TCP_INFO counts the segments.)
+    use tokio::io::AsyncReadExt;
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "f", b"12345");
+    let mut c = Ctl::connect(srv.addr).await;
+    let segs = |s: &TcpStream| xftp_tune::tcpinfo::read(s).map(|i| i.data_segs_in);
+    let before = segs(&c.s).unwrap();
+    c.send_raw(b"USER anonymous\r\nPASS a@b\r\nTYPE I\r\nFEAT\r\nSIZE f\r\nEPSV\r\n")
+        .await;
+    let mut got = String::new();
+    let mut buf = vec![0u8; 65536];
+    while !got.contains("\r\n229 ") {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(20), c.s.read(&mut buf))
+            .await
+            .expect("no reply")
+            .unwrap();
+        assert!(n > 0, "closed after {got:?}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    for code in ["331 ", "230 ", "200 ", "211", "213 5", "229 "] {
+        assert!(got.contains(code), "{code} missing: {got:?}");
+    }
+    let segs_for_flight = segs(&c.s).unwrap() - before;
+    assert_eq!(
+        segs_for_flight, 1,
+        "six replies in {segs_for_flight} segments"
+    );
+    // LIST right behind a fresh EPSV, both in one write: the 229 comes
+    // first, the data connection after it, then the listing.
+    c.send_raw(b"EPSV\r\nLIST\r\n").await;
+    let r = c.expect(229).await;
+    let port = xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap();
+    let d = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    c.expect(150).await;
+    let listing = read_all(d).await;
+    assert!(String::from_utf8_lossy(&listing).contains('f'));
+    c.expect(226).await;
+}

@@ -37,6 +37,8 @@ pub struct TcpInfo {
     /// 4.18). Unlike `bytes_acked` it does not jump when a retransmission
     /// fills a hole.
     pub delivered: u32,
+    /// Segments received that carried data (0 on kernels before 4.6).
+    pub data_segs_in: u32,
     /// Microseconds the connection had data to send (0 on kernels before
     /// 4.9).
     pub busy_us: u64,
@@ -86,6 +88,7 @@ const OFF_BYTES_RECEIVED: usize = 128;
 const OFF_SEGS_OUT: usize = 136;
 const OFF_SEGS_IN: usize = 140;
 const OFF_MIN_RTT: usize = 148;
+const OFF_DATA_SEGS_IN: usize = 152;
 const OFF_BUSY_TIME: usize = 168;
 const OFF_RWND_LIMITED: usize = 176;
 const OFF_DELIVERED: usize = 192;
@@ -120,6 +123,7 @@ pub fn decode(b: &[u8]) -> TcpInfo {
         bytes_acked: u64_at(b, OFF_BYTES_ACKED),
         bytes_received: u64_at(b, OFF_BYTES_RECEIVED),
         delivered: u32_at(b, OFF_DELIVERED),
+        data_segs_in: u32_at(b, OFF_DATA_SEGS_IN),
         busy_us: u64_at(b, OFF_BUSY_TIME),
         rwnd_limited_us: u64_at(b, OFF_RWND_LIMITED),
     }
