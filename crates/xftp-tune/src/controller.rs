@@ -965,17 +965,6 @@ mod tests {
     use super::*;
     use crate::model::{run, Cc, PathSpec, Policy, FIXED};
 
-    fn path(
-        rate: f64,
-        rtt_ms: f64,
-        queue: f64,
-        loss: f64,
-        window: Option<f64>,
-        cc: Cc,
-    ) -> PathSpec {
-        PathSpec::new(rate, rtt_ms, queue, loss, window, cc)
-    }
-
     /// A controller from `start` on `p` for `secs` of an endless
     /// transfer: the controller and the payload rate it got.
     fn auto(p: &PathSpec, c: Controller, secs: f64, seed: u64) -> (Controller, f64) {
@@ -1009,7 +998,7 @@ mod tests {
     fn window_limited_long_path_grows_to_fill_it() {
         // 100 Mbit/s, 100 ms, 64 KiB windows: one connection gets ~5
         // Mbit/s, the link needs about 20.
-        let p = path(100e6, 100.0, 1e6, 0.0, Some(65535.0), Cc::Reno);
+        let p = PathSpec::new(100e6, 100.0, 1e6, 0.0, Some(65535.0), Cc::Reno);
         let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 2), 30.0, 1);
         assert!(c.streams() >= 16, "{:?}", c.history());
         assert!(bps > 0.85 * p.payload_bps(), "{bps}");
@@ -1021,7 +1010,7 @@ mod tests {
         // 2.6 Mbit/s, the link needs about 17. Epochs are 3 RTTs (0.6 s):
         // a clean start quadruples, and so does a step that scaled almost
         // linearly; doubling alone is two steps behind.
-        let p = path(45e6, 200.0, 1.5e6, 0.0, Some(65535.0), Cc::Reno);
+        let p = PathSpec::new(45e6, 200.0, 1.5e6, 0.0, Some(65535.0), Cc::Reno);
         let (c, _) = auto(&p, Controller::new(TuneConfig::default(), 2), 4.0, 1);
         assert!(most(&c) >= 32, "{:?}", c.history());
         let doubling = TuneConfig {
@@ -1043,7 +1032,7 @@ mod tests {
         // stays empty; a start of 8 stayed at 8 (`link_full` on the slow
         // start's queue, then `no_gain`) at 0.7 of the link where 16-64
         // fixed connections reached 0.85-0.89.
-        let p = path(300e6, 60.0, 2.25e6, 0.0003, None, Cc::Cubic);
+        let p = PathSpec::new(300e6, 60.0, 2.25e6, 0.0003, None, Cc::Cubic);
         let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 8), 15.0, 3);
         let (best, best_bps) = best_fixed(&p, 15.0, 3);
         assert!(c.streams() > 8, "{:?}", c.history());
@@ -1057,7 +1046,7 @@ mod tests {
         // start (16 at 100 ms): loss with no standing queue means more
         // connections, not fewer.
         for cc in [Cc::Cubic, Cc::Reno] {
-            let p = path(200e6, 100.0, 1.5e6, 0.001, None, cc);
+            let p = PathSpec::new(200e6, 100.0, 1.5e6, 0.001, None, cc);
             let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 16), 20.0, 2);
             let (_, best_bps) = best_fixed(&p, 20.0, 2);
             assert!(c.streams() >= 32, "{cc:?}: {:?}", c.history());
@@ -1077,7 +1066,7 @@ mod tests {
         // 0.3 % random loss caps each connection (Mathis) at ~2.6 Mbit/s;
         // three fill the 8 Mbit/s link and from four on a queue stands.
         // Loss is the same at every N: no reason to shed connections.
-        let p = path(8e6, 100.0, 5e5, 0.003, Some(1e6), Cc::Reno);
+        let p = PathSpec::new(8e6, 100.0, 5e5, 0.003, Some(1e6), Cc::Reno);
         let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 2), 60.0, 4);
         let (_, best_bps) = best_fixed(&p, 60.0, 4);
         assert!(c.streams() >= 2, "{:?}", c.history());
@@ -1087,7 +1076,7 @@ mod tests {
     #[test]
     fn short_clean_path_stays_small() {
         // The acceptance profiles' short path: one connection fills it.
-        let p = path(1e9, 1.0, 6e6, 0.0, None, Cc::Reno);
+        let p = PathSpec::new(1e9, 1.0, 6e6, 0.0, None, Cc::Reno);
         let (c, _) = auto(&p, Controller::new(TuneConfig::default(), 1), 20.0, 1);
         assert!(c.streams() <= 2 && most(&c) <= 2, "{:?}", c.history());
     }
@@ -1097,7 +1086,7 @@ mod tests {
         // satellite-x10 (Reno, 24 KiB windows, 8-packet queue): 4-16
         // connections fill it, 32 collapse. Whatever the start, auto stays
         // out of the collapse and near the best fixed count.
-        let p = path(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
+        let p = PathSpec::new(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
         let (_, best_bps) = best_fixed(&p, 30.0, 5);
         for start in [2, 4, 8] {
             let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), start), 30.0, 5);
@@ -1112,7 +1101,7 @@ mod tests {
             );
         }
         // The T1 satellite itself: 560 ms, same windows and queue.
-        let p = path(1.536e6, 560.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
+        let p = PathSpec::new(1.536e6, 560.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
         let (_, best_bps) = best_fixed(&p, 60.0, 5);
         let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 8), 60.0, 5);
         for s in c.history() {
@@ -1127,7 +1116,7 @@ mod tests {
         // satellite-x10 started (e.g. from a stale cache) at 32, where its
         // 8-packet queue collapses: 2.6 packets of the pipe a connection,
         // a quarter of the segments lost. Fewer carry more.
-        let p = path(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
+        let p = PathSpec::new(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
         let (_, best_bps) = best_fixed(&p, 30.0, 6);
         for c in [
             Controller::new(TuneConfig::default(), 32),
@@ -1151,11 +1140,11 @@ mod tests {
     fn a_settled_start_holds_a_full_link() {
         // The cache's count on a link it fills (a deep queue stands): no
         // trial while the queue stands, whatever the slow start showed.
-        let p = path(200e6, 50.0, 2.5e6, 0.0, None, Cc::Cubic);
+        let p = PathSpec::new(200e6, 50.0, 2.5e6, 0.0, None, Cc::Cubic);
         let (c, _) = auto(&p, Controller::settled(TuneConfig::default(), 8), 10.0, 1);
         assert_eq!(most(&c), 8, "{:?}", c.history());
         // Below the right count on a path with room, it grows.
-        let p = path(200e6, 100.0, 1.5e6, 0.001, None, Cc::Cubic);
+        let p = PathSpec::new(200e6, 100.0, 1.5e6, 0.001, None, Cc::Cubic);
         let (c, _) = auto(&p, Controller::settled(TuneConfig::default(), 4), 10.0, 1);
         assert!(c.streams() > 4, "{:?}", c.history());
     }

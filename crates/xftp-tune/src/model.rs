@@ -1111,17 +1111,6 @@ pub fn table(v: &[Verdict]) -> String {
 mod tests {
     use super::*;
 
-    fn path(
-        rate: f64,
-        rtt_ms: f64,
-        queue: f64,
-        loss: f64,
-        window: Option<f64>,
-        cc: Cc,
-    ) -> PathSpec {
-        PathSpec::new(rate, rtt_ms, queue, loss, window, cc)
-    }
-
     /// Mean payload rate of `n` fixed connections over `secs`, as a share
     /// of the payload limit (mean of three seeds).
     fn share(p: &PathSpec, n: u32, secs: f64) -> f64 {
@@ -1151,7 +1140,7 @@ mod tests {
         // satellite-x10 of docs/results.md: Reno, 24 KiB windows, an
         // 8-packet queue, 5 MiB. There 8 connections were best, 16 about
         // as fast (3.96 s against 4.0), 32 took 6.1 s.
-        let p = path(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
+        let p = PathSpec::new(15.36e6, 56.0, 12000.0, 0.0, Some(24576.0), Cc::Reno);
         let at = |n| share_file(&p, n, 5.0);
         let (one, four, eight, sixteen, thirty_two) = (at(1), at(4), at(8), at(16), at(32));
         assert!(four > 3.0 * one, "{one} {four}");
@@ -1162,7 +1151,7 @@ mod tests {
 
     #[test]
     fn one_autotuned_connection_fills_a_deep_queue_and_more_only_queue() {
-        let p = path(200e6, 50.0, 2.5e6, 0.0, None, Cc::Cubic);
+        let p = PathSpec::new(200e6, 50.0, 2.5e6, 0.0, None, Cc::Cubic);
         let one = share(&p, 1, 10.0);
         let eight = share(&p, 8, 10.0);
         assert!(one > 0.9 && (eight - one).abs() < 0.05, "{one} {eight}");
@@ -1184,21 +1173,21 @@ mod tests {
         // 200 Mbit/s link needs dozens. (Over a long run: slow start's
         // first seconds are faster.)
         for cc in [Cc::Reno, Cc::Cubic] {
-            let p = path(200e6, 100.0, 2.5e6, 0.001, None, cc);
+            let p = PathSpec::new(200e6, 100.0, 2.5e6, 0.001, None, cc);
             let one = share(&p, 1, 60.0) * p.payload_bps();
             assert!(one > 0.5 * 4.5e6 && one < 3.0 * 4.5e6, "{cc:?}: {one}");
             let sixteen = share(&p, 16, 60.0) * p.payload_bps();
             assert!(sixteen > 10.0 * one, "{cc:?}: {one} {sixteen}");
         }
         // BBR hardly minds: two connections nearly fill it.
-        let p = path(200e6, 100.0, 2.5e6, 0.001, None, Cc::Bbr);
+        let p = PathSpec::new(200e6, 100.0, 2.5e6, 0.001, None, Cc::Bbr);
         assert!(share(&p, 2, 10.0) > 0.8);
     }
 
     #[test]
     fn windows_cap_each_connection() {
         // DS3: 64 KiB windows at 200 ms give 2.6 Mbit/s a connection.
-        let p = path(45e6, 200.0, 1.5e6, 0.0, Some(65535.0), Cc::Reno);
+        let p = PathSpec::new(45e6, 200.0, 1.5e6, 0.0, Some(65535.0), Cc::Reno);
         let per = 65535.0 * 8.0 / 0.2 / p.payload_bps();
         for n in [1, 4, 8] {
             let s = share(&p, n, 20.0);
@@ -1209,7 +1198,7 @@ mod tests {
 
     #[test]
     fn added_connections_arrive_two_rtts_late_and_in_slow_start() {
-        let p = path(100e6, 100.0, 1e6, 0.0, Some(65535.0), Cc::Cubic);
+        let p = PathSpec::new(100e6, 100.0, 1e6, 0.0, Some(65535.0), Cc::Cubic);
         let mut s = Sim::new(&p, None, 2, 1);
         while s.time() < 2.0 {
             s.step();
@@ -1234,7 +1223,7 @@ mod tests {
 
     #[test]
     fn samples_mean_what_the_clients_mean() {
-        let p = path(50e6, 40.0, 5e5, 0.001, None, Cc::Cubic);
+        let p = PathSpec::new(50e6, 40.0, 5e5, 0.001, None, Cc::Cubic);
         let mut s = Sim::new(&p, Some(20e6), 4, 3);
         let mut last = s.sample();
         // Nothing taken before the first step: the whole file, in packets.
