@@ -285,38 +285,33 @@ fn answered_at_once(line: &Result<Vec<u8>, ProtoError>) -> bool {
     let Ok(line) = line else {
         return true;
     };
-    let verb = line
-        .split(|b| *b == b' ')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_uppercase();
     matches!(
-        verb.as_slice(),
-        b"USER"
-            | b"PASS"
-            | b"ACCT"
-            | b"TYPE"
-            | b"MODE"
-            | b"STRU"
-            | b"OPTS"
-            | b"FEAT"
-            | b"MULT"
-            | b"SIZE"
-            | b"MDTM"
-            | b"PWD"
-            | b"XPWD"
-            | b"CWD"
-            | b"XCWD"
-            | b"CDUP"
-            | b"SYST"
-            | b"NOOP"
-            | b"REST"
-            | b"EPSV"
-            | b"PASV"
-            | b"PBSZ"
-            | b"PROT"
-            | b"ALLO"
-            | b"HELP"
+        Command::verb_of(line).as_str(),
+        "USER"
+            | "PASS"
+            | "ACCT"
+            | "TYPE"
+            | "MODE"
+            | "STRU"
+            | "OPTS"
+            | "FEAT"
+            | "MULT"
+            | "SIZE"
+            | "MDTM"
+            | "PWD"
+            | "XPWD"
+            | "CWD"
+            | "XCWD"
+            | "CDUP"
+            | "SYST"
+            | "NOOP"
+            | "REST"
+            | "EPSV"
+            | "PASV"
+            | "PBSZ"
+            | "PROT"
+            | "ALLO"
+            | "HELP"
     )
 }
 
