@@ -746,7 +746,9 @@ impl Client {
             let mut file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let count = self.progress_counter();
             self.inline_digest = verify.map(|(a, _)| (xftp_proto::cksum::Digest::new(a), 0));
-            let got = self.recv_plain(conns, &mut file, tmp.path(), count).await?;
+            let got = self
+                .recv_plain_file(conns, &mut file, tmp.path(), count)
+                .await?;
             self.expect_complete(&c_retr).await?;
             vec![got]
         } else {
@@ -978,6 +980,33 @@ impl Client {
             .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
         let mut conn = self.watchdog().guard(conn);
         let mut got = 0u64;
+        // Through a pipe where the connection allows (see recv_plain_file).
+        let pipe = if xftp_stripe::DataSocket::can_splice_in(&conn) {
+            xftp_stripe::Pipe::with_capacity(CHUNK).ok()
+        } else {
+            None
+        };
+        if let Some(pipe) = pipe {
+            loop {
+                let n = std::future::poll_fn(|cx| {
+                    xftp_stripe::DataSocket::poll_splice_in(
+                        std::pin::Pin::new(&mut conn),
+                        cx,
+                        &pipe,
+                        pipe.capacity(),
+                    )
+                })
+                .await
+                .map_err(ClientError::DataIo)?;
+                if n == 0 {
+                    return Ok(got);
+                }
+                xftp_stripe::WriteAt::write_from_pipe(&*partial.rec, &pipe, n, at)
+                    .map_err(|e| local_err(&partial.path, e))?;
+                at += n as u64;
+                got += n as u64;
+            }
+        }
         let mut buf = vec![0u8; CHUNK];
         loop {
             let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
@@ -2265,6 +2294,52 @@ impl Client {
             if let Some(r) = &self.cfg.limit_rate {
                 r.take(n).await;
             }
+            got += n as u64;
+        }
+    }
+
+    /// [`recv_plain`](Self::recv_plain) into a file: from a plain TCP
+    /// connection the bytes go through a pipe into the file (`splice`, no
+    /// copy in user space), unless they must be seen on the way (an inline
+    /// checksum) or paced (`--limit-rate`).
+    async fn recv_plain_file(
+        &mut self,
+        mut conns: Vec<Stream>,
+        file: &mut std::fs::File,
+        out_path: &Path,
+        count: Option<Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Result<u64> {
+        use xftp_stripe::DataSocket;
+        let direct = self.inline_digest.is_none()
+            && self.cfg.limit_rate.is_none()
+            && conns.len() == 1
+            && conns.iter().all(|c| c.can_splice_in());
+        let pipe = match direct.then(|| xftp_stripe::Pipe::with_capacity(CHUNK)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                tracing::debug!("no pipe, reading through a buffer: {e}");
+                return self.recv_plain(conns, file, out_path, count).await;
+            }
+            None => return self.recv_plain(conns, file, out_path, count).await,
+        };
+        let mut conn = conns
+            .pop()
+            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut got = 0u64;
+        loop {
+            let fill = std::future::poll_fn(|cx| {
+                std::pin::Pin::new(&mut conn).poll_splice_in(cx, &pipe, pipe.capacity())
+            });
+            let n = match tokio::time::timeout(self.cfg.data_timeout, fill).await {
+                Ok(r) => r.map_err(ClientError::DataIo)?,
+                Err(_) => return Err(stall(self.cfg.data_timeout, got)),
+            };
+            if n == 0 {
+                return Ok(got);
+            }
+            pipe.drain_to(std::os::fd::AsFd::as_fd(&*file), None, n)
+                .map_err(|e| local_err(out_path, e))?;
+            crate::progress::add(&count, n);
             got += n as u64;
         }
     }

@@ -227,6 +227,30 @@ impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Guarded<S> 
         self.inner.tcp_socket()
     }
 
+    fn can_splice_in(&self) -> bool {
+        // The rate limit paces reads by their size (see poll_read).
+        self.dog.rate.is_none() && self.inner.can_splice_in()
+    }
+
+    fn poll_splice_in(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &xftp_stripe::Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_splice_in(cx, pipe, len) {
+            Poll::Ready(r) => {
+                this.dog.touch();
+                if let Ok(n) = &r {
+                    progress::add(&this.count, *n);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => poll_stall(&this.dog, &mut this.read_sleep, cx).map(Err),
+        }
+    }
+
     fn poll_send_file(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

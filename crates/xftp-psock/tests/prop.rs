@@ -85,7 +85,9 @@ impl<S: tokio::io::AsyncWrite + xftp_stripe::DataSocket + Unpin + Send + 'static
     }
 }
 
-impl<S: tokio::io::AsyncRead + Unpin + Send + 'static> tokio::io::AsyncRead for StreamR<S> {
+impl<S: tokio::io::AsyncRead + xftp_stripe::DataSocket + Unpin + Send + 'static>
+    tokio::io::AsyncRead for StreamR<S>
+{
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -3,6 +3,8 @@
 use std::io;
 use std::sync::Mutex;
 
+use crate::Pipe;
+
 /// Read at an absolute offset without moving any shared cursor, so that
 /// many connection tasks can read one file concurrently. Blocking: the
 /// engine calls it from `spawn_blocking`.
@@ -30,6 +32,15 @@ pub trait WriteAt: Send + Sync + 'static {
         let _ = (buf, offset);
         Err(io::ErrorKind::Unsupported.into())
     }
+
+    /// Write the `len` bytes `pipe` holds at `offset`: a file takes them
+    /// straight from the pipe ([`Pipe::drain_to`]); by default they are
+    /// read out into a buffer and written with [`write_at`](Self::write_at).
+    fn write_from_pipe(&self, pipe: &Pipe, len: usize, offset: u64) -> io::Result<()> {
+        let mut buf = vec![0u8; len];
+        pipe.read_exact(&mut buf)?;
+        self.write_at(&buf, offset)
+    }
 }
 
 impl ReadAt for std::fs::File {
@@ -45,6 +56,10 @@ impl ReadAt for std::fs::File {
 impl WriteAt for std::fs::File {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
+    }
+
+    fn write_from_pipe(&self, pipe: &Pipe, len: usize, offset: u64) -> io::Result<()> {
+        pipe.drain_to(std::os::fd::AsFd::as_fd(self), Some(offset), len)
     }
 
     fn read_back(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -96,6 +111,12 @@ impl WriteAt for RecordedFile {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)?;
         self.wrote(offset, buf.len() as u64);
+        Ok(())
+    }
+
+    fn write_from_pipe(&self, pipe: &Pipe, len: usize, offset: u64) -> io::Result<()> {
+        pipe.drain_to(std::os::fd::AsFd::as_fd(&self.file), Some(offset), len)?;
+        self.wrote(offset, len as u64);
         Ok(())
     }
 

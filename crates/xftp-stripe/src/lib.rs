@@ -50,6 +50,7 @@ pub mod block;
 mod driver;
 pub mod endgame;
 mod io;
+mod pipe;
 pub mod ranges;
 pub mod reasm;
 mod recv;
@@ -58,6 +59,7 @@ mod send;
 mod sock;
 
 pub use io::{write_atomic, MemFile, ReadAt, RecordedFile, WriteAt};
+pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};

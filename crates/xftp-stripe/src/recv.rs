@@ -15,7 +15,7 @@ use crate::block::{BlockHeader, Descriptor, HEADER_LEN};
 use crate::driver::{admit_or_reap, Tasks};
 use crate::ranges::RangeSet;
 use crate::reasm::Reassembly;
-use crate::{StreamStats, StripeError, TransferReport, WriteAt};
+use crate::{DataSocket, Pipe, StreamStats, StripeError, TransferReport, WriteAt};
 
 /// Largest piece of a block read into memory at once when writing a file.
 const FILE_CHUNK: usize = 256 * 1024;
@@ -136,7 +136,7 @@ impl<S> Clone for RecvControl<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin + Send + 'static> Receiver<S> {
+impl<S: AsyncRead + DataSocket + Unpin + Send + 'static> Receiver<S> {
     /// Receive a file into `dst`, writing each record at its offset.
     /// `expected`: a size announced out of band, checked at the end.
     pub fn file(dst: Arc<dyn WriteAt>, expected: Option<u64>, conns: Vec<S>) -> Self {
@@ -367,7 +367,7 @@ impl<S: Send + 'static> RecvControl<S> {
     }
 }
 
-async fn drive<S: AsyncRead + Unpin + Send + 'static>(
+async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<(usize, S)>,
 ) -> Result<Finished<S>, StripeError> {
@@ -461,7 +461,7 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(60);
 /// [`conn_task`]; with duplicates taken, a connection's own failure
 /// (reset, closed early) is set aside: the others may still bring every
 /// byte (a sender in the endgame resets connections stuck with copies).
-async fn conn_task_tolerant<S: AsyncRead + Unpin>(
+async fn conn_task_tolerant<S: AsyncRead + DataSocket + Unpin>(
     s: S,
     idx: usize,
     sh: Arc<Shared>,
@@ -485,14 +485,28 @@ async fn conn_task_tolerant<S: AsyncRead + Unpin>(
 
 /// One connection's loop; ends with the connection itself when it is to
 /// stay open ([`Receiver::file_kept`]).
-async fn conn_task<S: AsyncRead + Unpin>(
+async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
     s: S,
     idx: usize,
     sh: Arc<Shared>,
 ) -> Result<Option<S>, StripeError> {
+    // A file's payload goes from a plain TCP socket to the file through a
+    // pipe, without a copy in user space (see `Pipe`). Headers are then
+    // read exactly: a read-ahead buffer would take part of the next
+    // payload the copying way.
+    let pipe = match &sh.file {
+        Some(_) if s.can_splice_in() => match Pipe::new() {
+            Ok(p) => Some(Arc::new(p)),
+            Err(e) => {
+                tracing::debug!(conn = idx, "no pipe, reading through a buffer: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
     // A kept connection is read exactly (no read-ahead buffer), so
     // nothing after its EOD is taken.
-    let mut r = if sh.keep_open {
+    let mut r = if sh.keep_open || pipe.is_some() {
         ConnReader::Exact(s)
     } else {
         ConnReader::Buffered(BufReader::with_capacity(READ_BUF, s))
@@ -587,7 +601,24 @@ async fn conn_task<S: AsyncRead + Unpin>(
             acc
         };
         if let Some((offset, count)) = acc.data {
-            if let Some(file) = &sh.file {
+            if let (Some(file), Some(pipe), ConnReader::Exact(s)) = (&sh.file, &pipe, &mut r) {
+                let mut pos = 0u64;
+                while pos < count {
+                    let want = (count - pos).min(pipe.capacity() as u64) as usize;
+                    let n = std::future::poll_fn(|cx| {
+                        std::pin::Pin::new(&mut *s).poll_splice_in(cx, pipe, want)
+                    })
+                    .await
+                    .map_err(closed)?;
+                    if n == 0 {
+                        return Err(StripeError::ClosedBeforeEod { conn: idx });
+                    }
+                    chunk = store_piped(&sh, file, pipe, chunk, n, offset + pos, idx).await?;
+                    pos += n as u64;
+                }
+                let dup = sh.lock().reasm.takes_duplicates();
+                block_stored(&sh, idx, if dup { 0 } else { count });
+            } else if let Some(file) = &sh.file {
                 let mut pos = 0u64;
                 while pos < count {
                     let n = (count - pos).min(FILE_CHUNK as u64) as usize;
@@ -777,6 +808,75 @@ async fn store(
     .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
 }
 
+/// [`store`] for a piece of `len` bytes held in `pipe`: moved into the
+/// file without passing through user space, except where duplicates are
+/// taken and part of it is already stored (then it is read out into
+/// `chunk` to be compared). Hands `chunk` back for reuse.
+async fn store_piped(
+    sh: &Arc<Shared>,
+    file: &Arc<dyn WriteAt>,
+    pipe: &Arc<Pipe>,
+    chunk: Vec<u8>,
+    len: usize,
+    at: u64,
+    idx: usize,
+) -> Result<Vec<u8>, StripeError> {
+    use std::sync::atomic::Ordering;
+    let w = &sh.writer;
+    if !w.slow.load(Ordering::Relaxed) {
+        let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = std::time::Instant::now();
+        let chunk = store_from_pipe(sh, &**file, pipe, chunk, len, at, idx)?;
+        drop(turn);
+        if t0.elapsed() > SLOW_WRITE {
+            tracing::debug!("slow storage: further writes of this transfer off the runtime");
+            w.slow.store(true, Ordering::Relaxed);
+        }
+        return Ok(chunk);
+    }
+    let (sh, file, pipe) = (sh.clone(), file.clone(), pipe.clone());
+    tokio::task::spawn_blocking(move || {
+        let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
+        store_from_pipe(&sh, &*file, &pipe, chunk, len, at, idx)
+    })
+    .await
+    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+}
+
+/// [`store_piece`] from a pipe, with the writer's turn held.
+fn store_from_pipe(
+    sh: &Shared,
+    file: &dyn WriteAt,
+    pipe: &Pipe,
+    mut chunk: Vec<u8>,
+    len: usize,
+    at: u64,
+    idx: usize,
+) -> Result<Vec<u8>, StripeError> {
+    let ioerr = |e: io::Error| StripeError::io(None, &e);
+    let end = at + len as u64;
+    let (dup, overlap) = {
+        let st = sh.lock();
+        let dup = st.reasm.takes_duplicates();
+        (dup, dup && !st.reasm.stored_within(at, end).is_empty())
+    };
+    if overlap {
+        chunk.resize(len, 0);
+        pipe.read_exact(&mut chunk).map_err(ioerr)?;
+        store_piece(sh, file, &chunk, at, idx)?;
+        return Ok(chunk);
+    }
+    file.write_from_pipe(pipe, len, at).map_err(ioerr)?;
+    if dup {
+        let mut st = sh.lock();
+        st.reasm.on_stored(at, end);
+        if let Some(stat) = st.stats.get_mut(idx) {
+            stat.bytes += len as u64;
+        }
+    }
+    Ok(chunk)
+}
+
 /// One piece, with the writer's turn held: where duplicates are taken, the
 /// parts already stored are compared with what is there instead of
 /// written again, and the rest is written; connection `idx`'s stats count
@@ -829,7 +929,7 @@ fn store_piece(
 
 /// Receive a file over `conns` into `dst` and wait for the end.
 /// `expected`: the size announced out of band, if any.
-pub async fn recv_file<S: AsyncRead + Unpin + Send + 'static>(
+pub async fn recv_file<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
     dst: Arc<dyn WriteAt>,
     conns: Vec<S>,
     expected: Option<u64>,

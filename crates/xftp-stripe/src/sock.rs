@@ -1,6 +1,6 @@
 //! What the engine may ask of a data connection beyond reading and
-//! writing ([`DataSocket`]): send file pages without a copy, and the TCP
-//! socket underneath, whose kernel state tells what it has delivered.
+//! writing ([`DataSocket`]): send file pages without a copy, receive into
+//! a file without one ([`Pipe`]), and the TCP socket underneath, whose kernel state tells what it has delivered.
 //!
 //! **sendfile.** A record read into a buffer and written to a socket is
 //! copied twice in user space's name (file to buffer, buffer to socket)
@@ -17,6 +17,8 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+use crate::Pipe;
 
 /// A data connection that may send file pages without copying them
 /// through user space. Every method has a default that declines, so a
@@ -48,6 +50,26 @@ pub trait DataSocket {
     /// the kernel what it has delivered; `None` for anything else.
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
+    }
+
+    /// Whether [`poll_splice_in`](Self::poll_splice_in) can take bytes off
+    /// this connection now (plain TCP: the bytes on the wire are the
+    /// payload's own).
+    fn can_splice_in(&self) -> bool {
+        false
+    }
+
+    /// Move up to `len` received bytes into the empty `pipe`
+    /// ([`Pipe::fill_from`]), waiting until there are some; `Ok(0)` at the
+    /// end of the stream. Wrappers delegate and count what came in, as a
+    /// read.
+    fn poll_splice_in(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _pipe: &Pipe,
+        _len: usize,
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::ErrorKind::Unsupported.into()))
     }
 
     /// A handle that tells, from any task, what this connection has
@@ -83,9 +105,10 @@ impl Probe for FdProbe {
     }
 }
 
-/// `XFTP_ZEROCOPY=off` in the environment turns `sendfile` off, so that
-/// a benchmark can measure what it saves (bench/loopback.py's
-/// "xftp, no sendfile" rows).
+/// `XFTP_ZEROCOPY=off` in the environment turns `sendfile` and `splice`
+/// off, so that a benchmark can measure what they save (bench/loopback.py's
+/// "xftp, no sendfile" rows set it on the server, "xftp, no splice" on the
+/// client).
 #[cfg(target_os = "linux")]
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -154,9 +177,35 @@ impl DataSocket for tokio::net::TcpStream {
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(std::os::fd::AsFd::as_fd(self))
     }
+
+    fn can_splice_in(&self) -> bool {
+        enabled()
+    }
+
+    fn poll_splice_in(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let sock = self.get_mut();
+        loop {
+            std::task::ready!(sock.poll_read_ready(cx))?;
+            // The pipe is empty (one piece at a time), so WouldBlock can
+            // only mean the socket has nothing: readiness is cleared.
+            match sock.try_io(tokio::io::Interest::READABLE, || {
+                pipe.fill_from(std::os::fd::AsFd::as_fd(&*sock), len)
+            }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return Poll::Ready(other),
+            }
+        }
+    }
 }
 
 impl DataSocket for tokio::io::DuplexStream {}
+
+impl<T> DataSocket for tokio::io::ReadHalf<T> {}
 
 impl<T> DataSocket for tokio::io::WriteHalf<T> {}
 
@@ -167,6 +216,19 @@ impl<T: DataSocket + ?Sized + Unpin> DataSocket for Box<T> {
 
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         (**self).tcp_socket()
+    }
+
+    fn can_splice_in(&self) -> bool {
+        (**self).can_splice_in()
+    }
+
+    fn poll_splice_in(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut **self).poll_splice_in(cx, pipe, len)
     }
 
     fn poll_send_file(

@@ -50,7 +50,7 @@ async fn roundtrip<S, R>(
 ) -> (TransferReport, TransferReport, Vec<u8>)
 where
     S: AsyncWrite + xftp_stripe::DataSocket + Unpin + Send + 'static,
-    R: AsyncRead + Unpin + Send + 'static,
+    R: AsyncRead + xftp_stripe::DataSocket + Unpin + Send + 'static,
 {
     let src = Arc::new(MemFile::from(data.to_vec()));
     let dst = Arc::new(MemFile::default());
@@ -810,6 +810,93 @@ async fn a_file_over_plain_tcp_goes_by_sendfile() {
     assert_eq!(by_write.load(Ordering::Relaxed), 17 * 3);
 }
 
+/// A TCP connection that counts what came in through a pipe (`splice`)
+/// and what through ordinary reads.
+struct CountingRx {
+    inner: TcpStream,
+    by_splice: Arc<std::sync::atomic::AtomicU64>,
+    by_read: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl xftp_stripe::DataSocket for CountingRx {
+    fn can_splice_in(&self) -> bool {
+        self.inner.can_splice_in()
+    }
+
+    fn poll_splice_in(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &xftp_stripe::Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_splice_in(cx, pipe, len);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.by_splice
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncRead for CountingRx {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        self.by_read
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_plain_tcp_is_received_through_a_pipe() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Records of an odd size, so pieces and the pipe's capacity do not line
+    // up with them.
+    let data = pattern(3 * 1024 * 1024 + 777, 33);
+    let (tx, rx) = tcp_pairs(3).await;
+    let by_splice = Arc::new(AtomicU64::new(0));
+    let by_read = Arc::new(AtomicU64::new(0));
+    let rx: Vec<_> = rx
+        .into_iter()
+        .map(|inner| CountingRx {
+            inner,
+            by_splice: by_splice.clone(),
+            by_read: by_read.clone(),
+        })
+        .collect();
+    let out = tempfile::tempfile().unwrap();
+    let len = data.len() as u64;
+    let cfg = SendConfig {
+        record_size: 100_003,
+        ..SendConfig::default()
+    };
+    let (s, r) = tokio::join!(
+        send_file(Arc::new(MemFile::from(data.clone())), len, tx, &cfg),
+        recv_file(Arc::new(out.try_clone().unwrap()), rx, Some(len))
+    );
+    assert_eq!(s.unwrap().bytes, len);
+    assert_eq!(r.unwrap().bytes, len);
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut &out, &mut got).unwrap();
+    assert_eq!(got, data);
+    // Every payload byte came through the pipe; reads took the headers
+    // alone (17 bytes each), none of the payload after them.
+    assert_eq!(by_splice.load(Ordering::Relaxed), len);
+    let read = by_read.load(Ordering::Relaxed);
+    // (The scheduler cuts the last records smaller, so their number is
+    // not known here.)
+    let records = len.div_ceil(100_003);
+    assert_eq!(read % 17, 0, "{read} bytes read");
+    assert!(read >= 17 * records && read < 17 * 4 * records, "{read}");
+}
+
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_cut_short_while_sent_by_sendfile_fails_the_transfer() {
@@ -844,12 +931,31 @@ fn block(offset: u64, payload: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Feed raw bytes on each connection to a receiver that takes duplicates.
+/// Feed raw bytes on each connection to a receiver that takes duplicates:
+/// in memory, or over loopback TCP into a file (where the payload goes
+/// through a pipe, and a copy is read out of it to be compared).
 async fn receive_raw(
+    tcp: bool,
     size: u64,
     wires: Vec<Vec<u8>>,
 ) -> (Result<TransferReport, StripeError>, Vec<u8>) {
     use tokio::io::AsyncWriteExt;
+    if tcp {
+        let (tx, rx) = tcp_pairs(wires.len()).await;
+        let f = tempfile::tempfile().unwrap();
+        let dst = Arc::new(f.try_clone().unwrap());
+        let rcv = Receiver::file_endgame(dst, size, Default::default(), rx);
+        let feed = async {
+            for (mut t, w) in tx.into_iter().zip(wires) {
+                t.write_all(&w).await.unwrap();
+                std::mem::forget(t);
+            }
+        };
+        let (_, r) = tokio::join!(feed, rcv.finish());
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut &f, &mut got).unwrap();
+        return (r, got);
+    }
     let (tx, rx) = duplexes(wires.len());
     let dst = Arc::new(MemFile::default());
     let rcv = Receiver::file_endgame(dst.clone(), size, Default::default(), rx);
@@ -866,6 +972,17 @@ async fn receive_raw(
 
 #[tokio::test]
 async fn a_receiver_in_the_endgame_takes_identical_copies_and_refuses_others() {
+    endgame_copies(false).await;
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endgame_over_tcp_compares_copies_taken_through_the_pipe() {
+    endgame_copies(true).await;
+}
+
+async fn endgame_copies(tcp: bool) {
+    let receive_raw = |size, wires| receive_raw(tcp, size, wires);
     let data = pattern(300, 9);
     let eof = xftp_stripe::block::BlockHeader::eof(2).encode().to_vec();
     // Conn 0 carries [0, 200) and the EOF; conn 1 a copy of [100, 200)
@@ -903,6 +1020,9 @@ async fn a_receiver_in_the_endgame_takes_identical_copies_and_refuses_others() {
     let (r, got) = receive_raw(300, vec![block(0, &data)]).await;
     assert_eq!(r.unwrap().bytes, 300);
     assert_eq!(got, data);
+    if tcp {
+        return;
+    }
     // Bytes missing and the connection closed: not complete.
     let a = block(0, &data[..200]);
     let (tx, rx) = duplexes(1);
@@ -976,6 +1096,8 @@ impl AsyncWrite for WireTx {
         Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
+
+impl xftp_stripe::DataSocket for WireRx {}
 
 impl AsyncRead for WireRx {
     fn poll_read(

@@ -162,6 +162,25 @@ impl xftp_stripe::DataSocket for Stream {
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(std::os::fd::AsFd::as_fd(self.tcp()))
     }
+
+    fn can_splice_in(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.can_splice_in(),
+            _ => false,
+        }
+    }
+
+    fn poll_splice_in(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &xftp_stripe::Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_splice_in(cx, pipe, len),
+            _ => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+        }
+    }
 }
 
 impl AsyncWrite for Stream {

@@ -230,6 +230,23 @@ impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Metered<S> 
         self.inner.can_send_file()
     }
 
+    fn can_splice_in(&self) -> bool {
+        self.inner.can_splice_in()
+    }
+
+    fn poll_splice_in(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        pipe: &xftp_stripe::Pipe,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_splice_in(cx, pipe, len);
+        if let Poll::Ready(Ok(n)) = r {
+            self.meter.count(n, self.fd);
+        }
+        r
+    }
+
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.tcp_socket()
     }
