@@ -4,8 +4,10 @@
 One file downloaded over loopback by
 
   * `xftp get -p N` from `xftp serve`, in clear and under TLS (every data
-    connection encrypted), and in clear with sendfile(2) off
-    (`XFTP_ZEROCOPY=off` on the server, N > 1: what zero copy saves),
+    connection encrypted), in clear with sendfile(2) off
+    (`XFTP_ZEROCOPY=off` on the server, N > 1: what zero copy saves), and
+    in clear with splice(2) off (`XFTP_ZEROCOPY=off` on the client: what
+    receiving through a pipe saves),
   * `globus-url-copy -p N` from `globus-gridftp-server` (clear),
   * curl `--ssl-reqd` and lftp (`ftp:ssl-force`, `ssl-protect-data`) from
     `xftp serve` (TLS, one stream),
@@ -201,8 +203,9 @@ def main():
     ap.add_argument("--disk-dir", default=tempfile.gettempdir())
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
-    ap.add_argument("--tools", default="xftp,xftp-nozc,xftp-tls,globus,curl,lftp,iperf3",
-                    help="comma-separated subset (xftp-nozc: xftp with sendfile(2) off, N > 1)")
+    ap.add_argument("--tools", default="xftp,xftp-nozc,xftp-nosplice,xftp-tls,globus,curl,lftp,iperf3",
+                    help="comma-separated subset (xftp-nozc: xftp with sendfile(2) off on the server, "
+                         "N > 1; xftp-nosplice: xftp with splice(2) off on the client)")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
     tools = set(a.tools.split(","))
@@ -297,6 +300,12 @@ def main():
                     p, port = srv["nozc"]
                     yield ("xftp, no sendfile", n, p, [XFTP, "get", f"ftp://127.0.0.1:{port}{src}", dst,
                                                        "-p", str(n), "--json"], dst)
+                if "xftp-nosplice" in tools:
+                    # The client receiving through a buffer: what splice saves.
+                    p, port = srv["xftp"]
+                    yield ("xftp, no splice", n, p, ["env", "XFTP_ZEROCOPY=off", XFTP, "get",
+                                                     f"ftp://127.0.0.1:{port}{src}", dst, "-p", str(n),
+                                                     "--json"], dst)
                 if "xftp-tls" in tools:
                     p, port = srv["tls"]
                     yield ("xftp TLS", n, p, [XFTP, "get", f"ftpes://localhost:{port}{src}", dst, "-p",
@@ -395,7 +404,7 @@ def main():
              f"{open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()}; load average "
              f"after the run {' '.join(load)}; free page reporting "
              f"{'held during the run' if reporting is not None else 'not present or not changed'}.", ""]
-    order = ["xftp", "xftp, no sendfile", "globus-url-copy", "xftp TLS", "curl TLS", "lftp TLS",
+    order = ["xftp", "xftp, no sendfile", "xftp, no splice", "globus-url-copy", "xftp TLS", "curl TLS", "lftp TLS",
              "iperf3 (memory)"]
     med = {}
     bad = False

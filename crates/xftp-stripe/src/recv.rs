@@ -104,6 +104,9 @@ struct Shared {
     /// connections are still open (a stuck one), so the driver must not
     /// wait for them to end.
     maybe_done: Notify,
+    /// Connection tasks running: a file's payload goes through a pipe
+    /// only while there is one (see `conn_task`).
+    running: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -237,6 +240,7 @@ impl<S: AsyncRead + DataSocket + Unpin + Send + 'static> Receiver<S> {
             keep_open,
             writer: Writer::default(),
             maybe_done: Notify::new(),
+            running: std::sync::atomic::AtomicUsize::new(0),
         });
         let ctl = RecvControl { shared, tx };
         for c in conns {
@@ -490,10 +494,25 @@ async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
     idx: usize,
     sh: Arc<Shared>,
 ) -> Result<Option<S>, StripeError> {
+    use std::sync::atomic::Ordering;
+    sh.running.fetch_add(1, Ordering::Relaxed);
+    struct Running<'a>(&'a Shared);
+    impl Drop for Running<'_> {
+        fn drop(&mut self) {
+            self.0.running.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _running = Running(&sh);
     // A file's payload goes from a plain TCP socket to the file through a
-    // pipe, without a copy in user space (see `Pipe`). Headers are then
-    // read exactly: a read-ahead buffer would take part of the next
-    // payload the copying way.
+    // pipe, without a copy in user space (see `Pipe`), while this is the
+    // only connection. With several, the writes into the file take turns
+    // and are the limit: the copy path does half its copying (socket to
+    // buffer) outside the turn, on other cores, and the write copies from
+    // a buffer still in the cache; measured on loopback into tmpfs, four
+    // connections moved 17.1 Gbit/s that way against 15.9 through pipes,
+    // one connection 19.3 through a pipe against 11.3 (docs/datapath.md).
+    // Headers are read exactly where a pipe may be used: a read-ahead
+    // buffer would take part of the next payload the copying way.
     let pipe = match &sh.file {
         Some(_) if s.can_splice_in() => match Pipe::new() {
             Ok(p) => Some(Arc::new(p)),
@@ -601,7 +620,10 @@ async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
             acc
         };
         if let Some((offset, count)) = acc.data {
-            if let (Some(file), Some(pipe), ConnReader::Exact(s)) = (&sh.file, &pipe, &mut r) {
+            let alone = sh.running.load(Ordering::Relaxed) == 1;
+            if let (Some(file), Some(pipe), ConnReader::Exact(s), true) =
+                (&sh.file, &pipe, &mut r, alone)
+            {
                 let mut pos = 0u64;
                 while pos < count {
                     let want = (count - pos).min(pipe.capacity() as u64) as usize;
