@@ -4,9 +4,8 @@
 //! write puts them into the page cache (another). `splice` moves the
 //! socket's buffers into a pipe by reference instead, and from the pipe
 //! into the file the kernel copies once: the receive copy is gone. On this
-//! project's VM it cut the receiving side's CPU per GiB by a tenth and
-//! raised a one-connection loopback download into tmpfs by about as much
-//! (docs/datapath.md). The pipe is a connection's own and is always empty
+//! project's VM it took a one-connection loopback download into tmpfs
+//! from 12.2 to 18.9 Gbit/s, at a tenth less CPU (docs/datapath.md). The pipe is a connection's own and is always empty
 //! between pieces: a piece goes in from the socket, then all of it out to
 //! the file, under the writer's turn.
 

@@ -510,7 +510,7 @@ async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
     // buffer) outside the turn, on other cores, and the write copies from
     // a buffer still in the cache; measured on loopback into tmpfs, four
     // connections moved 17.1 Gbit/s that way against 15.9 through pipes,
-    // one connection 19.3 through a pipe against 11.3 (docs/datapath.md).
+    // one connection 18.9 through a pipe against 12.2 (docs/datapath.md).
     // Headers are read exactly where a pipe may be used: a read-ahead
     // buffer would take part of the next payload the copying way.
     let pipe = match &sh.file {
