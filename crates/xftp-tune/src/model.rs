@@ -18,7 +18,10 @@
 //!   per window (fast recovery); a loss on a window of a few segments, or
 //!   a retransmission lost again, costs a retransmission timeout (RTO:
 //!   200 ms plus the RTT, then slow start from one segment), which is what
-//!   makes many connections on a small queue collapse;
+//!   makes many connections on a small queue collapse; a queue of under
+//!   4 packets drops bursts, so half the episodes it starts end in a
+//!   timeout, which on a short path idles a lone connection (and the
+//!   link) for a hundred round trips;
 //! * random loss on the wire (after the bottleneck) for every connection,
 //!   which caps a loss-based connection near Mathis' 1.22·MSS/(RTT·√p)
 //!   (CUBIC somewhat above at a large BDP) and BBR far above it;
@@ -55,6 +58,9 @@ const RTO_MIN: f64 = 0.2;
 /// Packets of the pipe per connection below which connections crowd
 /// each other out ([`Sim::crowding`]).
 const CROWDED: f64 = 4.0;
+/// A router queue shorter than this, in packets, drops bursts
+/// ([`Sim::step_loss_based`]).
+const TINY_QUEUE: f64 = 4.0;
 /// A record (256 KiB), packets.
 const RECORD: f64 = 262_144.0 / MSS;
 /// The smallest record the end of a file is cut into (16 KiB), packets;
@@ -256,6 +262,8 @@ struct Flow {
     episode: f64,
     /// The window when the episode's first loss happened.
     w_at_loss: f64,
+    /// The episode began with the queue dropping, not the wire.
+    queue_loss: bool,
     /// Fast recovery until then: no growth, further losses are the same
     /// episode.
     recover_until: f64,
@@ -289,6 +297,7 @@ impl Flow {
             cut_at: None,
             episode: 0.0,
             w_at_loss: 0.0,
+            queue_loss: false,
             recover_until: 0.0,
             w_max: 0.0,
             epoch: 0.0,
@@ -496,7 +505,17 @@ impl Sim {
     /// them). On the emulated satellite links of docs/results.md 32
     /// connections (2.5 packets each) moved 0.5-0.8 of what 8 did, and 16
     /// (5 each) about as much as 8.
+    ///
+    /// Not on a path whose RTT is under a tenth of the timeout: there a
+    /// lone connection's timeouts idle the link for a hundred round trips
+    /// and more, and on the emulator more connections moved more, however
+    /// little each held (docs/tuning.md, rule 6: a 2.5 Mbit/s, 16 ms path
+    /// with a 3800-byte queue took 18 s on one connection, 9.6-10 s on two
+    /// or four, where this factor had made four twice as slow as one).
     fn crowding(&self) -> f64 {
+        if self.base * 10.0 < RTO_MIN {
+            return 1.0;
+        }
         let holding = self
             .flows
             .iter()
@@ -578,6 +597,7 @@ impl Sim {
                         f.cut_at = Some(tau + rtt);
                         f.episode = lost.max(1.0);
                         f.w_at_loss = f.w;
+                        f.queue_loss = over * share > f.w * p;
                     }
                 }
             }
@@ -593,7 +613,17 @@ impl Sim {
                     _ => 0.0,
                 };
                 let again = 0.5 * drop_again.min(1.0);
-                let p_rto = 1.0 - (1.0 - small) * (1.0 - again);
+                // A queue of a few packets drops a sender's burst, not a
+                // packet: several segments of one small window lost
+                // together leave too few behind for fast retransmit. On
+                // the emulator one connection on a 2.5 Mbit/s, 16 ms path
+                // with a 3800-byte queue moved 0.93 Mbit/s (docs/tuning.md).
+                let burst = if f.queue_loss && self.qmax < TINY_QUEUE {
+                    0.5
+                } else {
+                    0.0
+                };
+                let p_rto = 1.0 - (1.0 - small) * (1.0 - again) * (1.0 - burst);
                 f.slow_start = false;
                 if self.rng.unit() < p_rto {
                     f.stall_until = t + RTO_MIN + f.srtt;
