@@ -799,6 +799,34 @@ struct Writer {
 /// blocking pool (see [`Writer`]).
 const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Run `write` with the writer's turn held (see [`Writer`]): in place
+/// while writes are fast, in the blocking pool once one was slow.
+async fn in_turn<T: Send + 'static>(
+    sh: &Arc<Shared>,
+    write: impl FnOnce(&Shared) -> Result<T, StripeError> + Send + 'static,
+) -> Result<T, StripeError> {
+    use std::sync::atomic::Ordering;
+    let w = &sh.writer;
+    if !w.slow.load(Ordering::Relaxed) {
+        let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
+        let t0 = std::time::Instant::now();
+        let r = write(sh);
+        drop(turn);
+        if t0.elapsed() > SLOW_WRITE {
+            tracing::debug!("slow storage: further writes of this transfer off the runtime");
+            w.slow.store(true, Ordering::Relaxed);
+        }
+        return r;
+    }
+    let sh = sh.clone();
+    tokio::task::spawn_blocking(move || {
+        let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
+        write(&sh)
+    })
+    .await
+    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+}
+
 /// Write all of `chunk` at `at` into `file` (see [`Writer`]); hands the
 /// buffer back for reuse.
 async fn store(
@@ -808,26 +836,11 @@ async fn store(
     at: u64,
     idx: usize,
 ) -> Result<Vec<u8>, StripeError> {
-    use std::sync::atomic::Ordering;
-    let w = &sh.writer;
-    if !w.slow.load(Ordering::Relaxed) {
-        let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
-        let t0 = std::time::Instant::now();
-        store_piece(sh, &**file, &chunk, at, idx)?;
-        drop(turn);
-        if t0.elapsed() > SLOW_WRITE {
-            tracing::debug!("slow storage: further writes of this transfer off the runtime");
-            w.slow.store(true, Ordering::Relaxed);
-        }
-        return Ok(chunk);
-    }
-    let (sh, file) = (sh.clone(), file.clone());
-    tokio::task::spawn_blocking(move || {
-        let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
-        store_piece(&sh, &*file, &chunk, at, idx).map(|()| chunk)
+    let file = file.clone();
+    in_turn(sh, move |sh| {
+        store_piece(sh, &*file, &chunk, at, idx).map(|()| chunk)
     })
     .await
-    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
 }
 
 /// [`store`] for a piece of `len` bytes held in `pipe`: moved into the
@@ -843,26 +856,11 @@ async fn store_piped(
     at: u64,
     idx: usize,
 ) -> Result<Vec<u8>, StripeError> {
-    use std::sync::atomic::Ordering;
-    let w = &sh.writer;
-    if !w.slow.load(Ordering::Relaxed) {
-        let turn = w.turn.lock().unwrap_or_else(|p| p.into_inner());
-        let t0 = std::time::Instant::now();
-        let chunk = store_from_pipe(sh, &**file, pipe, chunk, len, at, idx)?;
-        drop(turn);
-        if t0.elapsed() > SLOW_WRITE {
-            tracing::debug!("slow storage: further writes of this transfer off the runtime");
-            w.slow.store(true, Ordering::Relaxed);
-        }
-        return Ok(chunk);
-    }
-    let (sh, file, pipe) = (sh.clone(), file.clone(), pipe.clone());
-    tokio::task::spawn_blocking(move || {
-        let _turn = sh.writer.turn.lock().unwrap_or_else(|p| p.into_inner());
-        store_from_pipe(&sh, &*file, &pipe, chunk, len, at, idx)
+    let (file, pipe) = (file.clone(), pipe.clone());
+    in_turn(sh, move |sh| {
+        store_from_pipe(sh, &*file, &pipe, chunk, len, at, idx)
     })
     .await
-    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
 }
 
 /// [`store_piece`] from a pipe, with the writer's turn held.
