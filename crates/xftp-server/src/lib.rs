@@ -61,6 +61,9 @@ pub struct Config {
     pub data_timeout: Duration,
     /// Abort a transfer whose data connections move nothing this long (426).
     pub stall_timeout: Duration,
+    /// How long a stopping server waits for running transfers before it
+    /// ends their sessions (see [`serve_all`]).
+    pub shutdown_grace: Duration,
     /// Most concurrent sessions (more get 421).
     pub max_sessions: usize,
     /// Record size of multi-stream transfers sent by the server.
@@ -120,6 +123,7 @@ impl Config {
             idle_timeout: Duration::from_secs(300),
             data_timeout: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(30),
             max_sessions: 512,
             record_size: 256 * 1024,
             min_bufsize: 2048,
@@ -139,24 +143,34 @@ impl Config {
 }
 
 /// Accept control connections on `listener` until `shutdown` is cancelled;
-/// then stop accepting and wait for running sessions to end.
+/// then stop accepting and wait for running sessions to end, for at most
+/// [`Config::shutdown_grace`] (see [`serve_all`]).
 pub async fn serve(
     listener: TcpListener,
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_all(listener, None, config, shutdown).await
+    serve_all(listener, None, config, shutdown, CancellationToken::new()).await
 }
 
 /// [`serve`] on `listener` and, if given, implicit TLS (the "ftps"
 /// convention: the TLS handshake comes first, before the 220) on
 /// `implicit`. Needs `config.tls` for the implicit listener. The session
 /// limit counts both.
+///
+/// Stopping comes in two steps. `shutdown` stops accepting: a session
+/// waiting for a command ends at once with a 421, one in a transfer ends
+/// when the transfer does. Sessions still open after
+/// [`Config::shutdown_grace`], or once `now` is cancelled, are ended
+/// without a word (their sockets closed, an upload's temporary file left
+/// unrenamed): a transfer to a peer that vanished would otherwise hold the
+/// server for its stall timeout.
 pub async fn serve_all(
     listener: TcpListener,
     implicit: Option<TcpListener>,
     config: Arc<Config>,
     shutdown: CancellationToken,
+    now: CancellationToken,
 ) -> std::io::Result<()> {
     let tracker = TaskTracker::new();
     let active = Arc::new(AtomicUsize::new(0));
@@ -203,7 +217,8 @@ pub async fn serve_all(
         let cfg = config.clone();
         let stop = shutdown.clone();
         let shared = shared.clone();
-        tracker.spawn(async move {
+        let now = now.clone();
+        let session = async move {
             let _guard = guard;
             if n > cfg.max_sessions {
                 if !tls_first {
@@ -239,9 +254,37 @@ pub async fn serve_all(
             } else {
                 tracing::info!(%peer, "session end");
             }
+        };
+        tracker.spawn(async move {
+            tokio::select! {
+                () = session => {}
+                () = now.cancelled() => tracing::warn!(%peer, "session ended by the shutdown"),
+            }
         });
     }
+    // New clients are refused rather than left in the backlog.
+    drop(listener);
+    drop(implicit);
     tracker.close();
+    let open = active.load(Ordering::SeqCst);
+    if open > 0 {
+        tracing::info!(
+            sessions = open,
+            grace_s = config.shutdown_grace.as_secs_f64(),
+            "stopping: waiting for running transfers"
+        );
+    }
+    tokio::select! {
+        () = tracker.wait() => {}
+        () = now.cancelled() => {}
+        () = tokio::time::sleep(config.shutdown_grace) => {
+            tracing::warn!(
+                sessions = active.load(Ordering::SeqCst),
+                "stopping: grace period over, ending the sessions still open"
+            );
+            now.cancel();
+        }
+    }
     tracker.wait().await;
     Ok(())
 }

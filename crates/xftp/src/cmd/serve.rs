@@ -47,6 +47,10 @@ pub struct Args {
     /// Abort a transfer whose data connections move nothing for SECS (426).
     #[arg(long, value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub stall_timeout: u64,
+    /// On SIGTERM or SIGINT, wait up to SECS for running transfers, then
+    /// end their sessions (a second signal ends them at once).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub shutdown_grace: u64,
     /// Most concurrent sessions.
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_sessions: usize,
@@ -169,6 +173,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     config.default_streams = a.default_streams.min(a.max_streams);
     config.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
     config.data_timeout = Duration::from_secs(a.data_timeout.max(1));
+    config.shutdown_grace = Duration::from_secs(a.shutdown_grace);
     config.max_sessions = a.max_sessions;
     config.record_size = a.record_size;
     config.stall_timeout = Duration::from_secs(a.stall_timeout.max(1));
@@ -255,17 +260,29 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     tracing::info!(root = %config.root.path().display(), %addr, "serving");
     let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
+    let now = CancellationToken::new();
+    let (stop, stop_now) = (shutdown.clone(), now.clone());
+    let grace = config.shutdown_grace;
     tokio::spawn(async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        for first in [true, false] {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+            }
+            if first {
+                tracing::info!(
+                    "stopping: no new sessions; running transfers have {} s (a second signal ends them now)",
+                    grace.as_secs()
+                );
+                stop.cancel();
+            } else {
+                stop_now.cancel();
+            }
         }
-        stop.cancel();
     });
-    xftp_server::serve_all(listener, implicit, Arc::new(config), shutdown).await?;
+    xftp_server::serve_all(listener, implicit, Arc::new(config), shutdown, now).await?;
     Ok(ExitCode::SUCCESS)
 }
 
