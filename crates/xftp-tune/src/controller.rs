@@ -42,7 +42,10 @@
 //!    records they hold; else go back and do not step down from there
 //!    again. Goodput at 60 % of the settled level with no heavy loss or
 //!    queue: conditions changed, grow. Now and then probe +25 %.
-//! 4. Never grow when what is left of the transfer would finish within two
+//! 4. *Long paths* — from an RTT of 200 ms, a clean first epoch of the
+//!    start whose pipe would give twice the count 8 segments each doubles
+//!    the count during slow start (once).
+//! 5. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
 //!    slow start.
@@ -104,6 +107,11 @@ const TIMEOUT_RTTS: f64 = 10.0;
 /// queue. A trial into that costs more than it can show, since retired
 /// connections first finish the records they hold.
 const TIMEOUT_MAX: u32 = 8;
+
+/// A path whose RTT floor is at least this long grows during its start's
+/// slow start (rule 7): each epoch there is 0.6 s or more, and slow start
+/// alone takes several of them on a fat path.
+const LONG_RTT: Duration = Duration::from_millis(200);
 
 /// A record, in bits: what a retired connection still sends (the server
 /// cuts files into records of 256 KiB, smaller at the end).
@@ -709,6 +717,23 @@ impl Controller {
         // at 16). Any start waits while its goodput climbs.
         let first_blind = self.start_epochs == 1 && self.n >= self.cfg.wait_first_from;
         if (first_blind || e.ramping) && self.start_epochs < MAX_WAIT {
+            // Rule 7: on a long path, a clean ramp whose pipe would still
+            // give twice as many connections a window each that fast
+            // retransmit repairs (were the link full now) takes more
+            // connections into the ramp: they climb alongside, where
+            // growth after the ramp would cost epochs of seconds each.
+            let long = self.floor.is_some_and(|f| f >= LONG_RTT);
+            let to = self.n.saturating_mul(2);
+            if long
+                && self.start_epochs == 1
+                && e.clean
+                && !e.queue_now
+                && !e.little_left
+                && self.may_grow()
+                && e.pipe / f64::from(to) >= SHED_SHARE
+            {
+                return (to.min(self.cap), Reason::Grow);
+            }
             return (self.n, Reason::SlowStart);
         }
         self.settled = Some(e.g);
@@ -1556,6 +1581,45 @@ mod tests {
         }
         assert_eq!(c.streams(), 4, "{:?}", c.history());
         assert_eq!(last(&c), Some(Reason::SlowStart));
+    }
+
+    #[test]
+    fn a_long_path_with_room_grows_during_its_slow_start() {
+        // Rule 7: 8 connections on a 500 ms path, the first epoch (1.5 s)
+        // in slow start with no queue and no loss, 40 then 80 Mbit/s: a
+        // pipe of some 2600 segments, over 100 each at 16. Grow now.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed_with(&mut c, &mut f, 15, 40e6, 0.0, |_| 500, None);
+        feed_with(&mut c, &mut f, 15, 80e6, 0.0, |_| 500, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Grow));
+        // Once: the rest of the ramp is waited out as before.
+        feed_with(&mut c, &mut f, 15, 120e6, 0.0, |_| 500, None);
+        feed_with(&mut c, &mut f, 15, 200e6, 0.0, |_| 500, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::SlowStart));
+        // A narrow long path (a T1 satellite hop: 1.5 Mbit/s at 560 ms, a
+        // pipe of 75 segments, a few each at 16): the same ramp keeps
+        // the count.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed_with(&mut c, &mut f, 17, 0.5e6, 0.0, |_| 560, None);
+        feed_with(&mut c, &mut f, 17, 1.2e6, 0.0, |_| 560, None);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::SlowStart));
+        // Nor with a queue building, or losses beyond the threshold.
+        for (loss, rtt) in [(0.0, 540), (0.01, 500)] {
+            let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+            feed_with(&mut c, &mut f, 1, 40e6, 0.0, |_| 500, None);
+            feed_with(&mut c, &mut f, 14, 40e6, loss, |_| rtt, None);
+            feed_with(&mut c, &mut f, 15, 80e6, loss, |_| rtt, None);
+            assert_eq!(c.streams(), 8, "{loss} {rtt}: {:?}", c.history());
+        }
+        // A path under 200 ms waits out its ramp whatever its pipe
+        // (a_high_start_waits_out_its_slow_start).
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed_with(&mut c, &mut f, 3, 400e6, 0.0, |_| 100, None);
+        feed_with(&mut c, &mut f, 3, 800e6, 0.0, |_| 100, None);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
     }
 
     #[test]
