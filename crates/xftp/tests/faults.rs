@@ -475,13 +475,7 @@ fn a_client_that_stops_reading_is_timed_out_and_others_are_served() {
     let srv = serve(dir.path(), &["--stall-timeout", "2"]);
     // Log in, ask for a large file, open the data connection, never read.
     let mut c = Ctl::login(srv.port);
-    let r = c.cmd("EPSV");
-    let port: u16 = r
-        .split("|||")
-        .nth(1)
-        .and_then(|x| x.split('|').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{r}"));
+    let port = c.epsv_port();
     let data = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let t = Instant::now();
     let r = c.cmd("RETR big.bin");

@@ -25,13 +25,7 @@ fn signal(srv: &Server, sig: &str) {
 fn start_retr(port: u16, file: &str) -> (Ctl, TcpStream) {
     let mut c = Ctl::login(port);
     assert!(c.cmd("TYPE I").starts_with("200"));
-    let r = c.cmd("EPSV");
-    let dport: u16 = r
-        .split("|||")
-        .nth(1)
-        .and_then(|x| x.split('|').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{r}"));
+    let dport = c.epsv_port();
     let data = TcpStream::connect(("127.0.0.1", dport)).unwrap();
     let r = c.cmd(&format!("RETR {file}"));
     assert!(r.starts_with("150"), "{r}");

@@ -192,4 +192,14 @@ impl Ctl {
         self.w.write_all(format!("{c}\r\n").as_bytes()).unwrap();
         self.reply()
     }
+
+    /// EPSV, and the data port its 229 reply names.
+    pub fn epsv_port(&mut self) -> u16 {
+        let r = self.cmd("EPSV");
+        r.split("|||")
+            .nth(1)
+            .and_then(|x| x.split('|').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in the EPSV reply: {r}"))
+    }
 }
