@@ -45,7 +45,11 @@
 //! 4. *Long paths* — from an RTT of 200 ms, a clean first epoch of the
 //!    start whose pipe would give twice the count 8 segments each doubles
 //!    the count during slow start (once).
-//! 5. Never grow when what is left of the transfer would finish within two
+//! 5. *Own delay* — a queue that stood while a growth step's connections
+//!    carried half their share or more is no bottleneck's (a window cap's
+//!    delayed acknowledgements): it stops counting as queue, and growth
+//!    goes on. A start that stops on a queue probes it soon.
+//! 6. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
 //!    slow start.
@@ -293,6 +297,8 @@ struct Judged {
     ramping: bool,
     /// The epoch's smallest RTT above the floor: a standing queue.
     queueing: bool,
+    /// How far above the floor (and `own_delay`) that RTT was.
+    queue: Option<Duration>,
     /// The RTT at the epoch's end above the floor.
     queue_now: bool,
     /// A heavy queue (vetoes probes).
@@ -392,6 +398,9 @@ pub struct Controller {
     up_backoff: u32,
     /// A step down from this count did not hold goodput.
     shed_failed: Option<u32>,
+    /// Delay above the RTT floor that is no queue: it stood while added
+    /// connections carried their share (rule 8).
+    own_delay: Duration,
     /// Smallest per-epoch loss rate seen: the path's random loss.
     loss_floor: Option<f64>,
     /// Smallest per-epoch loss rate seen with no standing queue.
@@ -426,6 +435,7 @@ impl Controller {
             up_failed: None,
             up_backoff: 4,
             shed_failed: None,
+            own_delay: Duration::ZERO,
             loss_floor: None,
             quiet_loss: None,
             history: Vec::new(),
@@ -524,12 +534,15 @@ impl Controller {
             0.0
         };
         let epoch_rtt = self.epoch_rtt.take().or(s.rtt);
-        let queue = match (epoch_rtt, self.floor) {
-            (Some(r), Some(f)) => Some(r.saturating_sub(f)),
+        // Delay above the floor that growth showed is no bottleneck's
+        // (`own_delay`) is not queue.
+        let base = self.floor.map(|f| f + self.own_delay);
+        let queue = match (epoch_rtt, base) {
+            (Some(r), Some(b)) => Some(r.saturating_sub(b)),
             _ => None,
         };
-        let over = |r: Option<Duration>, min: Duration, frac: f64| match (r, self.floor) {
-            (Some(r), Some(f)) => r.saturating_sub(f) > min.max(f.mul_f64(frac)),
+        let over = |r: Option<Duration>, min: Duration, frac: f64| match (r, base, self.floor) {
+            (Some(r), Some(b), Some(f)) => r.saturating_sub(b) > min.max(f.mul_f64(frac)),
             _ => false,
         };
         let (qmin, qfrac) = (self.cfg.queue_delay_min, self.cfg.queue_delay_fraction);
@@ -608,6 +621,7 @@ impl Controller {
             g: goodput,
             ramping,
             queueing,
+            queue,
             queue_now,
             heavy_queue,
             heavy_loss,
@@ -754,7 +768,12 @@ impl Controller {
         // (a high start's first judged epoch is where BBR drains after its
         // startup).
         if e.queueing || e.queue_now {
-            return self.steady(self.n, Reason::LinkFull);
+            // The start has no step to judge the queue by; the first probe
+            // comes after two quiet epochs instead of eight, and rule 8
+            // tells there whether it was the bottleneck's.
+            let r = self.steady(self.n, Reason::LinkFull);
+            self.quiet_epochs = self.probe_every.saturating_sub(2);
+            return r;
         }
         if !self.may_grow() || e.tiny {
             return self.steady(self.n, Reason::NoGain);
@@ -806,6 +825,27 @@ impl Controller {
         }
         if now >= self.cfg.gain && now.is_finite() {
             self.settled = Some(e.g);
+            // Rule 8: a queue that stood while the added connections
+            // carried half their share or more is no bottleneck's, since a full link
+            // would not have carried more. It is delay of the connections'
+            // own: a window cap's last segment waits for the receiver's
+            // delayed acknowledgement, 20-35 ms above a 380 ms floor with
+            // the link at a few per cent. It stops counting as queue, so
+            // growth goes on, and a real queue on top of it still shows.
+            // Judged on the trial's second epoch (the first with a queue
+            // waits: the count is kept either way), so that one epoch's
+            // noise on a small step is not taken for a share.
+            let own =
+                e.queueing && !e.heavy_loss && !e.crowded && e.g <= t.base * ratio * SUPERLINEAR;
+            if own && t.epochs < 2 {
+                return (self.n, Reason::Trial);
+            }
+            if let (true, Some(q)) = (own, e.queue) {
+                self.own_delay += q;
+                if self.may_grow() {
+                    return self.trial_up(self.n.saturating_mul(2), e.g, false, Reason::Grow);
+                }
+            }
             if e.queueing || e.heavy_loss || !self.may_grow() {
                 // Kept; the link is full now (or growth is barred).
                 let why = if e.heavy_loss {
@@ -1619,6 +1659,40 @@ mod tests {
         let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
         feed_with(&mut c, &mut f, 3, 400e6, 0.0, |_| 100, None);
         feed_with(&mut c, &mut f, 3, 800e6, 0.0, |_| 100, None);
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_queue_that_growth_goes_through_is_no_bottleneck() {
+        // Rule 8: window-capped connections on a 380 ms path whose link is
+        // nearly idle, their RTT 30 ms above the floor all along (delayed
+        // acknowledgements of each window's last segment). Each
+        // connection carries 0.3 Mbit/s whatever the count.
+        let run = |per_conn: bool| {
+            let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+            feed_with(&mut c, &mut f, 23, 2.0e6, 0.0, |_| 380, None);
+            for _ in 0..24 {
+                let bps = if per_conn {
+                    0.3e6 * f64::from(c.streams())
+                } else {
+                    2.4e6
+                };
+                feed_with(&mut c, &mut f, 23, bps, 0.0, |_| 410, None);
+            }
+            c
+        };
+        // The start reads the queue as a full link, probes it two epochs
+        // later, and the probe's gain says it is not: growth goes on.
+        let c = run(true);
+        assert_eq!(c.history()[1].reason, Reason::LinkFull, "{:?}", c.history());
+        assert!(c.streams() >= 32, "{:?}", c.history());
+        // A link that is full at 8: the probe gains nothing and goes back.
+        let c = run(false);
+        assert!(
+            c.history().iter().all(|s| s.next <= 10),
+            "{:?}",
+            c.history()
+        );
         assert_eq!(c.streams(), 8, "{:?}", c.history());
     }
 
