@@ -42,13 +42,14 @@
 //!    records they hold; else go back and do not step down from there
 //!    again. Goodput at 60 % of the settled level with no heavy loss or
 //!    queue: conditions changed, grow. Now and then probe +25 %.
-//! 4. *Long paths* — from an RTT of 200 ms, a clean first epoch of the
-//!    start whose pipe would give twice the count 8 segments each doubles
-//!    the count during slow start (once).
-//! 5. *Own delay* — a queue that stood while a growth step's connections
-//!    carried half their share or more is no bottleneck's (a window cap's
-//!    delayed acknowledgements): it stops counting as queue, and growth
-//!    goes on. A start that stops on a queue probes it soon.
+//! 4. *Long paths* (rule 7 in docs/tuning.md) — from an RTT of 200 ms,
+//!    a clean first epoch of the start whose pipe would give twice the
+//!    count 8 segments each doubles the count during slow start (once).
+//! 5. *Own delay* (rule 8 in docs/tuning.md) — a queue that stood while a
+//!    growth step's connections carried half their share or more is no
+//!    bottleneck's (a window cap's delayed acknowledgements): it stops
+//!    counting as queue, and growth goes on. A start that stops on a
+//!    queue probes it soon.
 //! 6. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
