@@ -283,6 +283,11 @@ struct Flow {
     w: f64,
     /// Smoothed RTT, seconds.
     srtt: f64,
+    /// Timeouts in a row with nothing delivered between them: each one
+    /// doubles the next (RFC 6298's backoff).
+    backoffs: u32,
+    /// Packets delivered since the last timeout.
+    since_rto: f64,
 }
 
 impl Flow {
@@ -309,6 +314,8 @@ impl Flow {
             held: 0.0,
             w: 0.0,
             srtt: rtt,
+            backoffs: 0,
+            since_rto: f64::INFINITY,
         }
     }
 
@@ -582,6 +589,7 @@ impl Sim {
                 let dropped = over / rtt * dt * share;
                 let new = (crossed * (1.0 - p) * eff).min(f.held);
                 f.held -= new;
+                f.since_rto += new;
                 self.delivered += new;
                 self.sent += crossed + dropped;
                 self.retrans += crossed * p + dropped + crossed * (1.0 - eff);
@@ -626,7 +634,15 @@ impl Sim {
                 let p_rto = 1.0 - (1.0 - small) * (1.0 - again) * (1.0 - burst);
                 f.slow_start = false;
                 if self.rng.unit() < p_rto {
-                    f.stall_until = t + RTO_MIN + f.srtt;
+                    // A timeout whose retransmission was lost again: the
+                    // timer doubles (up to 64 times).
+                    f.backoffs = if f.since_rto < 2.0 {
+                        (f.backoffs + 1).min(6)
+                    } else {
+                        0
+                    };
+                    f.since_rto = 0.0;
+                    f.stall_until = t + (RTO_MIN + f.srtt) * f64::from(1u32 << f.backoffs);
                     f.ssthresh = (w / 2.0).max(2.0);
                     f.w_max = w;
                     f.cwnd = 1.0;
@@ -1177,6 +1193,21 @@ mod tests {
         assert!((sixteen / eight - 1.0).abs() < 0.1, "{eight} {sixteen}");
         assert!(thirty_two < 0.8 * eight, "{eight} {thirty_two}");
         assert!(thirty_two > 0.4 * eight, "{eight} {thirty_two}");
+    }
+
+    #[test]
+    fn many_connections_on_a_queue_of_two_packets_back_off_into_timeouts() {
+        // The grid smoke's link (seed 1795629761): 6.2 Mbit/s, 6.8 ms,
+        // Reno, a 3000-byte queue, 4 MiB. On the emulator 8 connections
+        // took 8.4-9.7 s and 16, 32 and 64 ran out of time: a connection
+        // whose retransmission is dropped again waits twice as long each
+        // time, and the file waits for the records it holds.
+        let p = PathSpec::new(6.2e6, 6.8, 3000.0, 0.0, None, Cc::Reno);
+        let at = |n| share_file(&p, n, 4.0);
+        let (one, eight, thirty_two, sixty_four) = (at(1), at(8), at(32), at(64));
+        assert!(eight > 2.0 * one, "{one} {eight}");
+        assert!(thirty_two < 0.8 * eight, "{eight} {thirty_two}");
+        assert!(sixty_four < 0.5 * eight, "{eight} {sixty_four}");
     }
 
     #[test]
