@@ -44,7 +44,8 @@
 //!    queue: conditions changed, grow. Now and then probe +25 %.
 //! 4. *Long paths* (rule 7 in docs/tuning.md) — from an RTT of 200 ms,
 //!    a clean first epoch of the start whose pipe would give twice the
-//!    count 8 segments each doubles the count during slow start (once).
+//!    count 8 segments each doubles the count during slow start; the
+//!    second epoch once more where it would give 32 each.
 //! 5. *Own delay* (rule 8 in docs/tuning.md) — a queue that stood while a
 //!    growth step's connections carried half their share or more is no
 //!    bottleneck's (a window cap's delayed acknowledgements): it stops
@@ -737,10 +738,13 @@ impl Controller {
             // retransmit repairs (were the link full now) takes more
             // connections into the ramp: they climb alongside, where
             // growth after the ramp would cost epochs of seconds each.
+            // Its second epoch does so again only on a pipe four times
+            // as wide (never on a satellite hop's few hundred segments).
             let long = self.floor.is_some_and(|f| f >= LONG_RTT);
             let to = self.n.saturating_mul(2);
             if long
-                && self.start_epochs == 1
+                && (self.start_epochs == 1
+                    || (self.start_epochs == 2 && e.pipe / f64::from(to) >= CROWD_SHARE))
                 && e.clean
                 && !e.queue_now
                 && !e.little_left
@@ -1639,9 +1643,23 @@ mod tests {
         feed_with(&mut c, &mut f, 15, 80e6, 0.0, |_| 500, None);
         assert_eq!(c.streams(), 16, "{:?}", c.history());
         assert_eq!(last(&c), Some(Reason::Grow));
-        // Once: the rest of the ramp is waited out as before.
+        // The second epoch once more where the pipe would give twice the
+        // count 32 segments each (some 6000 segments at 140 Mbit/s);
+        // the rest of the ramp is waited out as before.
         feed_with(&mut c, &mut f, 15, 120e6, 0.0, |_| 500, None);
         feed_with(&mut c, &mut f, 15, 200e6, 0.0, |_| 500, None);
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
+        feed_with(&mut c, &mut f, 15, 300e6, 0.0, |_| 500, None);
+        feed_with(&mut c, &mut f, 15, 400e6, 0.0, |_| 500, None);
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::SlowStart));
+        // A pipe of a few hundred segments: the first doubling only.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed_with(&mut c, &mut f, 15, 4e6, 0.0, |_| 500, None);
+        feed_with(&mut c, &mut f, 15, 8e6, 0.0, |_| 500, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        feed_with(&mut c, &mut f, 15, 12e6, 0.0, |_| 500, None);
+        feed_with(&mut c, &mut f, 15, 16e6, 0.0, |_| 500, None);
         assert_eq!(c.streams(), 16, "{:?}", c.history());
         assert_eq!(last(&c), Some(Reason::SlowStart));
         // A narrow long path (a T1 satellite hop: 1.5 Mbit/s at 560 ms, a
