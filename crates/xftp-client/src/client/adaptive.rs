@@ -305,6 +305,11 @@ impl Client {
         // A server sample with nothing acknowledged yet, kept until the
         // source is known: the start of the first epoch.
         let mut first: Option<Sample> = None;
+        // Every byte handed to the data connections (the server's last
+        // STAT said so, or our own sender): no decision can help from here,
+        // so no more STAT. One still out when the 226 comes is waited for,
+        // half an RTT on average, 0.3 s on a satellite hop.
+        let mut handed_out = false;
         let reply_timeout = self.cfg.reply_timeout;
         loop {
             if data.is_some() && final_seen && pending.is_empty() {
@@ -352,15 +357,17 @@ impl Client {
                             match parse_progress(r.lines.first().map_or("", |s| s.as_str())) {
                                 Some(t) if r.code == 213 => {
                                     tracing::debug!("progress: {}", reply_text(&r));
+                                    // What the server has not yet written:
+                                    // all a new connection could carry.
+                                    let remaining = live.total.map(|n| n.saturating_sub(t.bytes));
+                                    handed_out |= remaining == Some(0);
                                     let sample = t.at.map(|at| Sample {
                                         at,
                                         bytes: t.delivered,
                                         rtt: t.rtt,
                                         retrans: t.retrans,
                                         segs_out: t.segs_out,
-                                        // What the server has not yet written:
-                                        // all a new connection could carry.
-                                        remaining: live.total.map(|n| n.saturating_sub(t.bytes)),
+                                        remaining,
                                     });
                                     if source == Source::Unknown {
                                         source = match t.at {
@@ -428,7 +435,7 @@ impl Client {
                             });
                         }
                     }
-                    if !sending && stat_ok && !pending.iter().any(|p| p.0 == Pending::Stat) {
+                    if !sending && stat_ok && !handed_out && !pending.iter().any(|p| p.0 == Pending::Stat) {
                         self.ctl.send(&[&Cmd::bare("STAT")]).await?;
                         pending.push_back((Pending::Stat, Instant::now()));
                     }
