@@ -2513,6 +2513,9 @@ enum ListKind {
     Mlsd,
 }
 
+/// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`).
+const ENDGAME_MIN: u64 = 8 << 20;
+
 /// Record size for sending `len` bytes over `n` connections: the
 /// configured size, but small enough that every connection gets about two
 /// records (a 1 MB file over 16 connections would otherwise use only 4 of
@@ -2520,9 +2523,6 @@ enum ListKind {
 /// At least [`GROWTH_ROOM`] connections are assumed: a client choosing its
 /// count as it goes (`-p auto`) may raise it, and connections it adds
 /// help only while records are left to hand out.
-/// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`).
-const ENDGAME_MIN: u64 = 8 << 20;
-
 fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
     let per = len / (2 * n.max(GROWTH_ROOM) as u64);
     per.clamp(16 * 1024, u64::from(configured.max(16 * 1024))) as u32
