@@ -2513,8 +2513,12 @@ enum ListKind {
     Mlsd,
 }
 
-/// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`).
-const ENDGAME_MIN: u64 = 8 << 20;
+/// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`). On a
+/// link whose queue holds two packets, 2 MiB over 8 connections took
+/// 7.4-8.0 s, 15 s or 29 s without it (a connection's timeouts doubling
+/// with the file's last records on it) and 7.8-11.2 s with it; a single
+/// file on clean paths paid nothing measurable (docs/tuning.md).
+const ENDGAME_MIN: u64 = 1 << 20;
 
 /// Record size for sending `len` bytes over `n` connections: the
 /// configured size, but small enough that every connection gets about two

@@ -470,7 +470,7 @@ async fn static_schedule_on_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_file_after_opts_mult_endgame_reaches_an_endgame_receiver() {
     let srv = start(|_| {}).await;
-    // Above the 8 MiB floor, not a whole number of records.
+    // Above the 1 MiB floor, not a whole number of records.
     let data = pattern(9 * 1024 * 1024 + 4321, 13);
     write(srv.dir.path(), "f", &data);
     let mut c = Ctl::login(srv.addr).await;
