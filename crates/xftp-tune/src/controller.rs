@@ -742,14 +742,18 @@ impl Controller {
             // as wide (never on a satellite hop's few hundred segments).
             let long = self.floor.is_some_and(|f| f >= LONG_RTT);
             let to = self.n.saturating_mul(2);
+            let share = if self.start_epochs == 1 {
+                SHED_SHARE
+            } else {
+                CROWD_SHARE
+            };
             if long
-                && (self.start_epochs == 1
-                    || (self.start_epochs == 2 && e.pipe / f64::from(to) >= CROWD_SHARE))
+                && self.start_epochs <= 2
                 && e.clean
                 && !e.queue_now
                 && !e.little_left
                 && self.may_grow()
-                && e.pipe / f64::from(to) >= SHED_SHARE
+                && e.pipe / f64::from(to) >= share
             {
                 return (to.min(self.cap), Reason::Grow);
             }
