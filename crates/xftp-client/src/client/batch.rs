@@ -603,9 +603,9 @@ impl Client {
 
 impl Client {
     /// `c` (RETR or STOR) on new data connections: the data plan, `c`,
-    /// its 150 and the connections.
-    /// The session's first one sends `MODE E` (kept connections are MODE
-    /// E's) in the same write as the data plan: a round trip fewer.
+    /// its 150 and the connections. The session's first one sends `MODE
+    /// E` (kept connections are MODE E's) in the same write as the data
+    /// plan: a round trip fewer.
     async fn start_fresh(&mut self, c: &Cmd) -> Result<Vec<Stream>> {
         let mode = (!self.mode_e).then(|| Cmd::with("MODE", "E"));
         let (reply, setup) = self.prepare_data(false, mode.as_ref()).await?;
