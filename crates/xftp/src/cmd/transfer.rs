@@ -61,9 +61,9 @@ pub struct TransferArgs {
     /// (k, M, G: powers of 1024), as curl's --limit-rate.
     #[arg(long, value_name = "BYTES", value_parser = parse_rate)]
     limit_rate: Option<u64>,
-    /// With -r: files in flight at once, each on its own session (one
-    /// takes the large files with the -p settings, the others the small
-    /// ones with one connection each).
+    /// With -r: files in flight at once, each on its own session (half of
+    /// them, at most 4, take the large files with the -p settings, the
+    /// others the small ones with one connection each).
     #[arg(long, value_name = "N", default_value_t = 8)]
     concurrency: usize,
     /// Copy a directory tree: get -r URL/dir/ [LOCALDIR], put -r LOCALDIR
