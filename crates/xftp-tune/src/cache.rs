@@ -160,7 +160,12 @@ impl Cache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per save, not only per process: the sessions of a tree
+        // transfer save from one process at the same time, and two
+        // writes into one temporary would interleave.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}.{n}", std::process::id()));
         let text =
             serde_json::to_vec_pretty(&self.entries).map_err(|e| err(std::io::Error::other(e)))?;
         std::fs::write(&tmp, text).map_err(err)?;
@@ -282,6 +287,38 @@ pub fn initial_streams(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sessions_of_one_process_save_at_once_without_mixing_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("paths.json");
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let p = p.clone();
+                s.spawn(move || {
+                    for i in 0..50u32 {
+                        let mut c = Cache::load(&p);
+                        c.record(
+                            &format!("h{t}:{i}"),
+                            PathRecord {
+                                when: now_secs(),
+                                rtt_us: 1000 + u64::from(i),
+                                streams: 4,
+                                throughput_bps: 1e6,
+                                bytes: 1 << 20,
+                            },
+                        );
+                        c.save().unwrap();
+                    }
+                });
+            }
+        });
+        // Whatever the last writer left is whole JSON (a lost record is
+        // possible; a torn file is not).
+        let text = std::fs::read(&p).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+        assert!(v.as_object().is_some_and(|o| !o.is_empty()), "{v}");
+    }
 
     #[test]
     fn save_load_best_and_expiry() {
