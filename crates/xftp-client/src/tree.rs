@@ -722,6 +722,25 @@ fn large_sessions(large: usize, total: usize) -> usize {
     (total / 2).clamp(1, 4).min(large)
 }
 
+/// Open `k` sessions for `role` at once (each costs a login); one that
+/// fails is a warning, and the others take its files.
+async fn open_sessions(connect: &Connect, role: Role, k: usize) -> Vec<Client> {
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..k {
+        let c = connect.clone();
+        opening.spawn(async move { c(role).await });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = opening.join_next().await {
+        match r {
+            Ok(Ok(c)) => out.push(c),
+            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
+            Err(e) => tracing::warn!("one session fewer: {e}"),
+        }
+    }
+    out
+}
+
 /// Run the workers: the large-file sessions if there are large files
 /// ([`large_sessions`]), `first` as a small-file session, and small-file
 /// sessions up to `concurrency`.
@@ -742,22 +761,9 @@ where
     let mut sessions = 0;
     // Several large files at a time where there are several.
     let striped = large_sessions(q.large_count(), total);
-    let mut opening = tokio::task::JoinSet::new();
-    for _ in 0..striped {
-        let c = connect.clone();
-        opening.spawn(async move { c(Role::Large).await });
-    }
-    while let Some(r) = opening.join_next().await {
-        match r {
-            Ok(Ok(c)) => {
-                set.spawn(run(c, Role::Large, q.clone(), connect.clone(), opt.clone()));
-                sessions += 1;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("a large-file session fewer ({e}); the others take its files")
-            }
-            Err(e) => tracing::warn!("a large-file session fewer: {e}"),
-        }
+    for c in open_sessions(&connect, Role::Large, striped).await {
+        set.spawn(run(c, Role::Large, q.clone(), connect.clone(), opt.clone()));
+        sessions += 1;
     }
     let large_taken = sessions > 0;
     for (i, c) in ready.into_iter().enumerate() {
@@ -774,21 +780,10 @@ where
         set.spawn(run(c, role, q.clone(), connect.clone(), opt.clone()));
         sessions += 1;
     }
-    // More small-file sessions, opened at once (each costs a login).
-    let mut opening = tokio::task::JoinSet::new();
-    for _ in sessions..total {
-        let c = connect.clone();
-        opening.spawn(async move { c(Role::Small).await });
-    }
-    while let Some(r) = opening.join_next().await {
-        match r {
-            Ok(Ok(c)) => {
-                set.spawn(run(c, Role::Small, q.clone(), connect.clone(), opt.clone()));
-                sessions += 1;
-            }
-            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
-            Err(e) => tracing::warn!("one session fewer: {e}"),
-        }
+    // More small-file sessions.
+    for c in open_sessions(&connect, Role::Small, total.saturating_sub(sessions)).await {
+        set.spawn(run(c, Role::Small, q.clone(), connect.clone(), opt.clone()));
+        sessions += 1;
     }
     let mut out = Vec::new();
     while let Some(r) = set.join_next().await {

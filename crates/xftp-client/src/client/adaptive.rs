@@ -306,8 +306,9 @@ impl Client {
         // source is known: the start of the first epoch.
         let mut first: Option<Sample> = None;
         // Every byte handed to the data connections (the server's last
-        // STAT said so): no decision can help from here, so no more STAT. One still out when the 226 comes is waited for,
-        // half an RTT on average, 0.3 s on a satellite hop.
+        // STAT said so): no decision can help from here, so no more STAT.
+        // One still out when the 226 comes is waited for, half an RTT on
+        // average, 0.3 s on a satellite hop.
         let mut handed_out = false;
         let reply_timeout = self.cfg.reply_timeout;
         loop {
