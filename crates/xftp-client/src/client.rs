@@ -38,6 +38,10 @@ pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
 /// Chunk size for single-stream copies.
 const CHUNK: usize = 1024 * 1024;
 
+/// How long the TLS handshake of a passive data connection waits for the
+/// server's 1xx (plus two control round trips) before it goes ahead.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
+
 /// Largest listing kept in memory: a server that never stops sending a
 /// listing must not exhaust our memory.
 pub const MAX_LISTING: u64 = 64 * 1024 * 1024;
@@ -215,6 +219,9 @@ enum Setup {
     Connecting {
         set: tokio::task::JoinSet<Result<Stream>>,
         target: SocketAddr,
+        /// Set once the server has answered the transfer command: the
+        /// TLS handshakes wait for it.
+        answered: tokio::sync::watch::Sender<bool>,
     },
     /// Active: accept `n` connections from the server on one port.
     Listen { listener: TcpListener, n: usize },
@@ -2096,15 +2103,42 @@ impl Client {
         };
         // Open every connection at once, without waiting: they complete
         // while the RETR/STOR travels (one round trip saved), and each
-        // other (they overlap, not queue).
+        // other (they overlap, not queue). A TLS handshake waits for the
+        // server's 1xx, as curl's does: pyftpdlib drops a data connection
+        // whose ClientHello comes before it has read the command. The TCP
+        // connect takes the round trip the command takes, so the wait
+        // costs next to nothing; a server that would send its 1xx only
+        // after the handshake gets it after `ANSWER_GRACE`.
         let n = if plain { 1 } else { self.granted as usize };
+        let (answered, _) = tokio::sync::watch::channel(false);
+        let grace = ANSWER_GRACE + self.ctl.rtt().unwrap_or_default() * 2;
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..n {
             let (t, buf) = (self.cfg.connect_timeout, self.cfg.bufsize);
             let tls = self.data_tls.clone();
-            set.spawn(async move { connect_data(target, buf, t, tls.as_ref()).await });
+            let mut go = answered.subscribe();
+            set.spawn(async move {
+                let s = connect_data_tcp(target, buf, t).await?;
+                if tls.is_some()
+                    && tokio::time::timeout(grace, go.wait_for(|a| *a))
+                        .await
+                        .is_err()
+                {
+                    tracing::debug!(
+                        "no reply to the transfer command within {grace:?}: TLS handshake now"
+                    );
+                }
+                secure_data(s, tls.as_ref(), t).await
+            });
         }
-        Ok((before_reply, Setup::Connecting { set, target }))
+        Ok((
+            before_reply,
+            Setup::Connecting {
+                set,
+                target,
+                answered,
+            },
+        ))
     }
 
     /// A listening socket on the control connection's local address.
@@ -2155,7 +2189,11 @@ impl Client {
         let t = self.cfg.data_timeout;
         let tls = self.data_tls.clone();
         match setup {
-            Setup::Connecting { mut set, target } => {
+            Setup::Connecting {
+                mut set,
+                target,
+                answered,
+            } => {
                 let connects = async move {
                     let mut conns = Vec::with_capacity(set.len());
                     while let Some(r) = set.join_next().await {
@@ -2174,6 +2212,7 @@ impl Client {
                 let conns = tokio::select! {
                     r = &mut pre => {
                         r?;
+                        answered.send_replace(true);
                         connects.await?
                     }
                     r = &mut connects => match r {
@@ -2653,7 +2692,17 @@ async fn connect_data(
     limit: Duration,
     tls: Option<&ClientTls>,
 ) -> Result<Stream> {
-    let s = sockbuf::connect(addr, bufsize, limit)
+    let s = connect_data_tcp(addr, bufsize, limit).await?;
+    secure_data(s, tls, limit).await
+}
+
+/// The TCP connection of a data connection, before any TLS.
+async fn connect_data_tcp(
+    addr: SocketAddr,
+    bufsize: Option<u64>,
+    limit: Duration,
+) -> Result<TcpStream> {
+    sockbuf::connect(addr, bufsize, limit)
         .await
         .map_err(|e| match e {
             Some(source) => ClientError::Connect { addr, source },
@@ -2661,8 +2710,7 @@ async fn connect_data(
                 what: format!("a TCP connection to {addr}"),
                 after: limit,
             },
-        })?;
-    secure_data(s, tls, limit).await
+        })
 }
 
 /// The TLS handshake of a data connection (the FTP client is the TLS

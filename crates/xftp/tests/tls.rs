@@ -461,9 +461,17 @@ from pyftpdlib.authorizers import DummyAuthorizer
 from pyftpdlib.handlers import TLS_FTPHandler
 from pyftpdlib.servers import FTPServer
 logging.basicConfig(level=logging.INFO)
+# RETR and STOR answered a moment late: pyftpdlib drops a data connection
+# whose TLS ClientHello comes before it has read the command, so a client
+# that does not wait for the 150 fails here every time, not now and then.
+class Slow(TLS_FTPHandler):
+    def ftp_RETR(self, file):
+        self.ioloop.call_later(0.3, TLS_FTPHandler.ftp_RETR, self, file)
+    def ftp_STOR(self, file, mode="w"):
+        self.ioloop.call_later(0.3, TLS_FTPHandler.ftp_STOR, self, file, mode)
 a = DummyAuthorizer()
 a.add_anonymous(sys.argv[1], perm="elradfmw")
-h = TLS_FTPHandler
+h = Slow
 h.certfile, h.keyfile, h.authorizer = sys.argv[2], sys.argv[3], a
 h.tls_control_required = True
 h.tls_data_required = True
