@@ -148,6 +148,37 @@ impl Cache {
         }
     }
 
+    /// Add `rec` for `dest` to the cache file at `path`: load, record and
+    /// save under an exclusive lock on `path` + `.lock`, so that sessions
+    /// recording at once (the striped sessions of a tree, two xftp
+    /// processes) each keep their record; a plain load-record-save lets the
+    /// last writer drop what another saved in between.
+    pub fn record_at(path: &Path, dest: &str, rec: PathRecord) -> Result<(), CacheError> {
+        let err = |source| CacheError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(err)?;
+        // Released when `lock` is closed, also on an early return.
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        let mut c = Cache::load(path);
+        c.record(dest, rec);
+        c.save()
+    }
+
     /// Write the cache atomically (temporary file, then rename).
     pub fn save(&self) -> Result<(), CacheError> {
         let Some(path) = &self.path else {
@@ -318,6 +349,36 @@ mod tests {
         let text = std::fs::read(&p).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
         assert!(v.as_object().is_some_and(|o| !o.is_empty()), "{v}");
+    }
+
+    #[test]
+    fn records_made_at_once_are_all_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("xftp/paths.json");
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let p = p.clone();
+                s.spawn(move || {
+                    for i in 0..8u32 {
+                        let rec = PathRecord {
+                            when: now_secs(),
+                            rtt_us: 1000 + u64::from(i),
+                            streams: 4,
+                            throughput_bps: 1e6,
+                            bytes: 1 << 20,
+                        };
+                        Cache::record_at(&p, &format!("h{t}:21"), rec).unwrap();
+                    }
+                });
+            }
+        });
+        let c = Cache::load(&p);
+        for t in 0..4 {
+            let n = c
+                .fresh(&format!("h{t}:21"), Duration::from_secs(3600))
+                .len();
+            assert_eq!(n, 8, "destination h{t}:21 kept {n} of 8 records");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use xftp_client::xftp_tune::{self, PathRecord};
 use xftp_client::FtpUrl;
 
 use super::transfer::{
-    cache_key, load_cache, parse_bufsize_arg, print_notices, session, CommonArgs,
+    cache_key, load_cache, parse_bufsize_arg, print_notices, record_path, session, CommonArgs,
 };
 
 /// NOOPs timed for the application-level RTT.
@@ -119,7 +119,7 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
     noops.sort();
     let median = noops[noops.len() / 2];
     let key = cache_key(&url);
-    let mut cache = load_cache();
+    let cache = load_cache();
     let cached: Vec<PathRecord> = cache
         .as_ref()
         .map(|c| c.fresh(&key, CACHE_AGE).into_iter().cloned().collect())
@@ -147,21 +147,16 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
         )
     };
     let floor = tcp_rtt.map_or(median, |t| t.min(median));
-    if let Some(c) = cache.as_mut() {
-        c.record(
-            &key,
-            PathRecord {
-                when: xftp_tune::cache::now_secs(),
-                rtt_us: floor.as_micros() as u64,
-                streams: 0,
-                throughput_bps: 0.0,
-                bytes: 0,
-            },
-        );
-        if let Err(e) = c.save() {
-            eprintln!("xftp: warning: cannot save the path cache: {e}");
-        }
-    }
+    record_path(
+        &key,
+        PathRecord {
+            when: xftp_tune::cache::now_secs(),
+            rtt_us: floor.as_micros() as u64,
+            streams: 0,
+            throughput_bps: 0.0,
+            bytes: 0,
+        },
+    );
     Ok(Probe {
         status: "ok",
         destination: key,

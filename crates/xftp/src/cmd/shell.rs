@@ -28,7 +28,7 @@ use xftp_client::{
 
 use xftp_proto::facts::Kind;
 
-use super::transfer::{cache_key, load_cache, parse_bufsize_arg, BufArg, Parallel};
+use super::transfer::{cache_key, load_cache, parse_bufsize_arg, record_path, BufArg, Parallel};
 
 mod input;
 mod words;
@@ -1197,12 +1197,7 @@ impl Shell {
                 throughput_bps: rate * 8.0,
                 bytes: r.bytes,
             };
-            if let Some(mut cache) = load_cache() {
-                cache.record(&cache_key(&conn.url), rec);
-                if let Err(e) = cache.save() {
-                    eprintln!("xftp: warning: cannot save the path cache: {e}");
-                }
-            }
+            record_path(&cache_key(&conn.url), rec);
         }
     }
 

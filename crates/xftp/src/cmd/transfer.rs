@@ -625,6 +625,16 @@ pub fn load_cache() -> Option<Cache> {
     Cache::default_path().map(|p| Cache::load(&p))
 }
 
+/// Add a transfer's record to the parameter cache (a failure to save is
+/// a warning; no cache directory known, nothing).
+pub fn record_path(dest: &str, rec: PathRecord) {
+    if let Some(p) = Cache::default_path() {
+        if let Err(e) = Cache::record_at(&p, dest, rec) {
+            eprintln!("xftp: warning: cannot save the path cache: {e}");
+        }
+    }
+}
+
 /// Build the summary of a finished transfer and record it in the
 /// parameter cache (a failure to save is a warning).
 fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -> Summary {
@@ -647,12 +657,7 @@ fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -
             },
             bytes: r.bytes,
         };
-        if let Some(mut cache) = load_cache() {
-            cache.record(&cache_key(url), rec);
-            if let Err(e) = cache.save() {
-                eprintln!("xftp: warning: cannot save the path cache: {e}");
-            }
-        }
+        record_path(&cache_key(url), rec);
     }
     s
 }
