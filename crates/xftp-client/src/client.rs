@@ -301,7 +301,7 @@ impl Client {
         let addrs = resolve(host, port, cfg.connect_timeout).await?;
         let mut last = None;
         for addr in addrs {
-            match connect_tcp(addr, cfg.connect_timeout).await {
+            match connect_tcp(addr, None, cfg.connect_timeout).await {
                 Ok(s) => return Client::from_stream(s, cfg).await,
                 Err(e) => last = Some(e),
             }
@@ -2118,7 +2118,7 @@ impl Client {
             let tls = self.data_tls.clone();
             let mut go = answered.subscribe();
             set.spawn(async move {
-                let s = connect_data_tcp(target, buf, t).await?;
+                let s = connect_tcp(target, buf, t).await?;
                 if tls.is_some()
                     && tokio::time::timeout(grace, go.wait_for(|a| *a))
                         .await
@@ -2673,17 +2673,6 @@ async fn resolve(host: &str, port: u16, limit: Duration) -> Result<Vec<SocketAdd
     }
 }
 
-async fn connect_tcp(addr: SocketAddr, limit: Duration) -> Result<TcpStream> {
-    match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(source)) => Err(ClientError::Connect { addr, source }),
-        Err(_) => Err(ClientError::Timeout {
-            what: format!("a TCP connection to {addr}"),
-            after: limit,
-        }),
-    }
-}
-
 /// Open a data connection with the configured buffers set before connect
 /// (and its TLS handshake under PROT P).
 async fn connect_data(
@@ -2692,16 +2681,13 @@ async fn connect_data(
     limit: Duration,
     tls: Option<&ClientTls>,
 ) -> Result<Stream> {
-    let s = connect_data_tcp(addr, bufsize, limit).await?;
+    let s = connect_tcp(addr, bufsize, limit).await?;
     secure_data(s, tls, limit).await
 }
 
-/// The TCP connection of a data connection, before any TLS.
-async fn connect_data_tcp(
-    addr: SocketAddr,
-    bufsize: Option<u64>,
-    limit: Duration,
-) -> Result<TcpStream> {
+/// A TCP connection (a data connection's before any TLS, with `bufsize`'s
+/// buffers set first; the control connection's with none).
+async fn connect_tcp(addr: SocketAddr, bufsize: Option<u64>, limit: Duration) -> Result<TcpStream> {
     sockbuf::connect(addr, bufsize, limit)
         .await
         .map_err(|e| match e {
