@@ -207,7 +207,7 @@ impl Cache {
 /// The starting count on a path of round-trip time `rtt` with nothing
 /// cached: one connection per 6.25 ms of RTT, rounded down to a power of
 /// two, at least 2 and at most 16 (2 under 25 ms, 4 under 50 ms, 8 under
-/// 100 ms, 16 up to [`LONG_HAUL`]), and 8 beyond.
+/// 100 ms, 16 from 100 ms on).
 ///
 /// MFTP's `Tp = k·N·W'/D`: for a given rate, the count needed grows with
 /// the delay, whether each connection is held by its window (W/RTT) or by
@@ -220,11 +220,11 @@ impl Cache {
 /// connection first sends the record it holds. 16 is the cap: past it a
 /// small router queue overflows into the collapse (XFTP's figure 10;
 /// fixed 32 on the satellite profile of docs/results.md runs at half the
-/// rate of 16), and the whole of a small file is handed out at once.
+/// rate of 16), and the whole of a small file is handed out at once. On
+/// the emulated T1 satellite hop (560 ms, an 8-packet queue, 2 MiB) a
+/// start of 32 took 26.4-26.7 s against 21.6-22.3 at 8, while 16 took
+/// 21.9-23.1 (docs/tuning.md, section 2).
 pub fn start_for_rtt(rtt: Duration) -> u32 {
-    if rtt >= LONG_HAUL {
-        return 8;
-    }
     let per = rtt.as_secs_f64() / 0.00625;
     let mut n = 2u32;
     while n < 16 && f64::from(n * 2) <= per {
@@ -232,19 +232,6 @@ pub fn start_for_rtt(rtt: Duration) -> u32 {
     }
     n
 }
-
-/// RTT from which [`start_for_rtt`] starts at 8 again: a geostationary
-/// satellite hop (500-600 ms), whose links are narrow and whose queues
-/// small. There every retransmission timeout costs over a second and
-/// doubles, and 16 connections on the emulated T1 satellite link (8-packet
-/// queue) lost a tenth to a quarter of their segments in most epochs:
-/// two of three fresh transfers ended with connections in timeout backoff
-/// and took 29 and 39 s against 20 s at 8 (docs/results.md). A step down
-/// there takes seconds (each connection moves 0.1 Mbit/s and first sends
-/// the record it holds); a low start grows instead where the path has
-/// room. On the path model this start is what holds back long fat paths
-/// with small windows (docs/tuning.md).
-pub const LONG_HAUL: Duration = Duration::from_millis(300);
 
 /// RTT under which one autotuned connection fills the path: the kernel's
 /// windows of megabytes fill 10 Gbit/s at 5 ms. The handshake's one RTT
@@ -505,8 +492,9 @@ mod tests {
             (100, 16),
             (200, 16),
             (299, 16),
-            (300, 8),
-            (560, 8),
+            (300, 16),
+            (560, 16),
+            (1000, 16),
         ] {
             assert_eq!(
                 initial_streams(Some(Duration::from_millis(ms)), None, None, 32).0,
