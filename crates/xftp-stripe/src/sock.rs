@@ -451,7 +451,7 @@ mod tests {
     /// Whether the first and last page of `[0, len)` of `f` are in the
     /// page cache, by mincore on a mapping.
     fn resident(f: &std::fs::File, len: usize) -> bool {
-        // SAFETY: a private read-only mapping of an open file, unmapped
+        // SAFETY: a shared read-only mapping of an open file, unmapped
         // below; mincore writes one byte per page into `vec`.
         unsafe {
             let p = libc::mmap(
