@@ -1526,6 +1526,29 @@ impl Client {
             .collect())
     }
 
+    /// The entries of a remote directory, without `.` and `..`: from MLSD
+    /// where FEAT lists MLST (exact sizes, times and modes), else read out
+    /// of LIST lines ([`xftp_proto::facts::parse_list_line`]: sizes and
+    /// modes, no times), as vsftpd has no MLSD. `LIST -a`, so that names
+    /// starting with a dot are not left out; plain `LIST` where the server
+    /// refuses the option.
+    pub async fn entries(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+        if self.features().await?.mlst {
+            return self.mlsd(path).await;
+        }
+        let out = match self.listing(Cmd::with("LIST", format!("-a {path}"))).await {
+            Err(ClientError::Reply { code, .. }) if (500..600).contains(&code) => {
+                tracing::debug!("LIST -a refused: listing {path} without hidden names");
+                self.list(Some(path)).await?
+            }
+            r => r?,
+        };
+        Ok(String::from_utf8_lossy(&out)
+            .lines()
+            .filter_map(xftp_proto::facts::parse_list_line)
+            .collect())
+    }
+
     /// Create a remote directory; `Ok(false)` when the server refuses
     /// (it may exist already).
     pub async fn mkd(&mut self, path: &str) -> Result<bool> {

@@ -32,6 +32,8 @@ pub struct Features {
     /// `SPAS` or `SPOR` (GridFTP striping): a GridFTP server, which takes
     /// `OPTS RETR Parallelism=n,n,n;` in MODE E.
     pub gridftp: bool,
+    /// `MLST` (RFC 3659): MLSD lists a directory with exact facts.
+    pub mlst: bool,
     /// `CKSM` (GridFTP): the algorithms listed.
     pub cksm: Vec<xftp_proto::cksum::Algorithm>,
     /// `HASH` (draft-bryan-ftpext-hash): the algorithms listed.
@@ -57,6 +59,7 @@ pub fn features(reply: &Reply) -> Features {
             (Some("MULT"), _) => f.mult = true,
             (Some("MPRT"), _) => f.mprt = true,
             (Some("CACHE"), _) => f.cache = true,
+            (Some("MLST"), _) => f.mlst = true,
             (Some("SPAS" | "SPOR"), _) => f.gridftp = true,
             (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,
             (Some("CKSM"), rest) => {

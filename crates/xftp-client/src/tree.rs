@@ -308,7 +308,8 @@ struct Walked {
     other: usize,
 }
 
-/// List the tree under `remote` (MLSD gives sizes, times, modes) and
+/// List the tree under `remote` (MLSD gives sizes, times, modes; LIST
+/// where the server has no MLSD) and
 /// create its directories under `local`. A listing costs round trips, so
 /// directories are listed by up to `concurrency` sessions at once:
 /// `first`, and more opened when the root has subdirectories.
@@ -345,7 +346,7 @@ async fn walk(
         local: &Path,
         d: &str,
     ) -> Result<()> {
-        let entries = c.mlsd(&join(remote, d)).await?;
+        let entries = c.entries(&join(remote, d)).await?;
         let mut st = lock(sh);
         for e in entries {
             let rel = if d.is_empty() {

@@ -151,6 +151,121 @@ pub fn parse_mlsx(line: &str) -> Option<Entry> {
     Some(e)
 }
 
+const MONTHS: [&str; 12] = [
+    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+];
+
+/// Blank-separated fields of a line with their byte ranges.
+fn fields(line: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in line.char_indices() {
+        match (c == ' ' || c == '\t', start) {
+            (true, Some(s)) => {
+                out.push((s, i));
+                start = None;
+            }
+            (false, None) => start = Some(i),
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, line.len()));
+    }
+    out
+}
+
+/// A name a server gave that can be used as a local file name: not empty,
+/// not `.` or `..`, no `/` (nothing that leaves the directory).
+pub fn safe_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/')
+}
+
+/// Parse one line of a LIST reply, for servers without MLSD (vsftpd):
+/// the `ls -l` form most servers send (`drwxr-xr-x 2 ftp ftp 4096 Jan 5
+/// 12:00 name`, with or without the group, with ACL marks) or the DOS
+/// form of IIS (`01-02-24 10:00AM <DIR>|SIZE name`). `None` for `total`
+/// lines, anything unreadable and names that could leave the directory
+/// ([`safe_name`]). A symbolic link is [`Kind::Other`], named without its
+/// `-> target`. The time is left out: a LIST time has minutes at best,
+/// no year for recent files and no time zone, so a copy stamped with it
+/// would claim a time the file never had. The permission bits are exact
+/// (setuid, setgid and sticky are not taken).
+pub fn parse_list_line(line: &str) -> Option<Entry> {
+    let line = line.trim_end_matches(['\r', '\n']);
+    let f = fields(line);
+    let tok = |i: usize| f.get(i).map(|&(a, b)| &line[a..b]);
+    let first = tok(0)?;
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let mut e = Entry {
+        name: String::new(),
+        kind: Kind::Other,
+        size: None,
+        modify: None,
+        mode: None,
+    };
+    if first.len() >= 8
+        && first.as_bytes()[2] == b'-'
+        && first.as_bytes()[..2].iter().all(u8::is_ascii_digit)
+    {
+        // DOS: 01-02-24  10:00AM  <DIR>|SIZE  name
+        let what = tok(2)?;
+        if what.eq_ignore_ascii_case("<DIR>") {
+            e.kind = Kind::Dir;
+        } else if digits(what) {
+            e.kind = Kind::File;
+            e.size = what.parse().ok();
+        } else {
+            return None;
+        }
+        e.name = line[f.get(3)?.0..].trim_end().to_owned();
+    } else {
+        let perms = first.as_bytes();
+        if perms.len() < 10 || !perms[1..10].iter().all(|b| b"rwxsStTlL-".contains(b)) {
+            return None;
+        }
+        e.kind = match perms[0] {
+            b'-' => Kind::File,
+            b'd' => Kind::Dir,
+            _ => Kind::Other,
+        };
+        let mut mode = 0;
+        for (i, &b) in perms[1..10].iter().enumerate() {
+            // r w x per class; s and t mean x as well.
+            let on = match i % 3 {
+                0 => b == b'r',
+                1 => b == b'w',
+                _ => matches!(b, b'x' | b's' | b't'),
+            };
+            if on {
+                mode |= 0o400 >> i;
+            }
+        }
+        e.mode = Some(mode);
+        // The date (month, day, time or year) ends the fixed fields, whose
+        // number differs between servers (no group, ACL marks, ...).
+        let date = (3..f.len().saturating_sub(3)).find(|&i| {
+            let (m, d, t) = (tok(i), tok(i + 1), tok(i + 2));
+            m.is_some_and(|m| MONTHS.contains(&m.to_ascii_lowercase().as_str()))
+                && d.is_some_and(|d| d.len() <= 2 && digits(d))
+                && t.is_some_and(|t| t.contains(':') || (t.len() == 4 && digits(t)))
+        })?;
+        if e.kind == Kind::File {
+            e.size = tok(date - 1)
+                .filter(|t| digits(t))
+                .and_then(|t| t.parse().ok());
+        }
+        let name = &line[f.get(date + 3)?.0..];
+        e.name = if perms[0] == b'l' {
+            name.split(" -> ").next().unwrap_or(name)
+        } else {
+            name
+        }
+        .to_owned();
+    }
+    safe_name(&e.name).then_some(e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +292,77 @@ mod tests {
     fn epoch_seconds_both_ways() {
         for secs in [0i64, 1_700_000_000, -86_400] {
             assert_eq!(epoch_secs(system_time(secs)), secs);
+        }
+    }
+
+    #[test]
+    fn list_lines() {
+        let e = |l: &str| parse_list_line(l).map(|e| (e.name, e.kind, e.size, e.mode));
+        assert_eq!(
+            e("-rw-r--r--   1 1000     1000             5 Jan  5 12:00 a b.txt"),
+            Some(("a b.txt".into(), Kind::File, Some(5), Some(0o644)))
+        );
+        assert_eq!(
+            e("-rwsr-x--T 1 ftp ftp 1048576 Dec 31  2023 old.bin\r"),
+            Some(("old.bin".into(), Kind::File, Some(1_048_576), Some(0o750)))
+        );
+        // No group; an ACL mark after the bits.
+        assert_eq!(
+            e("-rw-r--r--+ 1 owner 12 Mar 10 09:15 ng.dat"),
+            Some(("ng.dat".into(), Kind::File, Some(12), Some(0o644)))
+        );
+        assert_eq!(
+            e("lrwxrwxrwx 1 0 0 7 Feb  1 10:00 latest -> v1.2.tar"),
+            Some(("latest".into(), Kind::Other, None, Some(0o777)))
+        );
+        assert_eq!(
+            e("drwxr-xr-x    3 104      107          4096 Nov 27 03:45 tree"),
+            Some(("tree".into(), Kind::Dir, None, Some(0o755)))
+        );
+        assert_eq!(
+            e("01-02-24  10:00AM       <DIR>          dos dir"),
+            Some(("dos dir".into(), Kind::Dir, None, None))
+        );
+        assert_eq!(
+            e("01-02-24  10:00AM                 1234 dos file.txt"),
+            Some(("dos file.txt".into(), Kind::File, Some(1234), None))
+        );
+        for bad in [
+            "total 12",
+            "",
+            "-rw-r--r-- 1 0 0 1 Jan  5 12:00 ../../etc/passwd",
+            "-rw-r--r-- 1 0 0 1 Jan  5 12:00 ..",
+            "drwxr-xr-x 1 0 0 1 Jan  5 12:00 .",
+            "-rw-r--r-- 1 0 0 1 Jan  5 12:00",
+            "hello world this is not a listing line at all",
+        ] {
+            assert_eq!(e(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn list_lines_never_panic(s in "\\PC{0,120}") {
+            let _ = parse_list_line(&s);
+        }
+
+        #[test]
+        fn list_lines_round_trip(
+            name in "[^/ \\t\\r\\n][^/\\r\\n]{0,30}",
+            size in 0u64..1u64 << 50,
+            mode in 0u32..0o1000,
+            dir in proptest::bool::ANY,
+        ) {
+            proptest::prop_assume!(name != "." && name != ".." && !name.contains(" -> "));
+            let bits: String = (0..9)
+                .map(|i| if mode & (0o400 >> i) != 0 { ["r", "w", "x"][i % 3] } else { "-" })
+                .collect();
+            let kind = if dir { 'd' } else { '-' };
+            let line = format!("{kind}{bits}   1 ftp      ftp {size:>12} Nov 27 03:45 {name}");
+            let e = parse_list_line(&line).unwrap();
+            proptest::prop_assert_eq!(&e.name, &name);
+            proptest::prop_assert_eq!(e.mode, Some(mode));
+            proptest::prop_assert_eq!(e.size, (!dir).then_some(size));
         }
     }
 

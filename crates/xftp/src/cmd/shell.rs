@@ -1124,34 +1124,18 @@ impl Shell {
         Ok(names)
     }
 
-    /// The names of the plain files (and links) in a remote directory:
-    /// from MLSD when FEAT lists MLST (exact names and types), else read
-    /// out of LIST lines. The client has no NLST, which could not tell
-    /// files from directories anyway.
+    /// The names of the plain files (and links) in a remote directory
+    /// (`Client::entries`: MLSD where the server has it, else LIST). The
+    /// client has no NLST, which could not tell files from directories
+    /// anyway.
     async fn remote_files(&mut self, dir: Option<&str>) -> anyhow::Result<Vec<String>> {
         let c = self.client(true).await?;
-        let mlst = match c.features().await {
-            Ok(f) => f
-                .lines
-                .iter()
-                .any(|l| l.trim_start().to_ascii_uppercase().starts_with("MLST")),
-            Err(e) => return Err(self.explain(e, Op::List)),
-        };
-        if !mlst {
-            let listing = self.listing(dir).await?;
-            return Ok(String::from_utf8_lossy(&listing)
-                .lines()
-                .filter_map(words::list_file_name)
-                .map(str::to_owned)
-                .collect());
-        }
-        let r = c.mlsd(dir.unwrap_or(".")).await;
+        let r = c.entries(dir.unwrap_or(".")).await;
         let entries = r.map_err(|e| self.explain(e, Op::List))?;
         Ok(entries
             .into_iter()
             .filter(|e| matches!(e.kind, Kind::File | Kind::Other))
             .map(|e| e.name)
-            .filter(|n| words::safe_name(n))
             .collect())
     }
 

@@ -1,6 +1,5 @@
-//! The shell's text handling: command lines into words, file names out of
-//! LIST lines, the directory out of a PWD reply, passwords out of the
-//! history.
+//! The shell's text handling: command lines into words, the directory
+//! out of a PWD reply, passwords out of the history.
 
 /// Split a command line into words. Blanks separate words; '...' quotes
 /// literally; "..." quotes with `\"` and `\\` escaped; outside quotes a
@@ -75,77 +74,6 @@ pub fn quote(w: &str) -> String {
     }
     q.push('"');
     q
-}
-
-const MONTHS: [&str; 12] = [
-    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-];
-
-/// Blank-separated fields of a line with their byte ranges.
-fn fields(line: &str) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut start = None;
-    for (i, c) in line.char_indices() {
-        match (c == ' ' || c == '\t', start) {
-            (true, Some(s)) => {
-                out.push((s, i));
-                start = None;
-            }
-            (false, None) => start = Some(i),
-            _ => {}
-        }
-    }
-    if let Some(s) = start {
-        out.push((s, line.len()));
-    }
-    out
-}
-
-/// The name of a plain file (or symbolic link) in one LIST line, in the
-/// `ls -l` form most servers send or the DOS form of IIS; `None` for
-/// directories, `total` lines and anything unreadable. The name is the
-/// server's, so it is refused when it could leave the directory.
-pub fn list_file_name(line: &str) -> Option<&str> {
-    let line = line.trim_end_matches(['\r', '\n']);
-    let f = fields(line);
-    let tok = |i: usize| f.get(i).map(|&(a, b)| &line[a..b]);
-    let first = tok(0)?;
-    let name = if first.len() >= 8
-        && first.as_bytes()[2] == b'-'
-        && first.as_bytes()[..2].iter().all(u8::is_ascii_digit)
-    {
-        // DOS: 01-02-24  10:00AM  <DIR>|SIZE  name
-        if tok(2)? == "<DIR>" || !tok(2)?.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        line[f.get(3)?.0..].trim_end()
-    } else {
-        let kind = first.as_bytes()[0];
-        if first.len() < 10 || !matches!(kind, b'-' | b'l') {
-            return None;
-        }
-        // The date (month, day, time or year) ends the fixed fields, whose
-        // number differs between servers (no group, ACL marks, ...).
-        let date = (3..f.len().saturating_sub(3)).find(|&i| {
-            let (m, d, t) = (tok(i), tok(i + 1), tok(i + 2));
-            m.is_some_and(|m| MONTHS.contains(&m.to_ascii_lowercase().as_str()))
-                && d.is_some_and(|d| d.len() <= 2 && d.bytes().all(|b| b.is_ascii_digit()))
-                && t.is_some_and(|t| t.contains(':') || t.len() == 4)
-        })?;
-        let name = &line[f.get(date + 3)?.0..];
-        if kind == b'l' {
-            name.split(" -> ").next().unwrap_or(name)
-        } else {
-            name
-        }
-    };
-    safe_name(name).then_some(name)
-}
-
-/// A name the server gave that can be used as a local file name: not
-/// empty, not `.` or `..`, no `/` (nothing that leaves the directory).
-pub fn safe_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/')
 }
 
 /// The directory in a 257 reply: `"/a ""quoted"" dir" is current` (RFC 959
@@ -238,35 +166,6 @@ mod tests {
         ] {
             assert_eq!(w(&format!("cmd {}", quote(s))), ["cmd", s], "{s:?}");
         }
-    }
-
-    #[test]
-    fn names_from_list_lines() {
-        let xftp = "-rw-r--r--   1 1000     1000             5 Jan  5 12:00 a b.txt";
-        assert_eq!(list_file_name(xftp), Some("a b.txt"));
-        let year = "-rw-r--r-- 1 ftp ftp 1048576 Dec 31  2023 old.bin\r";
-        assert_eq!(list_file_name(year), Some("old.bin"));
-        let nogroup = "-rw-r--r-- 1 owner 12 Mar 10 09:15 ng.dat";
-        assert_eq!(list_file_name(nogroup), Some("ng.dat"));
-        let link = "lrwxrwxrwx 1 0 0 7 Feb  1 10:00 latest -> v1.2.tar";
-        assert_eq!(list_file_name(link), Some("latest"));
-        let dir = "drwxr-xr-x   2 1000     1000          4096 Jan  5 12:00 sub";
-        assert_eq!(list_file_name(dir), None);
-        assert_eq!(list_file_name("total 12"), None);
-        assert_eq!(list_file_name(""), None);
-        assert_eq!(
-            list_file_name("01-02-24  10:00AM       <DIR>          dosdir"),
-            None
-        );
-        assert_eq!(
-            list_file_name("01-02-24  10:00AM                 1234 dos file.txt"),
-            Some("dos file.txt")
-        );
-        // A server cannot make mget write outside the local directory.
-        let evil = "-rw-r--r-- 1 0 0 1 Jan  5 12:00 ../../etc/passwd";
-        assert_eq!(list_file_name(evil), None);
-        let dots = "-rw-r--r-- 1 0 0 1 Jan  5 12:00 ..";
-        assert_eq!(list_file_name(dots), None);
     }
 
     #[test]

@@ -1,0 +1,424 @@
+//! Interop: the xftp client against vsftpd, the FTP server most Linux
+//! distributions ship, which has no MLSD, MULT, MODE E or checksums:
+//! plain get and put, directory trees read out of LIST, the shell's mget,
+//! and TLS under vsftpd's check that every data connection resumes the
+//! control connection's TLS session (`require_ssl_reuse`, on by default).
+//! Skips with a message without /usr/sbin/vsftpd or root (vsftpd chroots
+//! anonymous users); fails instead when XFTP_REQUIRE_PEERS=1.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod support;
+use support::{sha256_file, write_prng_file};
+
+const VSFTPD: &str = "/usr/sbin/vsftpd";
+
+fn have_vsftpd(test: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let ok = Path::new(VSFTPD).exists() && root;
+    if !ok {
+        let why = if root {
+            "vsftpd is not installed (apt-get install vsftpd)"
+        } else {
+            "vsftpd's anonymous login needs root (it chroots)"
+        };
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("{test}: {why} and XFTP_REQUIRE_PEERS=1");
+        }
+        eprintln!("SKIP {test}: {why}");
+    }
+    ok
+}
+
+/// vsftpd on 127.0.0.1 serving `root` to anonymous users (uploads into
+/// `root/pub`), optionally with TLS; ended by PID when dropped.
+struct Vsftpd {
+    child: Child,
+    port: u16,
+    _conf: tempfile::TempDir,
+}
+
+impl Drop for Vsftpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>) -> Vsftpd {
+    let conf = tempfile::tempdir().unwrap();
+    // A directory the session processes chroot into when idle: root's,
+    // not writable by anyone else.
+    let empty = conf.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut text = format!(
+        "listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n\
+         background=NO\nanonymous_enable=YES\nlocal_enable=NO\nno_anon_password=YES\n\
+         anon_root={}\nwrite_enable=YES\nanon_upload_enable=YES\n\
+         anon_mkdir_write_enable=YES\nanon_other_write_enable=YES\nanon_umask=022\n\
+         pasv_enable=YES\npasv_address=127.0.0.1\nseccomp_sandbox=NO\n\
+         secure_chroot_dir={}\nvsftpd_log_file={}\nxferlog_enable=YES\n",
+        root.display(),
+        empty.display(),
+        conf.path().join("vsftpd.log").display(),
+    );
+    if let Some((cert, key)) = tls {
+        text += &format!(
+            "ssl_enable=YES\nallow_anon_ssl=YES\nforce_anon_logins_ssl=YES\n\
+             force_anon_data_ssl=YES\nrsa_cert_file={}\nrsa_private_key_file={}\n",
+            cert.display(),
+            key.display()
+        );
+    }
+    let path = conf.path().join("vsftpd.conf");
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let child = Command::new(VSFTPD)
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn vsftpd");
+    let mut server = Vsftpd {
+        child,
+        port,
+        _conf: conf,
+    };
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(st)) = server.child.try_wait() {
+            panic!("vsftpd exited at once ({st}); config:\n{text}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "vsftpd did not listen on {port} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+/// The served tree: root owned by root (vsftpd refuses a writable chroot),
+/// `pub` owned by the `ftp` user for uploads.
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    local: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let local = tmp.path().join("local");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(&local).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(root.join("pub")).unwrap();
+    chown_ftp(&root.join("pub"));
+    Dirs {
+        _tmp: tmp,
+        root,
+        local,
+    }
+}
+
+/// Give `p` (recursively) to the `ftp` user vsftpd's anonymous sessions
+/// run as.
+fn chown_ftp(p: &Path) {
+    let st = Command::new("chown")
+        .args(["-R", "ftp:ftp"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "chown ftp:ftp {} (is there an ftp user?)",
+        p.display()
+    );
+}
+
+fn xftp(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("XFTP_PASSWORD")
+        .env("HOME", cwd)
+        .output()
+        .expect("run xftp")
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn get_and_put_against_vsftpd_fall_back_to_one_connection() {
+    if !have_vsftpd("get_and_put_against_vsftpd_fall_back_to_one_connection") {
+        return;
+    }
+    let d = dirs();
+    let server = vsftpd(&d.root, None);
+    let base = format!("ftp://127.0.0.1:{}/pub", server.port);
+    for (i, len) in [0u64, 1, 3 << 20, (7 << 20) + 12_345]
+        .into_iter()
+        .enumerate()
+    {
+        let src = d.local.join(format!("src{i}"));
+        write_prng_file(&src, len, 0x5eed + i as u64);
+        for p in ["auto", "4"] {
+            let url = format!("{base}/f{i}-{p}");
+            let out = ok(xftp(&["put", "-p", p, s(&src), &url], &d.local), "put");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("does not support MULT"), "{err}");
+            let served = d.root.join(format!("pub/f{i}-{p}"));
+            assert_eq!(
+                sha256_file(&served),
+                sha256_file(&src),
+                "put {len} B -p {p}"
+            );
+            let got = d.local.join(format!("got{i}-{p}"));
+            ok(xftp(&["get", "-p", p, &url, s(&got)], &d.local), "get");
+            assert_eq!(sha256_file(&got), sha256_file(&src), "get {len} B -p {p}");
+        }
+    }
+    // A missing file: the server's refusal, and no local file left.
+    let got = d.local.join("none");
+    let out = xftp(&["get", &format!("{base}/missing"), s(&got)], &d.local);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("550"));
+    assert!(!got.exists());
+}
+
+/// A tree with what LIST makes hard: hidden names, blanks in names,
+/// nested and empty directories, modes.
+fn make_tree(top: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(top.join("a/b/c")).unwrap();
+    std::fs::create_dir_all(top.join("empty dir")).unwrap();
+    std::fs::create_dir_all(top.join(".hidden dir")).unwrap();
+    let files = [
+        ("top.bin", 200_000u64),
+        ("a/one two.txt", 13),
+        ("a/b/zero", 0),
+        ("a/b/c/deep.bin", 1 << 20),
+        (".dotfile", 7),
+        (".hidden dir/x", 99),
+        ("Jan 5 12:00 odd", 5),
+    ];
+    for (i, (name, len)) in files.iter().enumerate() {
+        write_prng_file(&top.join(name), *len, 77 + i as u64);
+    }
+    std::fs::set_permissions(
+        top.join("a/one two.txt"),
+        std::fs::Permissions::from_mode(0o754),
+    )
+    .unwrap();
+}
+
+/// Every file under `a` and `b` the same (bytes and permission bits), and
+/// the same directories.
+fn assert_same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(a).unwrap() {
+        let e = e.unwrap();
+        names.push(e.file_name());
+        let (pa, pb) = (e.path(), b.join(e.file_name()));
+        assert!(pb.exists(), "{} missing", pb.display());
+        if e.file_type().unwrap().is_dir() {
+            assert!(pb.is_dir(), "{} is not a directory", pb.display());
+            assert_same_tree(&pa, &pb);
+        } else {
+            assert_eq!(sha256_file(&pa), sha256_file(&pb), "{}", pb.display());
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&pa), mode(&pb), "mode of {}", pb.display());
+        }
+    }
+    let n = std::fs::read_dir(b).unwrap().count();
+    assert_eq!(n, names.len(), "{} has other entries", b.display());
+}
+
+#[test]
+fn trees_against_vsftpd_are_listed_with_list() {
+    if !have_vsftpd("trees_against_vsftpd_are_listed_with_list") {
+        return;
+    }
+    let d = dirs();
+    let server = vsftpd(&d.root, None);
+    let base = format!("ftp://127.0.0.1:{}/pub", server.port);
+    // Up: vsftpd has no MFMT or SITE CHMOD, so modes are the server's
+    // umask's, and the check below is on the way down.
+    let src = d.local.join("src");
+    make_tree(&src);
+    let out = ok(
+        xftp(&["put", "-r", s(&src), &format!("{base}/up/")], &d.local),
+        "put -r",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("7 files"), "{err}");
+    for f in [
+        ".dotfile",
+        ".hidden dir/x",
+        "a/b/c/deep.bin",
+        "Jan 5 12:00 odd",
+    ] {
+        assert_eq!(
+            sha256_file(&d.root.join("pub/up").join(f)),
+            sha256_file(&src.join(f)),
+            "{f}"
+        );
+    }
+    // Down: a tree the server holds, with its modes, read out of LIST.
+    let served = d.root.join("pub/tree");
+    make_tree(&served);
+    chown_ftp(&served);
+    let got = d.local.join("got");
+    let out = ok(
+        xftp(&["get", "-r", &format!("{base}/tree/"), s(&got)], &d.local),
+        "get -r",
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("7 files"));
+    assert_same_tree(&served, &got);
+}
+
+#[test]
+fn tls_against_vsftpd_reuses_the_control_session() {
+    if !have_vsftpd("tls_against_vsftpd_reuses_the_control_session") {
+        return;
+    }
+    let d = dirs();
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let (cert, key) = (pki.path().join("cert.pem"), pki.path().join("key.pem"));
+    std::fs::write(&cert, c.cert.pem()).unwrap();
+    std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
+    let server = vsftpd(&d.root, Some((&cert, &key)));
+    // The certificate names localhost; vsftpd forces TLS on anonymous
+    // logins and data here, and refuses a data connection that does not
+    // resume the control connection's session.
+    let base = format!("ftp://localhost:{}/pub", server.port);
+    let src = d.local.join("src");
+    write_prng_file(&src, (5 << 20) + 3, 9);
+    ok(
+        xftp(
+            &[
+                "put",
+                "--tls",
+                "--cacert",
+                s(&cert),
+                s(&src),
+                &format!("{base}/f"),
+            ],
+            &d.local,
+        ),
+        "put --tls",
+    );
+    assert_eq!(sha256_file(&d.root.join("pub/f")), sha256_file(&src));
+    let got = d.local.join("got");
+    ok(
+        xftp(
+            &[
+                "get",
+                "--tls",
+                "--cacert",
+                s(&cert),
+                &format!("{base}/f"),
+                s(&got),
+            ],
+            &d.local,
+        ),
+        "get --tls",
+    );
+    assert_eq!(sha256_file(&got), sha256_file(&src));
+    let out = ok(
+        xftp(
+            &["ls", "--tls", "--cacert", s(&cert), &format!("{base}/")],
+            &d.local,
+        ),
+        "ls --tls",
+    );
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.lines().any(|l| l.trim_end().ends_with(" f")),
+        "{listing}"
+    );
+    // Without TLS, vsftpd refuses the login: the error says so.
+    let out = xftp(
+        &["get", &format!("{base}/f"), s(&d.local.join("plain"))],
+        &d.local,
+    );
+    assert!(!out.status.success());
+    assert!(!d.local.join("plain").exists());
+}
+
+#[test]
+fn shell_mget_against_vsftpd_reads_names_out_of_list() {
+    if !have_vsftpd("shell_mget_against_vsftpd_reads_names_out_of_list") {
+        return;
+    }
+    let d = dirs();
+    let server = vsftpd(&d.root, None);
+    let served = d.root.join("pub/m");
+    std::fs::create_dir_all(served.join("sub.bin")).unwrap();
+    for (i, name) in ["a.bin", "b c.bin", ".h.bin", "skip.txt"]
+        .iter()
+        .enumerate()
+    {
+        write_prng_file(&served.join(name), 1000 + i as u64, i as u64);
+    }
+    chown_ftp(&served);
+    let script = "cd pub/m\nmget *.bin\nquit\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["shell", &format!("ftp://127.0.0.1:{}/", server.port)])
+        .current_dir(&d.local)
+        .env("HOME", &d.local)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = ok(child.wait_with_output().unwrap(), "shell mget");
+    for name in ["a.bin", "b c.bin"] {
+        assert_eq!(
+            sha256_file(&d.local.join(name)),
+            sha256_file(&served.join(name)),
+            "{name}"
+        );
+    }
+    // The directory matching the pattern is not a file; the glob, as a
+    // shell's, leaves out hidden names; the rest does not match.
+    for name in ["sub.bin", "skip.txt"] {
+        assert!(!d.local.join(name).exists(), "{name}: {out:?}");
+    }
+}
