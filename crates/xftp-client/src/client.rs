@@ -1907,25 +1907,19 @@ impl Client {
         if r.code != 213 {
             return Err(unexpected(&c, &r));
         }
-        let text = reply_text(&r);
-        // CKSM: "213 HEX"; HASH: "213 ALG RANGE HEX NAME".
-        let value = match via {
-            Via::Cksm => text.split_ascii_whitespace().next(),
-            Via::Hash => text.split_ascii_whitespace().nth(2),
-        };
-        match value {
-            Some(v) if v.len() == alg.hex_len() && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                Ok(v.to_ascii_lowercase())
-            }
-            _ => Err(bad_reply(
+        checksum_value(&r.lines, alg, via).ok_or_else(|| {
+            bad_reply(
                 &c,
                 &r,
                 xftp_proto::ProtoError::BadArgument {
-                    verb: "CKSM",
+                    verb: match via {
+                        Via::Cksm => "CKSM",
+                        Via::Hash => "HASH",
+                    },
                     reason: format!("no {alg} value of {} hex digits", alg.hex_len()),
                 },
-            )),
-        }
+            )
+        })
     }
 
     /// Compare the server's checksum of `remote` with ours of `file`.
@@ -2593,6 +2587,22 @@ struct Done {
     timeline: Timeline,
 }
 
+/// The checksum in a 213 reply to CKSM (`213 HEX`) or HASH (`213 ALG
+/// RANGE HEX NAME`), lower case; `None` without one of the algorithm's
+/// length. The last line that holds one counts: ProFTPD's HASH sends
+/// `213-Computing SHA-256 digest` lines while it reads a large file.
+fn checksum_value(lines: &[String], alg: Algorithm, via: Via) -> Option<String> {
+    lines.iter().rev().find_map(|line| {
+        let mut words = line.split_ascii_whitespace();
+        let v = match via {
+            Via::Cksm => words.next(),
+            Via::Hash => words.nth(2),
+        }?;
+        (v.len() == alg.hex_len() && v.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| v.to_ascii_lowercase())
+    })
+}
+
 /// The algorithm and command for `--verify`: the one asked for, or the
 /// strongest the server lists; CKSM before HASH.
 fn choose_checksum(f: &Features, want: Verify) -> Result<(Algorithm, Via)> {
@@ -2874,4 +2884,48 @@ impl std::io::Write for Capped<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+#[cfg(test)]
+#[test]
+fn checksums_out_of_213_replies() {
+    let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let hex = "0202c9cd27bb524fe216c08eaeda9d4b71f3ca75cd674c6af1b03d8b21612f9b";
+    let upper = hex.to_ascii_uppercase();
+    // GridFTP's CKSM, draft HASH, and ProFTPD's HASH with a progress line.
+    assert_eq!(
+        checksum_value(&l(&[&upper]), Algorithm::Sha256, Via::Cksm).as_deref(),
+        Some(hex)
+    );
+    let last = format!("SHA-256 0-50000000 {hex} pub/big.bin");
+    assert_eq!(
+        checksum_value(&l(&[&last]), Algorithm::Sha256, Via::Hash).as_deref(),
+        Some(hex)
+    );
+    let proftpd = l(&["Computing SHA-256 digest", &last]);
+    assert_eq!(
+        checksum_value(&proftpd, Algorithm::Sha256, Via::Hash).as_deref(),
+        Some(hex)
+    );
+    // A value of another length, or none: no checksum.
+    assert_eq!(
+        checksum_value(&l(&[&last]), Algorithm::Sha512, Via::Hash),
+        None
+    );
+    assert_eq!(
+        checksum_value(
+            &l(&["Computing SHA-256 digest"]),
+            Algorithm::Sha256,
+            Via::Hash
+        ),
+        None
+    );
+    assert_eq!(
+        checksum_value(
+            &l(&["SHA-256 0-5 nothex name"]),
+            Algorithm::Sha256,
+            Via::Hash
+        ),
+        None
+    );
 }
