@@ -1555,19 +1555,60 @@ impl Client {
         self.accepted(Cmd::with("MKD", path), 257).await
     }
 
+    /// The current remote directory (PWD).
+    pub async fn pwd(&mut self) -> Result<String> {
+        let c = Cmd::bare("PWD");
+        let r = self.command("PWD", None, &[257]).await?;
+        xftp_proto::reply::quoted_path(&r.text()).ok_or_else(|| ClientError::BadReply {
+            command: c.display(),
+            code: r.code,
+            text: reply_text(&r),
+            reason: "no quoted directory name".into(),
+        })
+    }
+
     /// Create remote directories, parents first, with the commands
-    /// pipelined (a round trip for many, not one each); for each, whether
-    /// the server created it (a refusal, say for one that exists, is no
-    /// error).
-    pub async fn mkd_all(&mut self, paths: &[String]) -> Result<Vec<bool>> {
-        let mut out = Vec::with_capacity(paths.len());
+    /// pipelined (a round trip for many, not one each). For each, `None`
+    /// when it is there afterwards (made, or there already), else the code
+    /// and text of the refused MKD: a refusal is looked into with CWD (and
+    /// CWD back to where the session was), so that a directory that could
+    /// not be made is told from one that exists.
+    pub async fn mkd_all(&mut self, paths: &[String]) -> Result<Vec<Option<(u16, String)>>> {
+        let mut out = vec![None; paths.len()];
+        let mut refused = Vec::new();
         // Bounded, so the server's replies never wait on our reading.
-        for chunk in paths.chunks(64) {
+        for (k, chunk) in paths.chunks(64).enumerate() {
             let cmds: Vec<Cmd> = chunk.iter().map(|p| Cmd::with("MKD", p)).collect();
             let refs: Vec<&Cmd> = cmds.iter().collect();
             self.send(&refs).await?;
-            for _ in chunk {
-                out.push(self.ctl.read_reply().await?.code == 257);
+            for i in 0..chunk.len() {
+                let r = self.ctl.read_reply().await?;
+                if r.code != 257 {
+                    refused.push((k * 64 + i, (r.code, reply_text(&r))));
+                }
+            }
+        }
+        if refused.is_empty() {
+            return Ok(out);
+        }
+        let home = self.pwd().await?;
+        for chunk in refused.chunks(32) {
+            let mut cmds = Vec::with_capacity(2 * chunk.len());
+            for (i, _) in chunk {
+                cmds.push(Cmd::with("CWD", &paths[*i]));
+                cmds.push(Cmd::with("CWD", &home));
+            }
+            let refs: Vec<&Cmd> = cmds.iter().collect();
+            self.send(&refs).await?;
+            for (i, why) in chunk {
+                let there = self.ctl.read_reply().await?.code == 250;
+                let back = self.ctl.read_reply().await?;
+                if back.code != 250 {
+                    return Err(unexpected(&Cmd::with("CWD", &home), &back));
+                }
+                if !there {
+                    out[*i] = Some(why.clone());
+                }
             }
         }
         Ok(out)

@@ -652,8 +652,24 @@ pub async fn put_tree(
     // that exists already is refused and that is fine.
     let mut mkd = vec![remote.trim_end_matches('/').to_owned()];
     mkd.extend(dirs.iter().map(|d| join(remote, d)));
-    first.mkd_all(&mkd).await?;
-    report.dirs += dirs.len();
+    let made = first.mkd_all(&mkd).await?;
+    if let Some((code, text)) = &made[0] {
+        // Nowhere to put anything.
+        return Err(ClientError::Reply {
+            command: format!("MKD {}", mkd[0]),
+            code: *code,
+            text: format!("{text} (and no such directory)"),
+        });
+    }
+    for (d, why) in dirs.iter().zip(&made[1..]) {
+        match why {
+            None => report.dirs += 1,
+            Some((code, text)) => report.failed.push((
+                format!("{d}/"),
+                format!("MKD refused: {code} {text} (and no such directory)"),
+            )),
+        }
+    }
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();

@@ -250,8 +250,42 @@ fn leading_code(line: &str) -> Option<u16> {
     line[..3].parse().ok()
 }
 
+/// The directory in a 257 reply: `"/a ""quoted"" dir" is current` (RFC 959
+/// doubles a quote inside the name).
+pub fn quoted_path(text: &str) -> Option<String> {
+    let start = text.find('"')?;
+    let mut out = String::new();
+    let mut chars = text[start + 1..].chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '"' {
+            if chars.peek() == Some(&'"') {
+                chars.next();
+                out.push('"');
+            } else {
+                return Some(out);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pwd_replies() {
+        assert_eq!(
+            quoted_path("\"/home/a\" is the current directory.").as_deref(),
+            Some("/home/a")
+        );
+        assert_eq!(
+            quoted_path("\"/a \"\"q\"\" b\" is current").as_deref(),
+            Some("/a \"q\" b")
+        );
+        assert_eq!(quoted_path("no quotes"), None);
+        assert_eq!(quoted_path("\"unterminated"), None);
+    }
     use super::*;
 
     fn parse_all(data: &[u8]) -> Vec<Reply> {

@@ -293,6 +293,16 @@ fn trees_against_vsftpd_are_listed_with_list() {
             "{f}"
         );
     }
+    // Into a directory whose parent is missing: an error, even for an
+    // empty tree (nothing was made, so nothing may look done).
+    let empty = d.local.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = xftp(
+        &["put", "-r", s(&empty), &format!("{base}/no/such/")],
+        &d.local,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("MKD"), "{err}");
     // Down: a tree the server holds, with its modes, read out of LIST.
     let served = d.root.join("pub/tree");
     make_tree(&served);

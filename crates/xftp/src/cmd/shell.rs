@@ -1346,14 +1346,7 @@ async fn change_dir(c: &mut Client, dir: &str) -> Result<Option<String>, ClientE
 }
 
 async fn pwd(c: &mut Client) -> Result<String, ClientError> {
-    let r = c.command("PWD", None, &[257]).await?;
-    let text = r.text();
-    words::quoted_path(&text).ok_or_else(|| ClientError::BadReply {
-        command: "PWD".into(),
-        code: r.code,
-        text,
-        reason: "no quoted directory name".into(),
-    })
+    c.pwd().await
 }
 
 /// LIST, under TYPE A when `ascii` is set and TYPE I again after (the

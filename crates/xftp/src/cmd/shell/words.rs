@@ -1,5 +1,5 @@
-//! The shell's text handling: command lines into words, the directory
-//! out of a PWD reply, passwords out of the history.
+//! The shell's text handling: command lines into words, passwords out
+//! of the history.
 
 /// Split a command line into words. Blanks separate words; '...' quotes
 /// literally; "..." quotes with `\"` and `\\` escaped; outside quotes a
@@ -76,27 +76,6 @@ pub fn quote(w: &str) -> String {
     q
 }
 
-/// The directory in a 257 reply: `"/a ""quoted"" dir" is current` (RFC 959
-/// doubles a quote inside the name).
-pub fn quoted_path(text: &str) -> Option<String> {
-    let start = text.find('"')?;
-    let mut out = String::new();
-    let mut chars = text[start + 1..].chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '"' {
-            if chars.peek() == Some(&'"') {
-                chars.next();
-                out.push('"');
-            } else {
-                return Some(out);
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    None
-}
-
 /// What goes into the history for a line: passwords are left out (`user
 /// NAME PASSWORD` keeps the name, a URL loses its `:password`); blank lines
 /// are not kept.
@@ -166,20 +145,6 @@ mod tests {
         ] {
             assert_eq!(w(&format!("cmd {}", quote(s))), ["cmd", s], "{s:?}");
         }
-    }
-
-    #[test]
-    fn pwd_replies() {
-        assert_eq!(
-            quoted_path("\"/home/a\" is the current directory.").as_deref(),
-            Some("/home/a")
-        );
-        assert_eq!(
-            quoted_path("\"/a \"\"q\"\" b\" is current").as_deref(),
-            Some("/a \"q\" b")
-        );
-        assert_eq!(quoted_path("no quotes"), None);
-        assert_eq!(quoted_path("\"unterminated"), None);
     }
 
     #[test]
