@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod batch;
+mod ranged;
 
 pub use batch::{BatchItem, UploadItem};
 
@@ -272,7 +273,16 @@ pub struct Client {
     greets_gridftp: bool,
     /// TLS for data connections (PROT P in force).
     data_tls: Option<ClientTls>,
+    /// More sessions to the same server, for ranged downloads from a
+    /// server without MULT ([`Client::set_sessions`]).
+    sessions: Option<SessionFactory>,
 }
+
+/// Opens another logged-in session to the same server with the same
+/// settings: how a download from a server without MULT gets its `-p N`
+/// connections ([`Client::set_sessions`]).
+#[derive(Clone)]
+pub struct SessionFactory(pub Arc<dyn Fn() -> crate::tree::BoxFut<Result<Client>> + Send + Sync>);
 
 /// A login sent but whose replies are not read yet.
 #[derive(Debug)]
@@ -418,7 +428,16 @@ impl Client {
             gridftp_told: false,
             greets_gridftp,
             data_tls,
+            sessions: None,
         })
+    }
+
+    /// How to open more sessions to this server: `-p N` against a server
+    /// without MULT (or GridFTP parallelism) then downloads over N
+    /// sessions fetching byte ranges (`REST` + `RETR`), as lftp's `pget`.
+    /// Uploads keep one connection (a stock server has no ranged STOR).
+    pub fn set_sessions(&mut self, f: SessionFactory) {
+        self.sessions = Some(f);
     }
 
     /// TLS on the control connection (version, cipher suite), if any.
@@ -735,6 +754,29 @@ impl Client {
             }
             return r;
         }
+        if let Some(n) = self.ranged_want().await? {
+            if let Some(size) = self
+                .size(remote)
+                .await?
+                .filter(|&s| s >= 2 * ranged::RANGE_MIN)
+            {
+                self.progress_begin(remote, Some(size));
+                let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+                let per_stream = self
+                    .fetch_ranges(remote, Arc::new(file), &[(0, size)], size, n)
+                    .await?;
+                let timeline = self.timeline(false, per_stream.len() as u32);
+                let done = Done {
+                    per_stream,
+                    expected: Some(size),
+                    start,
+                    timeline,
+                };
+                return self
+                    .complete_download(remote, done, tmp, local, verify)
+                    .await;
+            }
+        }
         let c_size = Cmd::with("SIZE", remote);
         let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
@@ -872,6 +914,18 @@ impl Client {
                 let _ = self.leave_mode_e().await;
             }
             r?.0.streams.iter().map(|s| s.bytes).collect()
+        } else if let Some(n) = self
+            .ranged_want()
+            .await?
+            .filter(|_| missing >= 2 * ranged::RANGE_MIN)
+        {
+            let work = partial.had.missing(size);
+            self.progress_begin(remote, Some(missing));
+            let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
+            let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
+            let r = self.fetch_ranges(remote, dst, &work, size, n).await;
+            drop(checkpoints);
+            r?
         } else {
             self.fetch_missing(remote, &partial, size).await?
         };

@@ -34,6 +34,8 @@ pub struct Features {
     pub gridftp: bool,
     /// `MLST` (RFC 3659): MLSD lists a directory with exact facts.
     pub mlst: bool,
+    /// `REST STREAM` (RFC 3659): RETR can start at an offset.
+    pub rest_stream: bool,
     /// `CKSM` (GridFTP): the algorithms listed.
     pub cksm: Vec<xftp_proto::cksum::Algorithm>,
     /// `HASH` (draft-bryan-ftpext-hash): the algorithms listed.
@@ -60,6 +62,7 @@ pub fn features(reply: &Reply) -> Features {
             (Some("MPRT"), _) => f.mprt = true,
             (Some("CACHE"), _) => f.cache = true,
             (Some("MLST"), _) => f.mlst = true,
+            (Some("REST"), Some("STREAM")) => f.rest_stream = true,
             (Some("SPAS" | "SPOR"), _) => f.gridftp = true,
             (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,
             (Some("CKSM"), rest) => {

@@ -51,7 +51,7 @@ impl Drop for Vsftpd {
     }
 }
 
-fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>) -> Vsftpd {
+fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>, extra: &str) -> Vsftpd {
     let conf = tempfile::tempdir().unwrap();
     // A directory the session processes chroot into when idle: root's,
     // not writable by anyone else.
@@ -81,6 +81,7 @@ fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>) -> Vsftpd {
             key.display()
         );
     }
+    text += extra;
     let path = conf.path().join("vsftpd.conf");
     std::fs::File::create(&path)
         .unwrap()
@@ -177,12 +178,12 @@ fn s(p: &Path) -> &str {
 }
 
 #[test]
-fn get_and_put_against_vsftpd_fall_back_to_one_connection() {
-    if !have_vsftpd("get_and_put_against_vsftpd_fall_back_to_one_connection") {
+fn get_and_put_against_vsftpd_without_mult() {
+    if !have_vsftpd("get_and_put_against_vsftpd_without_mult") {
         return;
     }
     let d = dirs();
-    let server = vsftpd(&d.root, None);
+    let server = vsftpd(&d.root, None, "");
     let base = format!("ftp://127.0.0.1:{}/pub", server.port);
     for (i, len) in [0u64, 1, 3 << 20, (7 << 20) + 12_345]
         .into_iter()
@@ -202,8 +203,18 @@ fn get_and_put_against_vsftpd_fall_back_to_one_connection() {
                 "put {len} B -p {p}"
             );
             let got = d.local.join(format!("got{i}-{p}"));
-            ok(xftp(&["get", "-p", p, &url, s(&got)], &d.local), "get");
+            let out = ok(xftp(&["get", "-p", p, &url, s(&got)], &d.local), "get");
             assert_eq!(sha256_file(&got), sha256_file(&src), "get {len} B -p {p}");
+            // -p 4 on a file of two ranges (MiB) or more: a session a
+            // MiB, four at most.
+            let err = String::from_utf8_lossy(&out.stderr);
+            let ranged = p == "4" && len >= 2 << 20;
+            let k = len.div_ceil(1 << 20).min(4);
+            assert_eq!(
+                err.contains(&format!("{k} sessions, each fetching byte ranges (REST)")),
+                ranged,
+                "{err}"
+            );
         }
     }
     // A missing file: the server's refusal, and no local file left.
@@ -269,7 +280,7 @@ fn trees_against_vsftpd_are_listed_with_list() {
         return;
     }
     let d = dirs();
-    let server = vsftpd(&d.root, None);
+    let server = vsftpd(&d.root, None, "");
     let base = format!("ftp://127.0.0.1:{}/pub", server.port);
     // Up: vsftpd has no MFMT or SITE CHMOD, so modes are the server's
     // umask's, and the check below is on the way down.
@@ -327,7 +338,7 @@ fn tls_against_vsftpd_reuses_the_control_session() {
     let (cert, key) = (pki.path().join("cert.pem"), pki.path().join("key.pem"));
     std::fs::write(&cert, c.cert.pem()).unwrap();
     std::fs::write(&key, c.signing_key.serialize_pem()).unwrap();
-    let server = vsftpd(&d.root, Some((&cert, &key)));
+    let server = vsftpd(&d.root, Some((&cert, &key)), "");
     // The certificate names localhost; vsftpd forces TLS on anonymous
     // logins and data here, and refuses a data connection that does not
     // resume the control connection's session.
@@ -392,7 +403,7 @@ fn shell_mget_against_vsftpd_reads_names_out_of_list() {
         return;
     }
     let d = dirs();
-    let server = vsftpd(&d.root, None);
+    let server = vsftpd(&d.root, None, "");
     let served = d.root.join("pub/m");
     std::fs::create_dir_all(served.join("sub.bin")).unwrap();
     for (i, name) in ["a.bin", "b c.bin", ".h.bin", "skip.txt"]
@@ -431,4 +442,71 @@ fn shell_mget_against_vsftpd_reads_names_out_of_list() {
     for name in ["sub.bin", "skip.txt"] {
         assert!(!d.local.join(name).exists(), "{name}: {out:?}");
     }
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad JSON {text:?}: {e}"))
+}
+
+#[test]
+fn ranged_downloads_survive_refused_sessions_and_resume() {
+    if !have_vsftpd("ranged_downloads_survive_refused_sessions_and_resume") {
+        return;
+    }
+    let d = dirs();
+    // Two sessions per address at most: of -p 6, four are refused (421).
+    let server = vsftpd(&d.root, None, "max_per_ip=2\n");
+    let url = format!("ftp://127.0.0.1:{}/pub/big", server.port);
+    let served = d.root.join("pub/big");
+    write_prng_file(&served, (24 << 20) + 999, 31);
+    chown_ftp(&served);
+    let want = sha256_file(&served);
+    let got = d.local.join("got");
+    let out = ok(
+        xftp(&["get", "-p", "6", "--json", &url, s(&got)], &d.local),
+        "get -p 6 with two sessions allowed",
+    );
+    assert_eq!(sha256_file(&got), want);
+    let j = json(&out);
+    assert_eq!(j["bytes"], (24 << 20) + 999);
+    let per = j["per_stream_bytes"].as_array().unwrap();
+    assert!(
+        (1..=2).contains(&per.len()),
+        "at most the two sessions the server allows carried data: {j}"
+    );
+    // Cut, then resumed with ranges: the partial's holes are fetched by
+    // several sessions, and the result is whole.
+    let server = vsftpd(&d.root, None, "");
+    let url = format!("ftp://127.0.0.1:{}/pub/big", server.port);
+    let part = d.local.join("r");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", "-c", "-p", "4", "--limit-rate", "8M", &url, s(&part)])
+        .current_dir(&d.local)
+        .env("HOME", &d.local)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = child.wait().unwrap();
+    assert!(!st.success(), "the cut download did not fail");
+    assert!(!part.exists(), "a cut download must not look complete");
+    let out = ok(
+        xftp(
+            &["get", "-c", "-p", "4", "--json", &url, s(&part)],
+            &d.local,
+        ),
+        "get -c -p 4 (resume)",
+    );
+    let j = json(&out);
+    let already = j["bytes_already_present"].as_u64().unwrap_or(0);
+    assert!(already > 0, "nothing was kept from the cut run: {j}");
+    assert_eq!(j["bytes"].as_u64().unwrap() + already, (24 << 20) + 999);
+    assert_eq!(sha256_file(&part), want);
 }

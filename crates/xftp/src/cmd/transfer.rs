@@ -495,8 +495,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             Some(p) => p.clone(),
         };
         let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
-        let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+        let (cfg, password) = client_config(&url, &a.common, Some(&a.t), progress.clone())?;
+        let mut client = open(&url, cfg.clone(), password.as_deref()).await?;
         client.set_resume(a.resume);
+        client.set_sessions(session_factory(&url, cfg, password));
         let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
         display.finish().await;
@@ -742,6 +744,25 @@ pub(crate) async fn open(
         .await
         .map_err(|e| explain(e, Op::Ls, url))?;
     Ok(client)
+}
+
+/// More sessions like the first, for a ranged download from a server
+/// without MULT (`Client::set_sessions`).
+fn session_factory(
+    url: &FtpUrl,
+    cfg: ClientConfig,
+    password: Option<String>,
+) -> xftp_client::SessionFactory {
+    let url = url.clone();
+    xftp_client::SessionFactory(std::sync::Arc::new(move || {
+        let (url, cfg, password) = (url.clone(), cfg.clone(), password.clone());
+        Box::pin(async move {
+            let mut c = Client::connect(&url.host, url.port, cfg).await?;
+            c.login_pipelined(url.user.as_deref(), password.as_deref())
+                .await?;
+            Ok(c)
+        })
+    }))
 }
 
 /// The sessions of a tree transfer: the caller's settings for the

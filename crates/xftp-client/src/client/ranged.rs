@@ -1,0 +1,453 @@
+//! `-p N` against a server without MULT or GridFTP parallelism (vsftpd,
+//! ProFTPD, pyftpdlib, ...): N sessions, each fetching byte ranges of the
+//! file with `REST offset` + `RETR` and closing its data connection at
+//! the range's end, as lftp's `pget -n` does. The file is cut into N
+//! parts up front; a session whose part is done takes half of the largest
+//! part still being fetched (the other session stops there), so no
+//! session waits on the slowest. Every byte is claimed by exactly one
+//! session before it is written, in place.
+//!
+//! ```text
+//!   session i: EPSV  REST a_i  RETR f  <bytes a_i..b_i, then close>  426/226
+//! ```
+
+use std::sync::{Arc, Mutex};
+
+use tokio::io::AsyncReadExt;
+
+use super::{local_err, Client, SessionFactory};
+use crate::control::{reply_text, unexpected, Cmd};
+use crate::error::{ClientError, Result};
+
+/// The smallest range a session fetches: a session costs a login and
+/// three round trips per range, worth it only for this much or more.
+pub(crate) const RANGE_MIN: u64 = 1 << 20;
+
+/// Read buffer of one session.
+const CHUNK: usize = 256 * 1024;
+
+/// One session's range: bytes `[next, end)` still to come; `next` moves
+/// when bytes are claimed, `end` when another session takes the tail.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    next: u64,
+    end: u64,
+}
+
+/// The ranges of a download, shared by its sessions.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// Ranges no session has taken yet (a failed session's rest too).
+    pending: Vec<(u64, u64)>,
+    /// Per session, what it is fetching now (empty when idle).
+    slots: Vec<Slot>,
+}
+
+impl Plan {
+    /// `work` (the ranges to fetch) cut into about `n` parts of equal
+    /// bytes, none under [`RANGE_MIN`] unless the work is smaller.
+    pub(crate) fn new(work: &[(u64, u64)], n: usize) -> Plan {
+        let total: u64 = work.iter().map(|(a, b)| b - a).sum();
+        let part = (total / n.max(1) as u64).max(RANGE_MIN);
+        let mut pending = Vec::new();
+        for &(a, b) in work {
+            let mut at = a;
+            while at < b {
+                // No sliver at the end of a range: it joins the last part.
+                let end = if b - at < part + part / 2 {
+                    b
+                } else {
+                    at + part
+                };
+                pending.push((at, end));
+                at = end;
+            }
+        }
+        // Taken from the back: the file's start first.
+        pending.reverse();
+        Plan {
+            pending,
+            slots: vec![Slot::default(); n],
+        }
+    }
+
+    /// The next range for session `i`: a pending one, else the upper half
+    /// of the largest range another session is still fetching (if at
+    /// least [`RANGE_MIN`] would be left to each).
+    pub(crate) fn take(&mut self, i: usize) -> Option<(u64, u64)> {
+        if let Some((a, b)) = self.pending.pop() {
+            self.slots[i] = Slot { next: a, end: b };
+            return Some((a, b));
+        }
+        let (j, rest) = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(j, s)| (j, s.end - s.next))
+            .max_by_key(|&(_, r)| r)?;
+        if rest < 2 * RANGE_MIN {
+            return None;
+        }
+        let mid = self.slots[j].next + rest / 2;
+        let end = self.slots[j].end;
+        self.slots[j].end = mid;
+        self.slots[i] = Slot { next: mid, end };
+        Some((mid, end))
+    }
+
+    /// Session `i` read `n` bytes: the offset they go to and how many of
+    /// them are its own (the rest lie past its range's end, which another
+    /// session may have taken meanwhile), and whether its range is done.
+    pub(crate) fn claim(&mut self, i: usize, n: usize) -> (u64, usize, bool) {
+        let s = &mut self.slots[i];
+        let at = s.next;
+        let own = (n as u64).min(s.end - s.next);
+        s.next += own;
+        (at, own as usize, s.next == s.end)
+    }
+
+    /// Session `i` stops: what it had not claimed goes back to pending.
+    pub(crate) fn give_back(&mut self, i: usize) {
+        let s = std::mem::take(&mut self.slots[i]);
+        if s.next < s.end {
+            self.pending.push((s.next, s.end));
+        }
+    }
+
+    /// Bytes not yet claimed by anyone.
+    pub(crate) fn left(&self) -> u64 {
+        let p: u64 = self.pending.iter().map(|(a, b)| b - a).sum();
+        p + self.slots.iter().map(|s| s.end - s.next).sum::<u64>()
+    }
+}
+
+type Shared = Arc<Mutex<Plan>>;
+
+fn lock(p: &Shared) -> std::sync::MutexGuard<'_, Plan> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How one session's share ended.
+struct Share {
+    bytes: u64,
+    /// Why it stopped early (its unclaimed range went back to pending).
+    error: Option<ClientError>,
+}
+
+impl Client {
+    /// Sessions for ranged downloads (see [`Client::set_sessions`]) when
+    /// this download should use them: MULT refused for `-p N` with N > 1,
+    /// no GridFTP parallelism, and REST STREAM in FEAT. The count asked.
+    pub(crate) async fn ranged_want(&mut self) -> Result<Option<u32>> {
+        if self.sessions.is_none() || self.cfg.auto.is_some() {
+            return Ok(None);
+        }
+        self.settle().await?;
+        let Some(want) = self.mult_refused.filter(|&w| w > 1) else {
+            return Ok(None);
+        };
+        let feat = self.features().await?;
+        if !feat.rest_stream {
+            tracing::info!("no REST STREAM in FEAT: one connection");
+            return Ok(None);
+        }
+        Ok(Some(want))
+    }
+
+    /// Fetch `work` (ranges of `remote`, whose size is `size`) into `dst`
+    /// over this session and up to `n - 1` more; bytes per session.
+    pub(crate) async fn fetch_ranges(
+        &mut self,
+        remote: &str,
+        dst: Arc<dyn xftp_stripe::WriteAt>,
+        work: &[(u64, u64)],
+        size: u64,
+        n: u32,
+    ) -> Result<Vec<u64>> {
+        let total: u64 = work.iter().map(|(a, b)| b - a).sum();
+        let n = (n as u64).min(total.div_ceil(RANGE_MIN)).max(1) as usize;
+        let plan: Shared = Arc::new(Mutex::new(Plan::new(work, n)));
+        let factory = self.sessions.clone();
+        let mut set = tokio::task::JoinSet::new();
+        if let Some(f) = factory.filter(|_| n > 1) {
+            for i in 1..n {
+                let (f, plan, dst, remote) =
+                    (f.clone(), plan.clone(), dst.clone(), remote.to_owned());
+                set.spawn(async move {
+                    let mut c = match (f.0)().await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!("ranged download: session {i} not opened: {e}");
+                            return Share {
+                                bytes: 0,
+                                error: Some(e),
+                            };
+                        }
+                    };
+                    let share = c.fetch_share(&remote, &dst, &plan, i, size).await;
+                    c.quit().await;
+                    share
+                });
+            }
+        }
+        self.notices
+            .retain(|m| !m.starts_with("server does not support MULT"));
+        self.notices.push(format!(
+            "server does not support MULT: {n} sessions, each fetching byte ranges (REST)"
+        ));
+        let mine = self.fetch_share(remote, &dst, &plan, 0, size).await;
+        let mut per = vec![mine.bytes];
+        let main_error = mine.error;
+        let mut first_error = None;
+        while let Some(r) = set.join_next().await {
+            let share = r.unwrap_or_else(|e| Share {
+                bytes: 0,
+                error: Some(ClientError::Stripe(format!("session task: {e}"))),
+            });
+            per.push(share.bytes);
+            if first_error.is_none() {
+                first_error = share.error;
+            }
+        }
+        // What failed sessions left: this session fetches it, if it can.
+        let mut main_error = main_error;
+        if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !self.broken(e)) {
+            let again = self.fetch_share(remote, &dst, &plan, 0, size).await;
+            per[0] += again.bytes;
+            main_error = again.error.or(main_error);
+        }
+        let left = lock(&plan).left();
+        if left > 0 {
+            return Err(main_error
+                .or(first_error)
+                .unwrap_or(ClientError::ShortTransfer {
+                    expected: total,
+                    got: total - left,
+                }));
+        }
+        tracing::info!("ranged download: bytes per session {per:?}");
+        per.retain(|&b| b > 0);
+        Ok(per)
+    }
+
+    /// Whether `e` leaves this session unusable.
+    fn broken(&self, e: &ClientError) -> bool {
+        matches!(
+            e,
+            ClientError::Closed
+                | ClientError::ControlIo(_)
+                | ClientError::Timeout { .. }
+                | ClientError::Protocol(_)
+        )
+    }
+
+    /// Session `i`'s part: ranges from `plan` until none is left.
+    async fn fetch_share(
+        &mut self,
+        remote: &str,
+        dst: &Arc<dyn xftp_stripe::WriteAt>,
+        plan: &Shared,
+        i: usize,
+        size: u64,
+    ) -> Share {
+        let mut bytes = 0;
+        loop {
+            let Some((a, b)) = lock(plan).take(i) else {
+                return Share { bytes, error: None };
+            };
+            match self.fetch_range(remote, dst, plan, i, a, b, size).await {
+                Ok(got) => bytes += got,
+                Err(e) => {
+                    lock(plan).give_back(i);
+                    tracing::debug!("ranged download: session {i} at {a}-{b}: {e}");
+                    return Share {
+                        bytes,
+                        error: Some(e),
+                    };
+                }
+            }
+            lock(plan).give_back(i);
+        }
+    }
+
+    /// `REST a` + `RETR remote`, bytes written from `a` until session
+    /// `i`'s range ends (it may shrink meanwhile); then the data
+    /// connection is closed and the server's reply to the cut read.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_range(
+        &mut self,
+        remote: &str,
+        dst: &Arc<dyn xftp_stripe::WriteAt>,
+        plan: &Shared,
+        i: usize,
+        a: u64,
+        b: u64,
+        size: u64,
+    ) -> Result<u64> {
+        let (_, setup) = self.prepare_data(true, None).await?;
+        let c_rest = Cmd::with("REST", a.to_string());
+        self.send(&[&c_rest]).await?;
+        self.ctl.expect(&c_rest, &[350]).await?;
+        let c_retr = Cmd::with("RETR", remote);
+        self.ctl.send(&[&c_retr]).await?;
+        let (mut conns, _) = self.start_transfer(&c_retr, setup).await?;
+        let conn = conns
+            .pop()
+            .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
+        let mut conn = self.watchdog().guard(conn);
+        let mut buf = vec![0u8; CHUNK];
+        let mut got = 0u64;
+        let cut = loop {
+            let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
+            if n == 0 {
+                break false;
+            }
+            let (at, own, done) = lock(plan).claim(i, n);
+            if at + (n as u64) > size {
+                // Past the size SIZE gave: the file grew since.
+                return Err(ClientError::ShortTransfer {
+                    expected: size,
+                    got: at + n as u64,
+                });
+            }
+            dst.write_at(&buf[..own], at)
+                .map_err(|e| local_err(std::path::Path::new("(download)"), e))?;
+            got += own as u64;
+            // The file's last range is read to the server's end, so that
+            // a file longer than SIZE said is seen.
+            if done && at + (own as u64) < size {
+                break true;
+            }
+        };
+        let reached = a + got;
+        drop(conn);
+        if !cut {
+            // The server ended the file: it must be where SIZE said.
+            self.expect_complete(&c_retr).await?;
+            if reached < b.min(size) {
+                return Err(ClientError::ShortTransfer {
+                    expected: size,
+                    got: reached,
+                });
+            }
+            return Ok(got);
+        }
+        // Cut short on purpose: the server says so (426, 451) or, when
+        // the rest had already gone into the socket buffers, 226.
+        loop {
+            let r = self.ctl.read_reply().await?;
+            if r.is_preliminary() {
+                continue;
+            }
+            tracing::debug!(
+                "ranged download: range {a}-{reached} done, server: {} {}",
+                r.code,
+                reply_text(&r)
+            );
+            if r.code == 421 {
+                return Err(unexpected(&c_retr, &r));
+            }
+            return Ok(got);
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionFactory")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drive a plan with sessions reading in turns of `step` bytes, some
+    /// failing; every byte must be claimed exactly once.
+    #[allow(clippy::needless_range_loop)]
+    fn run(work: &[(u64, u64)], n: usize, step: usize, fail: &[usize]) -> Vec<(u64, u64)> {
+        let mut p = Plan::new(work, n);
+        let mut got: Vec<(u64, u64)> = Vec::new();
+        let mut active: Vec<bool> = (0..n).map(|i| p.take(i).is_some()).collect();
+        let mut turn = 0usize;
+        while active.iter().any(|&a| a) {
+            for i in 0..n {
+                if !active[i] {
+                    continue;
+                }
+                turn += 1;
+                if fail.contains(&i) && turn > 3 * n {
+                    p.give_back(i);
+                    active[i] = false;
+                    continue;
+                }
+                let (at, own, done) = p.claim(i, step);
+                if own > 0 {
+                    got.push((at, at + own as u64));
+                }
+                if done {
+                    p.give_back(i);
+                    active[i] = p.take(i).is_some();
+                }
+            }
+            // A session that failed leaves work: a healthy one takes it.
+            if !active.iter().any(|&a| a) && p.left() > 0 {
+                let i = (0..n).find(|i| !fail.contains(i)).unwrap();
+                active[i] = p.take(i).is_some();
+            }
+        }
+        assert_eq!(p.left(), 0);
+        got.sort();
+        got
+    }
+
+    fn covers_exactly(got: &[(u64, u64)], work: &[(u64, u64)]) {
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for &(a, b) in got {
+            match merged.last_mut() {
+                Some(l) if l.1 == a => l.1 = b,
+                Some(l) => assert!(l.1 < a, "overlap at {a}"),
+                None => {}
+            }
+            if merged.last().map_or(true, |l| l.1 != b) {
+                merged.push((a, b));
+            }
+        }
+        assert_eq!(merged, work);
+    }
+
+    #[test]
+    fn every_byte_once_with_steals_and_failures() {
+        let m = RANGE_MIN;
+        for (work, n, step, fail) in [
+            (vec![(0, 10 * m + 7)], 4, 100_000, vec![]),
+            (vec![(0, 10 * m + 7)], 4, 100_000, vec![1, 2]),
+            (vec![(0, 3 * m), (5 * m, 9 * m + 1)], 3, 65_536, vec![0]),
+            (vec![(0, m / 2)], 8, 4096, vec![]),
+            (vec![(0, 40 * m)], 16, 1 << 20, vec![3, 5, 7]),
+        ] {
+            let got = run(&work, n, step, &fail);
+            covers_exactly(&got, &work);
+        }
+    }
+
+    #[test]
+    fn a_done_session_takes_half_of_the_largest_rest() {
+        let m = RANGE_MIN;
+        let mut p = Plan::new(&[(0, 8 * m)], 2);
+        assert_eq!(p.take(0), Some((0, 4 * m)));
+        assert_eq!(p.take(1), Some((4 * m, 8 * m)));
+        // Session 1 finishes; session 0 has read 1 MiB of its 4.
+        p.claim(0, m as usize);
+        assert_eq!(p.claim(1, 4 * m as usize), (4 * m, 4 * m as usize, true));
+        p.give_back(1);
+        assert_eq!(p.take(1), Some((m + 3 * m / 2, 4 * m)));
+        // Session 0 now stops where session 1 took over.
+        let (at, own, done) = p.claim(0, 2 * m as usize);
+        assert_eq!((at, own as u64, done), (m, 3 * m / 2, true));
+        // Too little left to split.
+        p.give_back(0);
+        p.claim(1, m as usize);
+        assert_eq!(p.take(0), None);
+    }
+}
