@@ -754,7 +754,7 @@ impl Client {
             }
             return r;
         }
-        if let Some(n) = self.ranged_want().await? {
+        if let Some(want) = self.ranged_want().await? {
             if let Some(size) = self
                 .size(remote)
                 .await?
@@ -763,7 +763,7 @@ impl Client {
                 self.progress_begin(remote, Some(size));
                 let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
                 let per_stream = self
-                    .fetch_ranges(remote, Arc::new(file), &[(0, size)], size, n)
+                    .fetch_ranges(remote, Arc::new(file), &[(0, size)], size, want)
                     .await?;
                 let timeline = self.timeline(false, per_stream.len() as u32);
                 let done = Done {
@@ -914,7 +914,7 @@ impl Client {
                 let _ = self.leave_mode_e().await;
             }
             r?.0.streams.iter().map(|s| s.bytes).collect()
-        } else if let Some(n) = self
+        } else if let Some(want) = self
             .ranged_want()
             .await?
             .filter(|_| missing >= 2 * ranged::RANGE_MIN)
@@ -923,7 +923,7 @@ impl Client {
             self.progress_begin(remote, Some(missing));
             let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
             let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
-            let r = self.fetch_ranges(remote, dst, &work, size, n).await;
+            let r = self.fetch_ranges(remote, dst, &work, size, want).await;
             drop(checkpoints);
             r?
         } else {

@@ -23,6 +23,11 @@ use crate::error::{ClientError, Result};
 /// three round trips per range, worth it only for this much or more.
 pub(crate) const RANGE_MIN: u64 = 1 << 20;
 
+/// Most sessions `-p auto` opens against a server without MULT: with no
+/// feedback from the server to step down by, and a login per session,
+/// about what lftp's `pget` (5) and aria2 (5) use by default.
+pub(crate) const AUTO_MAX: u32 = 4;
+
 /// Read buffer of one session.
 const CHUNK: usize = 256 * 1024;
 
@@ -136,15 +141,40 @@ struct Share {
 
 impl Client {
     /// Sessions for ranged downloads (see [`Client::set_sessions`]) when
-    /// this download should use them: MULT refused for `-p N` with N > 1,
-    /// no GridFTP parallelism, and REST STREAM in FEAT. The count asked.
-    pub(crate) async fn ranged_want(&mut self) -> Result<Option<u32>> {
-        if self.sessions.is_none() || self.cfg.auto.is_some() {
+    /// this download should use them, and how many: with `-p N` (N > 1),
+    /// when the server refused MULT; with `-p auto`, when FEAT lists
+    /// neither MULT nor GridFTP's parallelism, the count `-p auto` would
+    /// start a MULT transfer with on this RTT, at most [`AUTO_MAX`]. In
+    /// both cases the server must list REST STREAM.
+    /// The reason goes with an automatic choice (into the timeline).
+    pub(crate) async fn ranged_want(&mut self) -> Result<Option<(u32, Option<String>)>> {
+        if self.sessions.is_none() {
             return Ok(None);
         }
         self.settle().await?;
-        let Some(want) = self.mult_refused.filter(|&w| w > 1) else {
-            return Ok(None);
+        let want = match self.cfg.auto.clone() {
+            None => match self.mult_refused.filter(|&w| w > 1) {
+                Some(w) => (w, None),
+                None => return Ok(None),
+            },
+            Some(auto) => {
+                let feat = self.features().await?;
+                if feat.mult || feat.gridftp {
+                    return Ok(None);
+                }
+                // The cache is left out: a server without MULT has only
+                // ever been measured on the count this rule chose.
+                let (n, why) = xftp_tune::initial_streams(
+                    self.ctl.rtt(),
+                    self.cfg.bufsize,
+                    None,
+                    AUTO_MAX.min(auto.tune.max_streams.max(1)),
+                );
+                if n < 2 {
+                    return Ok(None);
+                }
+                (n, Some(format!("ranged sessions (no MULT): {why}")))
+            }
         };
         let feat = self.features().await?;
         if !feat.rest_stream {
@@ -155,15 +185,19 @@ impl Client {
     }
 
     /// Fetch `work` (ranges of `remote`, whose size is `size`) into `dst`
-    /// over this session and up to `n - 1` more; bytes per session.
+    /// over this session and up to `n - 1` more (`want` from
+    /// [`Client::ranged_want`]); bytes per session.
     pub(crate) async fn fetch_ranges(
         &mut self,
         remote: &str,
         dst: Arc<dyn xftp_stripe::WriteAt>,
         work: &[(u64, u64)],
         size: u64,
-        n: u32,
+        (n, why): (u32, Option<String>),
     ) -> Result<Vec<u64>> {
+        if let Some(why) = why {
+            self.start = Some((n, why, false));
+        }
         let total: u64 = work.iter().map(|(a, b)| b - a).sum();
         let n = (n as u64).min(total.div_ceil(RANGE_MIN)).max(1) as usize;
         let plan: Shared = Arc::new(Mutex::new(Plan::new(work, n)));
