@@ -398,8 +398,8 @@ fn tls_against_vsftpd_reuses_the_control_session() {
 }
 
 #[test]
-fn shell_mget_against_vsftpd_reads_names_out_of_list() {
-    if !have_vsftpd("shell_mget_against_vsftpd_reads_names_out_of_list") {
+fn shell_against_vsftpd_mget_from_list_and_mult_as_ranges() {
+    if !have_vsftpd("shell_against_vsftpd_mget_from_list_and_mult_as_ranges") {
         return;
     }
     let d = dirs();
@@ -412,8 +412,9 @@ fn shell_mget_against_vsftpd_reads_names_out_of_list() {
     {
         write_prng_file(&served.join(name), 1000 + i as u64, i as u64);
     }
+    write_prng_file(&served.join("big.dat"), (3 << 20) + 5, 99);
     chown_ftp(&served);
-    let script = "cd pub/m\nmget *.bin\nquit\n";
+    let script = "cd pub/m\nmget *.bin\nmult 3\nget big.dat\nquit\n";
     let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
         .args(["shell", &format!("ftp://127.0.0.1:{}/", server.port)])
         .current_dir(&d.local)
@@ -437,6 +438,16 @@ fn shell_mget_against_vsftpd_reads_names_out_of_list() {
             "{name}"
         );
     }
+    // `mult 3` against a server without MULT: three ranged sessions.
+    assert_eq!(
+        sha256_file(&d.local.join("big.dat")),
+        sha256_file(&served.join("big.dat"))
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("3 sessions, each fetching byte ranges"),
+        "{err}"
+    );
     // The directory matching the pattern is not a file; the glob, as a
     // shell's, leaves out hidden names; the rest does not match.
     for name in ["sub.bin", "skip.txt"] {

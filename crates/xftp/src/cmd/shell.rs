@@ -1287,7 +1287,7 @@ async fn dial(
         limit_rate: None,
         resume: false,
     };
-    let mut client = Client::connect(&url.host, url.port, cfg)
+    let mut client = Client::connect(&url.host, url.port, cfg.clone())
         .await
         .map_err(|e| explain(e, Op::Login, &authority))?;
     let password = match (user, password) {
@@ -1311,6 +1311,19 @@ async fn dial(
         });
     }
     super::transfer::print_notices(&mut client);
+    // More sessions like this one, for ranged downloads from a server
+    // without MULT.
+    let (host, port) = (url.host.clone(), url.port);
+    let (user, password) = (user.map(str::to_owned), password.map(str::to_owned));
+    client.set_sessions(xftp_client::SessionFactory(Arc::new(move || {
+        let (host, cfg) = (host.clone(), cfg.clone());
+        let (user, password) = (user.clone(), password.clone());
+        Box::pin(async move {
+            let mut c = Client::connect(&host, port, cfg).await?;
+            c.login(user.as_deref(), password.as_deref()).await?;
+            Ok(c)
+        })
+    })));
     Ok(client)
 }
 
