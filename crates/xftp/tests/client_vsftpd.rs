@@ -486,6 +486,11 @@ fn ranged_downloads_survive_refused_sessions_and_resume() {
         (1..=2).contains(&per.len()),
         "at most the two sessions the server allows carried data: {j}"
     );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("2 of 6 sessions opened") && err.contains("421"),
+        "{err}"
+    );
     // Cut, then resumed with ranges: the partial's holes are fetched by
     // several sessions, and the result is whole.
     let server = vsftpd(&d.root, None, "");

@@ -134,6 +134,8 @@ fn lock(p: &Shared) -> std::sync::MutexGuard<'_, Plan> {
 
 /// How one session's share ended.
 struct Share {
+    /// The session logged in.
+    opened: bool,
     bytes: u64,
     /// Why it stopped early (its unclaimed range went back to pending).
     error: Option<ClientError>,
@@ -211,8 +213,9 @@ impl Client {
                     let mut c = match (f.0)().await {
                         Ok(c) => c,
                         Err(e) => {
-                            tracing::warn!("ranged download: session {i} not opened: {e}");
+                            tracing::info!("ranged download: session {i} not opened: {e}");
                             return Share {
+                                opened: false,
                                 bytes: 0,
                                 error: Some(e),
                             };
@@ -220,29 +223,44 @@ impl Client {
                     };
                     let share = c.fetch_share(&remote, &dst, &plan, i, size).await;
                     c.quit().await;
-                    share
+                    Share {
+                        opened: true,
+                        ..share
+                    }
                 });
             }
         }
-        self.notices
-            .retain(|m| !m.starts_with("server does not support MULT"));
-        self.notices.push(format!(
-            "server does not support MULT: {n} sessions, each fetching byte ranges (REST)"
-        ));
         let mine = self.fetch_share(remote, &dst, &plan, 0, size).await;
         let mut per = vec![mine.bytes];
         let main_error = mine.error;
         let mut first_error = None;
+        let (mut opened, mut refusal) = (1, None);
         while let Some(r) = set.join_next().await {
             let share = r.unwrap_or_else(|e| Share {
+                opened: false,
                 bytes: 0,
                 error: Some(ClientError::Stripe(format!("session task: {e}"))),
             });
             per.push(share.bytes);
+            if share.opened {
+                opened += 1;
+            } else if refusal.is_none() {
+                refusal = share.error.as_ref().map(ToString::to_string);
+            }
             if first_error.is_none() {
                 first_error = share.error;
             }
         }
+        self.notices
+            .retain(|m| !m.starts_with("server does not support MULT"));
+        self.notices.push(match refusal {
+            None => format!(
+                "server does not support MULT: {n} sessions, each fetching byte ranges (REST)"
+            ),
+            Some(why) => format!(
+                "server does not support MULT: {opened} of {n} sessions opened, each fetching byte ranges (REST); the others: {why}"
+            ),
+        });
         // What failed sessions left: this session fetches it, if it can.
         let mut main_error = main_error;
         if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !self.broken(e)) {
@@ -287,7 +305,11 @@ impl Client {
         let mut bytes = 0;
         loop {
             let Some((a, b)) = lock(plan).take(i) else {
-                return Share { bytes, error: None };
+                return Share {
+                    opened: true,
+                    bytes,
+                    error: None,
+                };
             };
             match self.fetch_range(remote, dst, plan, i, a, b, size).await {
                 Ok(got) => bytes += got,
@@ -295,6 +317,7 @@ impl Client {
                     lock(plan).give_back(i);
                     tracing::debug!("ranged download: session {i} at {a}-{b}: {e}");
                     return Share {
+                        opened: true,
                         bytes,
                         error: Some(e),
                     };
