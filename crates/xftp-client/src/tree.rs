@@ -650,18 +650,28 @@ pub async fn put_tree(
     let mut first = connect(Role::Small).await?;
     // Parents before children (breadth-first order above); a directory
     // that exists already is refused and that is fine.
-    let mut mkd = vec![remote.trim_end_matches('/').to_owned()];
+    // The login directory itself (an empty path) is there already.
+    let top = remote.trim_end_matches('/').to_owned();
+    let mut mkd: Vec<String> = Some(top.clone())
+        .filter(|t| !t.is_empty())
+        .into_iter()
+        .collect();
     mkd.extend(dirs.iter().map(|d| join(remote, d)));
     let made = first.mkd_all(&mkd).await?;
-    if let Some((code, text)) = &made[0] {
-        // Nowhere to put anything.
-        return Err(ClientError::Reply {
-            command: format!("MKD {}", mkd[0]),
-            code: *code,
-            text: format!("{text} (and no such directory)"),
-        });
-    }
-    for (d, why) in dirs.iter().zip(&made[1..]) {
+    let subdirs = if top.is_empty() {
+        &made[..]
+    } else {
+        if let Some((code, text)) = &made[0] {
+            // Nowhere to put anything.
+            return Err(ClientError::Reply {
+                command: format!("MKD {top}"),
+                code: *code,
+                text: format!("{text} (and no such directory)"),
+            });
+        }
+        &made[1..]
+    };
+    for (d, why) in dirs.iter().zip(subdirs) {
         match why {
             None => report.dirs += 1,
             Some((code, text)) => report.failed.push((

@@ -314,6 +314,25 @@ fn trees_against_vsftpd_are_listed_with_list() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("MKD"), "{err}");
+    // Into the login directory (an empty path, which is there already):
+    // vsftpd's anonymous root is not writable, so each subdirectory is
+    // refused and listed as failed, and the command fails.
+    let one = d.local.join("one");
+    std::fs::create_dir_all(one.join("sub")).unwrap();
+    let out = xftp(
+        &[
+            "put",
+            "-r",
+            s(&one),
+            &format!("ftp://127.0.0.1:{}/", server.port),
+        ],
+        &d.local,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("sub/") && !err.contains("MKD :"),
+        "{err}"
+    );
     // Down: a tree the server holds, with its modes, read out of LIST.
     let served = d.root.join("pub/tree");
     make_tree(&served);
