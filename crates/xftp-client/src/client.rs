@@ -754,16 +754,26 @@ impl Client {
             }
             return r;
         }
-        if let Some(want) = self.ranged_want().await? {
-            if let Some(size) = self
-                .size(remote)
-                .await?
-                .filter(|&s| s >= 2 * ranged::RANGE_MIN)
-            {
-                self.progress_begin(remote, Some(size));
+        let c_size = Cmd::with("SIZE", remote);
+        let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
+        let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        self.progress_begin(remote, expected);
+        // Decided only now, with the login's replies read on the way (no
+        // round trip of its own where it does not apply): ranged sessions
+        // from a server without MULT. The data connection just set up
+        // carries the first range.
+        if let Some(size) = expected.filter(|&s| s >= 2 * ranged::RANGE_MIN) {
+            if let Some(want) = self.ranged_want().await? {
                 let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
                 let per_stream = self
-                    .fetch_ranges(remote, Arc::new(file), &[(0, size)], size, want)
+                    .fetch_ranges(
+                        remote,
+                        Arc::new(file),
+                        &[(0, size)],
+                        size,
+                        want,
+                        Some(setup),
+                    )
                     .await?;
                 let timeline = self.timeline(false, per_stream.len() as u32);
                 let done = Done {
@@ -777,10 +787,6 @@ impl Client {
                     .await;
             }
         }
-        let c_size = Cmd::with("SIZE", remote);
-        let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
-        let expected = size_reply.as_ref().and_then(negotiate::size_value);
-        self.progress_begin(remote, expected);
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
         let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
@@ -923,7 +929,9 @@ impl Client {
             self.progress_begin(remote, Some(missing));
             let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
             let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
-            let r = self.fetch_ranges(remote, dst, &work, size, want).await;
+            let r = self
+                .fetch_ranges(remote, dst, &work, size, want, None)
+                .await;
             drop(checkpoints);
             r?
         } else {

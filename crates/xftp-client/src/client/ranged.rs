@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 
-use super::{local_err, Client, SessionFactory};
+use super::{local_err, Client, SessionFactory, Setup};
 use crate::control::{reply_text, unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -149,7 +149,7 @@ impl Client {
     /// start a MULT transfer with on this RTT, at most [`AUTO_MAX`]. In
     /// both cases the server must list REST STREAM.
     /// The reason goes with an automatic choice (into the timeline).
-    pub(crate) async fn ranged_want(&mut self) -> Result<Option<(u32, Option<String>)>> {
+    pub(super) async fn ranged_want(&mut self) -> Result<Option<(u32, Option<String>)>> {
         if self.sessions.is_none() {
             return Ok(None);
         }
@@ -188,14 +188,16 @@ impl Client {
 
     /// Fetch `work` (ranges of `remote`, whose size is `size`) into `dst`
     /// over this session and up to `n - 1` more (`want` from
-    /// [`Client::ranged_want`]); bytes per session.
-    pub(crate) async fn fetch_ranges(
+    /// [`Client::ranged_want`]); bytes per session. `first`: a data
+    /// connection this session has set up already, for its first range.
+    pub(super) async fn fetch_ranges(
         &mut self,
         remote: &str,
         dst: Arc<dyn xftp_stripe::WriteAt>,
         work: &[(u64, u64)],
         size: u64,
         (n, why): (u32, Option<String>),
+        first: Option<Setup>,
     ) -> Result<Vec<u64>> {
         if let Some(why) = why {
             self.start = Some((n, why, false));
@@ -221,7 +223,7 @@ impl Client {
                             };
                         }
                     };
-                    let share = c.fetch_share(&remote, &dst, &plan, i, size).await;
+                    let share = c.fetch_share(&remote, &dst, &plan, i, size, None).await;
                     c.quit().await;
                     Share {
                         opened: true,
@@ -230,7 +232,7 @@ impl Client {
                 });
             }
         }
-        let mine = self.fetch_share(remote, &dst, &plan, 0, size).await;
+        let mine = self.fetch_share(remote, &dst, &plan, 0, size, first).await;
         let mut per = vec![mine.bytes];
         let main_error = mine.error;
         let mut first_error = None;
@@ -264,7 +266,7 @@ impl Client {
         // What failed sessions left: this session fetches it, if it can.
         let mut main_error = main_error;
         if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !self.broken(e)) {
-            let again = self.fetch_share(remote, &dst, &plan, 0, size).await;
+            let again = self.fetch_share(remote, &dst, &plan, 0, size, None).await;
             per[0] += again.bytes;
             main_error = again.error.or(main_error);
         }
@@ -293,7 +295,8 @@ impl Client {
         )
     }
 
-    /// Session `i`'s part: ranges from `plan` until none is left.
+    /// Session `i`'s part: ranges from `plan` until none is left (the
+    /// first over `setup`, if given).
     async fn fetch_share(
         &mut self,
         remote: &str,
@@ -301,6 +304,7 @@ impl Client {
         plan: &Shared,
         i: usize,
         size: u64,
+        mut setup: Option<Setup>,
     ) -> Share {
         let mut bytes = 0;
         loop {
@@ -311,7 +315,10 @@ impl Client {
                     error: None,
                 };
             };
-            match self.fetch_range(remote, dst, plan, i, a, b, size).await {
+            let r = self
+                .fetch_range(remote, dst, plan, i, (a, b), size, setup.take())
+                .await;
+            match r {
                 Ok(got) => bytes += got,
                 Err(e) => {
                     lock(plan).give_back(i);
@@ -337,11 +344,14 @@ impl Client {
         dst: &Arc<dyn xftp_stripe::WriteAt>,
         plan: &Shared,
         i: usize,
-        a: u64,
-        b: u64,
+        (a, b): (u64, u64),
         size: u64,
+        setup: Option<Setup>,
     ) -> Result<u64> {
-        let (_, setup) = self.prepare_data(true, None).await?;
+        let setup = match setup {
+            Some(s) => s,
+            None => self.prepare_data(true, None).await?.1,
+        };
         let c_rest = Cmd::with("REST", a.to_string());
         self.send(&[&c_rest]).await?;
         self.ctl.expect(&c_rest, &[350]).await?;
