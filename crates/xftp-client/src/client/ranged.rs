@@ -154,6 +154,10 @@ impl Client {
             return Ok(None);
         }
         self.settle().await?;
+        if self.mode_e {
+            // Ranges are read as plain stream-mode bytes.
+            return Ok(None);
+        }
         let want = match self.cfg.auto.clone() {
             None => match self.mult_refused.filter(|&w| w > 1) {
                 Some(w) => (w, None),
