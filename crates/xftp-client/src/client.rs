@@ -284,6 +284,12 @@ pub struct Client {
 #[derive(Clone)]
 pub struct SessionFactory(pub Arc<dyn Fn() -> crate::tree::BoxFut<Result<Client>> + Send + Sync>);
 
+impl std::fmt::Debug for SessionFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionFactory")
+    }
+}
+
 /// A login sent but whose replies are not read yet.
 #[derive(Debug)]
 struct PendingLogin {

@@ -149,6 +149,20 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the session this error came from is not worth using again:
+    /// its control connection is closed, failed, timed out, or out of step
+    /// (a malformed reply, a TLS failure).
+    pub(crate) fn session_broken(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Closed
+                | ClientError::ControlIo(_)
+                | ClientError::Timeout { .. }
+                | ClientError::Tls(_)
+                | ClientError::Protocol(_)
+        )
+    }
+
     /// The server's reply code, when the error is a refusal by the server.
     pub fn reply_code(&self) -> Option<u16> {
         match self {

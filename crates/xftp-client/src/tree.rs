@@ -216,17 +216,6 @@ fn mtime_secs(md: &std::fs::Metadata) -> Option<i64> {
     md.modified().ok().map(xftp_proto::facts::epoch_secs)
 }
 
-/// Errors after which a session is not worth using again.
-fn session_broken(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Closed
-            | ClientError::ControlIo(_)
-            | ClientError::Timeout { .. }
-            | ClientError::Tls(_)
-    )
-}
-
 /// Download the tree under `remote` (a directory) into `local` (created).
 pub async fn get_tree(
     connect: Connect,
@@ -865,7 +854,7 @@ impl Worker {
     }
 
     fn failed(&mut self, rel: String, e: ClientError) {
-        if session_broken(&e) {
+        if e.session_broken() {
             self.client = None;
         }
         self.rep.failed.push((rel, e.to_string()));

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 
-use super::{local_err, Client, SessionFactory, Setup};
+use super::{local_err, Client, Setup};
 use crate::control::{reply_text, unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -269,7 +269,7 @@ impl Client {
         });
         // What failed sessions left: this session fetches it, if it can.
         let mut main_error = main_error;
-        if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !self.broken(e)) {
+        if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !e.session_broken()) {
             let again = self.fetch_share(remote, &dst, &plan, 0, size, None).await;
             per[0] += again.bytes;
             main_error = again.error.or(main_error);
@@ -286,17 +286,6 @@ impl Client {
         tracing::info!("ranged download: bytes per session {per:?}");
         per.retain(|&b| b > 0);
         Ok(per)
-    }
-
-    /// Whether `e` leaves this session unusable.
-    fn broken(&self, e: &ClientError) -> bool {
-        matches!(
-            e,
-            ClientError::Closed
-                | ClientError::ControlIo(_)
-                | ClientError::Timeout { .. }
-                | ClientError::Protocol(_)
-        )
     }
 
     /// Session `i`'s part: ranges from `plan` until none is left (the
@@ -420,12 +409,6 @@ impl Client {
             }
             return Ok(got);
         }
-    }
-}
-
-impl std::fmt::Debug for SessionFactory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SessionFactory")
     }
 }
 

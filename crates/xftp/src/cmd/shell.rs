@@ -789,7 +789,7 @@ impl Shell {
             password.as_deref(),
         )
         .await?;
-        let mut cwd = pwd(&mut client).await.ok();
+        let mut cwd = client.pwd().await.ok();
         let mut conn = Conn {
             user: url.user.clone(),
             password,
@@ -870,7 +870,7 @@ impl Shell {
         // The new login is made before the old one ends: a refused one
         // leaves the session as it was.
         let mut client = dial(&self.set, &self.progress, &url, Some(name), Some(&password)).await?;
-        let cwd = pwd(&mut client).await.ok();
+        let cwd = client.pwd().await.ok();
         let Some(conn) = self.conn.as_mut() else {
             anyhow::bail!(NOT_CONNECTED);
         };
@@ -955,7 +955,7 @@ impl Shell {
     }
 
     async fn pwd(&mut self) -> anyhow::Result<String> {
-        let r = pwd(self.client(false).await?).await;
+        let r = self.client(false).await?.pwd().await;
         let d = r.map_err(|e| self.explain(e, Op::Other))?;
         if let Some(c) = self.conn.as_mut() {
             c.cwd = Some(d.clone());
@@ -1355,11 +1355,7 @@ fn tls_setup(url: &FtpUrl, set: &Settings) -> anyhow::Result<Option<xftp_client:
 /// not say).
 async fn change_dir(c: &mut Client, dir: &str) -> Result<Option<String>, ClientError> {
     c.command("CWD", Some(dir), &[250, 200]).await?;
-    Ok(pwd(c).await.ok())
-}
-
-async fn pwd(c: &mut Client) -> Result<String, ClientError> {
-    c.pwd().await
+    Ok(c.pwd().await.ok())
 }
 
 /// LIST, under TYPE A when `ascii` is set and TYPE I again after (the
