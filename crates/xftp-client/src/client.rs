@@ -1475,11 +1475,15 @@ impl Client {
             .as_ref()
             .is_some_and(|a| a.cached_best.is_some())
             && matches!(self.start, Some((n0, _, _)) if n0 == n);
-        if from_cache {
+        let mut c = if from_cache {
             Controller::settled(tune, n)
         } else {
             Controller::new(tune, n)
+        };
+        if let Some(rtt) = self.ctl.rtt() {
+            c.hint_rtt(rtt);
         }
+        c
     }
 
     fn timeline(&mut self, adaptive: bool, n: u32) -> Timeline {

@@ -302,6 +302,11 @@ struct Judged {
     g: f64,
     /// Goodput still climbing (within the epoch, or against the last one).
     ramping: bool,
+    /// Goodput of the epoch's second part (or of the whole epoch).
+    late: f64,
+    /// No sample of the epoch had an RTT: every connection was held by
+    /// its receiver's window (a cap, not slow start).
+    held: bool,
     /// The epoch's smallest RTT above the floor: a standing queue.
     queueing: bool,
     /// How far above the floor (and `own_delay`) that RTT was.
@@ -383,6 +388,9 @@ pub struct Controller {
     cap: u32,
     phase: Phase,
     floor: Option<Duration>,
+    /// The path's RTT from elsewhere (the control connection's), for
+    /// timing alone: epochs, arrivals, segments per connection.
+    rtt_hint: Option<Duration>,
     /// Smallest RTT sampled in the current epoch: a standing queue raises
     /// it, a passing spike (a loaded host, one burst) does not.
     epoch_rtt: Option<Duration>,
@@ -432,6 +440,7 @@ impl Controller {
             cap: max,
             phase: Phase::Start,
             floor: None,
+            rtt_hint: None,
             epoch_rtt: None,
             epoch_start: None,
             epoch_mid: None,
@@ -495,9 +504,28 @@ impl Controller {
         self.floor
     }
 
+    /// The path's round-trip time as measured elsewhere (the control
+    /// connection's), used until the data connections report one. Where
+    /// every connection is held by its receiver's window, they report none
+    /// (their RTT carries the receiver's delayed acknowledgements), and
+    /// without this an epoch on a 550 ms path would last 300 ms, shorter
+    /// than the round trip new connections take to join. It times epochs
+    /// and arrivals only: a standing queue is read from the data
+    /// connections' own RTT.
+    pub fn hint_rtt(&mut self, rtt: Duration) {
+        if !rtt.is_zero() {
+            self.rtt_hint = Some(rtt);
+        }
+    }
+
+    /// The RTT floor for timing: the data connections', else the hint.
+    fn path_rtt(&self) -> Option<Duration> {
+        self.floor.or(self.rtt_hint)
+    }
+
     fn epoch_len(&self) -> Duration {
         let by_rtt = self
-            .floor
+            .path_rtt()
             .map_or(Duration::ZERO, |f| f.mul_f64(self.cfg.epoch_rtts));
         by_rtt.max(self.cfg.min_epoch)
     }
@@ -586,10 +614,10 @@ impl Controller {
         if !queueing && !heavy_loss && !matches!(self.phase, Phase::Start) {
             self.quiet_loss = Some(self.quiet_loss.map_or(loss, |q| q.min(loss)));
         }
-        let floor_s = self.floor.map_or(0.0, |f| f.as_secs_f64());
+        let floor_s = self.path_rtt().map_or(0.0, |f| f.as_secs_f64());
         let per_conn = goodput / f64::from(self.n.max(1)) * floor_s / SEGMENT_BITS;
         let short = self
-            .floor
+            .path_rtt()
             .is_some_and(|f| f.mul_f64(TIMEOUT_RTTS) < MIN_RTO);
         // Rule 9: on a short path with no queue standing, heavy loss on
         // windows that fast retransmit repairs is the path's own, not a
@@ -625,7 +653,7 @@ impl Controller {
                     .max(1.5 * self.quiet_loss.unwrap_or(0.0));
         // New connections carry data only about two RTTs after the
         // decision (the MULT exchange, then their handshake).
-        let arrive = self.floor.map_or(0.0, |f| 2.0 * f.as_secs_f64());
+        let arrive = self.path_rtt().map_or(0.0, |f| 2.0 * f.as_secs_f64());
         let worth = 2.0 * self.epoch_len().as_secs_f64() + arrive;
         // At the rate the transfer had, not this epoch's alone: at the end
         // every connection can sit in a retransmission timeout with a few
@@ -643,6 +671,8 @@ impl Controller {
         let (next, reason) = self.decide(Judged {
             g: goodput,
             ramping,
+            late: halves.map_or(goodput, |h| h.1),
+            held: s.rtt.is_none(),
             queueing,
             queue,
             queue_now,
@@ -760,7 +790,11 @@ impl Controller {
         // and a trial judged against that surge read real gains as none.
         let first_blind =
             self.start_epochs == 1 && (self.n >= self.cfg.wait_first_from || e.own_loss);
-        if (first_blind || e.ramping) && self.start_epochs < MAX_WAIT {
+        // Not where every connection ends the epoch held by its receiver's
+        // window (a cap, as on DS3 or behind a fixed buffer): slow start
+        // is over, as a connection in it is held by its own window. On a
+        // 540 ms path with 26 KB windows the wait cost two epochs of 1.6 s.
+        if (first_blind || e.ramping) && !e.held && self.start_epochs < MAX_WAIT {
             // Rule 7: on a long path, a clean ramp whose pipe would still
             // give twice as many connections a window each that fast
             // retransmit repairs (were the link full now) takes more
@@ -768,7 +802,7 @@ impl Controller {
             // growth after the ramp would cost epochs of seconds each.
             // Its second epoch does so again only on a pipe four times
             // as wide (never on a satellite hop's few hundred segments).
-            let long = self.floor.is_some_and(|f| f >= LONG_RTT);
+            let long = self.path_rtt().is_some_and(|f| f >= LONG_RTT);
             let to = self.n.saturating_mul(2);
             let share = if self.start_epochs == 1 {
                 SHED_SHARE
@@ -824,7 +858,9 @@ impl Controller {
         // (Not where each connection holds only a few segments: a pipe
         // that small is full at once, and a step back costs the records
         // the retired connections hold.)
-        let factor = if e.clean && !e.small && self.cfg.fast_gain.is_finite() {
+        // (Nor where every connection is held by its receiver's window at
+        // the epoch's end: the RTT that showed no queue is from before.)
+        let factor = if e.clean && !e.small && !e.held && self.cfg.fast_gain.is_finite() {
             4
         } else {
             2
@@ -832,8 +868,16 @@ impl Controller {
         self.trial_up(self.n.saturating_mul(factor), e.g, false, Reason::Grow)
     }
 
-    fn on_up(&mut self, mut t: Trial, e: Judged) -> (u32, Reason) {
+    fn on_up(&mut self, mut t: Trial, mut e: Judged) -> (u32, Reason) {
         t.epochs += 1;
+        // The added connections carry data about two RTTs after the
+        // decision, and an epoch is three: the trial's first epoch holds
+        // a round trip of them at most. Where goodput climbs within it (no
+        // queue, no heavy loss), its later part is what the new count
+        // carries.
+        if t.epochs == 1 && e.ramping && !e.heavy_loss && !e.queueing {
+            e.g = e.g.max(e.late);
+        }
         let prev = t.last;
         t.last = e.g;
         self.phase = Phase::Up(t);
@@ -1175,15 +1219,15 @@ mod tests {
         // DS3-class: 45 Mbit/s, 200 ms, 64 KiB windows: one connection gets
         // 2.6 Mbit/s, the link needs about 17. Epochs are 3 RTTs (0.6 s):
         // a clean start quadruples, and so does a step that scaled almost
-        // linearly; doubling alone is two steps behind.
+        // linearly; doubling alone is a step behind.
         let p = PathSpec::new(45e6, 200.0, 1.5e6, 0.0, Some(65535.0), Cc::Reno);
-        let (c, _) = auto(&p, Controller::new(TuneConfig::default(), 2), 4.0, 1);
+        let (c, _) = auto(&p, Controller::new(TuneConfig::default(), 2), 2.5, 1);
         assert!(most(&c) >= 32, "{:?}", c.history());
         let doubling = TuneConfig {
             fast_gain: f64::INFINITY,
             ..TuneConfig::default()
         };
-        let (c, _) = auto(&p, Controller::new(doubling, 2), 4.0, 1);
+        let (c, _) = auto(&p, Controller::new(doubling, 2), 2.5, 1);
         assert!(most(&c) < 32, "doubling alone: {:?}", c.history());
         let (c, bps) = auto(&p, Controller::new(TuneConfig::default(), 2), 30.0, 1);
         assert!(c.streams() >= 16, "{:?}", c.history());
@@ -1687,6 +1731,87 @@ mod tests {
             |i| if i == 0 { first_ms } else { rest_ms },
             None,
         );
+    }
+
+    /// Feed `samples` samples 50 ms apart at `bps`, no loss, the i-th
+    /// with the RTT `rtt(i)` (`None`: every connection held by its
+    /// receiver's window).
+    fn feed_rtt(
+        c: &mut Controller,
+        f: &mut Fed,
+        samples: u64,
+        bps: f64,
+        rtt: impl Fn(u64) -> Option<u64>,
+    ) {
+        for i in 0..samples {
+            f.0 += 50;
+            f.1 += bps / 8.0 * 0.05;
+            f.2 += bps / 8.0 * 0.05 / 1460.0;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: rtt(i).map(Duration::from_millis),
+                retrans: 0,
+                segs_out: f.2 as u64,
+                remaining: None,
+            });
+        }
+    }
+
+    #[test]
+    fn a_start_held_by_its_windows_does_not_wait() {
+        // 16 connections on a 200 ms path whose windows are capped: slow
+        // start fills them within the first epoch, and by its end every
+        // connection is held by its receiver (no RTT). No slow start left
+        // to wait out: grow, by doubling (the RTT that showed no queue is
+        // from before the windows filled).
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 16));
+        feed_rtt(&mut c, &mut f, 4, 2e6, |_| Some(200));
+        feed_rtt(&mut c, &mut f, 8, 6e6, |_| None);
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Grow));
+        // The same epoch with RTTs to its end is slow start: it waits.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 16));
+        feed_rtt(&mut c, &mut f, 4, 2e6, |_| Some(200));
+        feed_rtt(&mut c, &mut f, 8, 6e6, |_| Some(200));
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::SlowStart));
+    }
+
+    #[test]
+    fn a_trials_first_epoch_is_judged_on_its_later_part() {
+        // 4 -> 16 on a clean 100 ms path (epochs of 300 ms). The added
+        // connections join two RTTs into the trial's first epoch: its
+        // first half runs at the old rate, its second near the new one.
+        // Taken whole (18 Mbit/s against 8) that is under half the ideal
+        // gain and would wait two more epochs; its later part (28) is not.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
+        feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        feed_rtt(&mut c, &mut f, 3, 8e6, |_| Some(100));
+        feed_rtt(&mut c, &mut f, 3, 28e6, |_| Some(100));
+        assert!(c.streams() > 16, "{:?}", c.history());
+        // Flat within the epoch, the same mean waits.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 4));
+        feed(&mut c, &mut f, 1, 8e6, 0.0, 100);
+        feed(&mut c, &mut f, 1, 18e6, 0.0, 100);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Trial));
+    }
+
+    #[test]
+    fn the_control_rtt_times_epochs_when_connections_report_none() {
+        // Every connection held by its receiver's window from the first
+        // sample: no RTT from them. The control connection's 500 ms makes
+        // the epoch 1.5 s, not the 300 ms minimum, which is shorter than
+        // the round trip new connections take to join.
+        let mut c = Controller::new(TuneConfig::default(), 2);
+        c.hint_rtt(Duration::from_millis(500));
+        let (mut c, mut f) = started(c);
+        feed_rtt(&mut c, &mut f, 60, 5e6, |_| None);
+        let first = c.history().first().map(|s| s.at_s);
+        assert!(first.is_some_and(|t| t >= 1.35), "{:?}", c.history());
+        assert_eq!(c.rtt_floor(), None);
     }
 
     #[test]

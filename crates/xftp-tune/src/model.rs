@@ -34,8 +34,9 @@
 //!   last ones wait on whichever connection holds them;
 //! * samples every 100 ms, or one per RTT on a longer path (a download's
 //!   STAT replies), with the meaning the client's have, and noise: the
-//!   RTT reads ±1-2 % and now and then a spike of a loaded host; bytes
-//!   are read up to one step late.
+//!   RTT reads ±1-2 % and now and then a spike of a loaded host (and
+//!   not at all where every connection is held by its window cap, as the
+//!   meter leaves those out); bytes are read up to one step late.
 //!
 //! What it does not capture is listed in docs/tuning.md.
 
@@ -443,25 +444,35 @@ impl Sim {
 
     /// A noisy reading of the transfer, as the client's samples are.
     pub fn sample(&mut self) -> Sample {
-        let (mut sum, mut k) = (0.0, 0.0);
+        let (mut sum, mut k, mut capped) = (0.0, 0.0, 0);
+        // Connections held by their receiver's window report no RTT (the
+        // meter leaves them out: `TcpInfo::receiver_limited_since`), and
+        // where every busy one is held, there is none.
         for f in &self.flows {
             if f.born <= self.t && f.held > 0.0 {
-                sum += f.srtt;
-                k += 1.0;
+                if f.cwnd >= self.wcap {
+                    capped += 1;
+                } else {
+                    sum += f.srtt;
+                    k += 1.0;
+                }
             }
         }
-        let mut rtt = if k > 0.0 { sum / k } else { self.rtt };
-        rtt *= 1.0 + 0.01 * self.rng.normal();
-        // A loaded host now and then: one reading milliseconds high.
-        if self.rng.unit() < 0.03 {
-            rtt += self.rng.uniform(0.002, 0.02);
-        }
+        let rtt = (k > 0.0 || capped == 0).then(|| {
+            let mut rtt = if k > 0.0 { sum / k } else { self.rtt };
+            rtt *= 1.0 + 0.01 * self.rng.normal();
+            // A loaded host now and then: one reading milliseconds high.
+            if self.rng.unit() < 0.03 {
+                rtt += self.rng.uniform(0.002, 0.02);
+            }
+            rtt
+        });
         let late = self.rng.unit();
         let bytes = (self.delivered - late * (self.delivered - self.delivered_before)) * MSS;
         Sample {
             at: Duration::from_secs_f64(self.t),
             bytes: bytes as u64,
-            rtt: Some(Duration::from_secs_f64(rtt.max(1e-5))),
+            rtt: rtt.map(|r| Duration::from_secs_f64(r.max(1e-5))),
             retrans: self.retrans as u64,
             segs_out: self.sent as u64,
             remaining: self.pool.is_finite().then_some((self.pool * MSS) as u64),
@@ -844,6 +855,10 @@ pub fn run(
     };
     let mut sim = Sim::new(spec, file_bytes, start, seed);
     let mut noise = Rng::new(seed ^ 0x5eed);
+    // The client knows the control connection's RTT before the transfer.
+    if let Some(c) = ctl.as_deref_mut() {
+        c.hint_rtt(spec.rtt.mul_f64(1.01));
+    }
     let mut next_sample = 0.0;
     let mut most = sim.streams();
     let mut weighted = 0.0;
