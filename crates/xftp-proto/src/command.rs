@@ -283,14 +283,16 @@ pub fn parse_ranges(t: &str) -> Result<Vec<(u64, u64)>, ProtoError> {
     };
     let mut out = Vec::new();
     for part in t.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (a, b) = part
-            .split_once('-')
-            .ok_or_else(|| bad(format!("{part:?} is not a range START-END")))?;
+        let (a, b) = part.split_once('-').ok_or_else(|| {
+            bad(format!(
+                "{part:?} is not a byte offset or a range START-END"
+            ))
+        })?;
         let (a, b): (u64, u64) = match (a.trim().parse(), b.trim().parse()) {
             (Ok(a), Ok(b)) if a < b => (a, b),
             _ => {
                 return Err(bad(format!(
-                    "{part:?} is not a range START-END with START < END"
+                    "{part:?} is not a byte offset or a range START-END with START < END"
                 )))
             }
         };
