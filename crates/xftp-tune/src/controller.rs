@@ -304,8 +304,8 @@ struct Judged {
     ramping: bool,
     /// Goodput of the epoch's second part (or of the whole epoch).
     late: f64,
-    /// No sample of the epoch had an RTT: every connection was held by
-    /// its receiver's window (a cap, not slow start).
+    /// The epoch's last sample had no RTT: every connection was held by
+    /// its receiver's window by then (a cap; slow start is over).
     held: bool,
     /// The epoch's smallest RTT above the floor: a standing queue.
     queueing: bool,
