@@ -1426,6 +1426,19 @@ mod tests {
         rtt_ms: impl Fn(u64) -> u64,
         remaining: Option<u64>,
     ) {
+        feed_samples(c, f, samples, bps, loss, |i| Some(rtt_ms(i)), remaining);
+    }
+
+    /// [`feed_with`], the RTT optional (`None`: none reported).
+    fn feed_samples(
+        c: &mut Controller,
+        f: &mut Fed,
+        samples: u64,
+        bps: f64,
+        loss: f64,
+        rtt_ms: impl Fn(u64) -> Option<u64>,
+        remaining: Option<u64>,
+    ) {
         for i in 0..samples {
             f.0 += 50;
             f.1 += bps / 8.0 * 0.05;
@@ -1434,7 +1447,7 @@ mod tests {
             c.on_sample(Sample {
                 at: Duration::from_millis(f.0),
                 bytes: f.1 as u64,
-                rtt: Some(Duration::from_millis(rtt_ms(i))),
+                rtt: rtt_ms(i).map(Duration::from_millis),
                 retrans: f.3 as u64,
                 segs_out: f.2 as u64,
                 remaining,
@@ -1777,19 +1790,7 @@ mod tests {
         bps: f64,
         rtt: impl Fn(u64) -> Option<u64>,
     ) {
-        for i in 0..samples {
-            f.0 += 50;
-            f.1 += bps / 8.0 * 0.05;
-            f.2 += bps / 8.0 * 0.05 / 1460.0;
-            c.on_sample(Sample {
-                at: Duration::from_millis(f.0),
-                bytes: f.1 as u64,
-                rtt: rtt(i).map(Duration::from_millis),
-                retrans: 0,
-                segs_out: f.2 as u64,
-                remaining: None,
-            });
-        }
+        feed_samples(c, f, samples, bps, 0.0, rtt, None);
     }
 
     #[test]

@@ -1313,17 +1313,13 @@ async fn dial(
     super::transfer::print_notices(&mut client);
     // More sessions like this one, for ranged downloads from a server
     // without MULT.
-    let (host, port) = (url.host.clone(), url.port);
-    let (user, password) = (user.map(str::to_owned), password.map(str::to_owned));
-    client.set_sessions(xftp_client::SessionFactory(Arc::new(move || {
-        let (host, cfg) = (host.clone(), cfg.clone());
-        let (user, password) = (user.clone(), password.clone());
-        Box::pin(async move {
-            let mut c = Client::connect(&host, port, cfg).await?;
-            c.login(user.as_deref(), password.as_deref()).await?;
-            Ok(c)
-        })
-    })));
+    client.set_sessions(super::transfer::session_factory(
+        &url.host,
+        url.port,
+        user,
+        cfg,
+        password.map(str::to_owned),
+    ));
     Ok(client)
 }
 

@@ -498,7 +498,13 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         let (cfg, password) = client_config(&url, &a.common, Some(&a.t), progress.clone())?;
         let mut client = open(&url, cfg.clone(), password.as_deref()).await?;
         client.set_resume(a.resume);
-        client.set_sessions(session_factory(&url, cfg, password));
+        client.set_sessions(session_factory(
+            &url.host,
+            url.port,
+            url.user.as_deref(),
+            cfg,
+            password,
+        ));
         let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
         display.finish().await;
@@ -747,18 +753,22 @@ pub(crate) async fn open(
 }
 
 /// More sessions like the first, for a ranged download from a server
-/// without MULT (`Client::set_sessions`).
-fn session_factory(
-    url: &FtpUrl,
+/// without MULT (`Client::set_sessions`): the same host, settings and
+/// login (also the shell's).
+pub(super) fn session_factory(
+    host: &str,
+    port: u16,
+    user: Option<&str>,
     cfg: ClientConfig,
     password: Option<String>,
 ) -> xftp_client::SessionFactory {
-    let url = url.clone();
+    let (host, user) = (host.to_owned(), user.map(str::to_owned));
     xftp_client::SessionFactory(std::sync::Arc::new(move || {
-        let (url, cfg, password) = (url.clone(), cfg.clone(), password.clone());
+        let (host, user, cfg, password) =
+            (host.clone(), user.clone(), cfg.clone(), password.clone());
         Box::pin(async move {
-            let mut c = Client::connect(&url.host, url.port, cfg).await?;
-            c.login_pipelined(url.user.as_deref(), password.as_deref())
+            let mut c = Client::connect(&host, port, cfg).await?;
+            c.login_pipelined(user.as_deref(), password.as_deref())
                 .await?;
             Ok(c)
         })
