@@ -229,10 +229,7 @@ impl Client {
                     };
                     let share = c.fetch_share(&remote, &dst, &plan, i, size, None).await;
                     c.quit().await;
-                    Share {
-                        opened: true,
-                        ..share
-                    }
+                    share
                 });
             }
         }
