@@ -28,6 +28,10 @@ pub(crate) const RANGE_MIN: u64 = 1 << 20;
 /// about what lftp's `pget` (5) and aria2 (5) use by default.
 pub(crate) const AUTO_MAX: u32 = 4;
 
+/// How long a session waits for the server's reply to a range it cut
+/// short before it resynchronises (at least 8 RTTs).
+const CUT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Read buffer of one session.
 const CHUNK: usize = 256 * 1024;
 
@@ -305,11 +309,13 @@ impl Client {
                     error: None,
                 };
             };
+            // Bytes written count even when the session fails after them:
+            // they were claimed, and no other session fetches them again.
             let r = self
-                .fetch_range(remote, dst, plan, i, (a, b), size, setup.take())
+                .fetch_range(remote, dst, plan, i, (a, b), size, setup.take(), &mut bytes)
                 .await;
             match r {
-                Ok(got) => bytes += got,
+                Ok(()) => {}
                 Err(e) => {
                     lock(plan).give_back(i);
                     tracing::debug!("ranged download: session {i} at {a}-{b}: {e}");
@@ -337,7 +343,8 @@ impl Client {
         (a, b): (u64, u64),
         size: u64,
         setup: Option<Setup>,
-    ) -> Result<u64> {
+        got: &mut u64,
+    ) -> Result<()> {
         let setup = match setup {
             Some(s) => s,
             None => self.prepare_data(true, None).await?.1,
@@ -353,7 +360,7 @@ impl Client {
             .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
         let mut conn = self.watchdog().guard(conn);
         let mut buf = vec![0u8; CHUNK];
-        let mut got = 0u64;
+        let before = *got;
         let cut = loop {
             let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
             if n == 0 {
@@ -369,14 +376,14 @@ impl Client {
             }
             dst.write_at(&buf[..own], at)
                 .map_err(|e| local_err(std::path::Path::new("(download)"), e))?;
-            got += own as u64;
+            *got += own as u64;
             // The file's last range is read to the server's end, so that
             // a file longer than SIZE said is seen.
             if done && at + (own as u64) < size {
                 break true;
             }
         };
-        let reached = a + got;
+        let reached = a + (*got - before);
         drop(conn);
         if !cut {
             // The server ended the file: it must be where SIZE said.
@@ -387,24 +394,63 @@ impl Client {
                     got: reached,
                 });
             }
-            return Ok(got);
+            return Ok(());
         }
         // Cut short on purpose: the server says so (426, 451) or, when
-        // the rest had already gone into the socket buffers, 226.
+        // the rest had already gone into the socket buffers, 226. It does
+        // so within a round trip or two of the close (its next write
+        // fails); Pure-FTPd instead sends one more 1xx line and no final
+        // reply. Either of those (a second 1xx, or silence) leaves the
+        // session's replies out of step: resynchronised before its next
+        // range.
+        let rtt = self.ctl.rtt().unwrap_or_default();
+        let wait = CUT_WAIT.max(rtt * 8);
+        let r = match self.ctl.read_reply_within(wait).await {
+            Ok(r) => Some(r),
+            Err(ClientError::Timeout { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        match r {
+            Some(r) if !r.is_preliminary() => {
+                tracing::debug!(
+                    "ranged download: range {a}-{reached} done, server: {} {}",
+                    r.code,
+                    reply_text(&r)
+                );
+                if r.code == 421 {
+                    return Err(unexpected(&c_retr, &r));
+                }
+                Ok(())
+            }
+            other => {
+                tracing::debug!(
+                    "ranged download: range {a}-{reached} done, server: {}; resynchronising",
+                    other.map_or("no reply".to_string(), |r| format!(
+                        "{} {}",
+                        r.code,
+                        reply_text(&r)
+                    ))
+                );
+                self.resync().await
+            }
+        }
+    }
+
+    /// Bring the control connection back in step after a transfer whose
+    /// final reply may or may not still come: `ABOR` (which ends the
+    /// transfer where the server still holds it as running) and `PWD`,
+    /// then every reply up to PWD's 257, the one code neither a transfer
+    /// nor ABOR answers with.
+    async fn resync(&mut self) -> Result<()> {
+        let (abor, pwd) = (Cmd::bare("ABOR"), Cmd::bare("PWD"));
+        self.ctl.send(&[&abor, &pwd]).await?;
         loop {
             let r = self.ctl.read_reply().await?;
-            if r.is_preliminary() {
-                continue;
+            match r.code {
+                257 => return Ok(()),
+                421 => return Err(unexpected(&abor, &r)),
+                _ => tracing::debug!("resync: {} {}", r.code, reply_text(&r)),
             }
-            tracing::debug!(
-                "ranged download: range {a}-{reached} done, server: {} {}",
-                r.code,
-                reply_text(&r)
-            );
-            if r.code == 421 {
-                return Err(unexpected(&c_retr, &r));
-            }
-            return Ok(got);
         }
     }
 }

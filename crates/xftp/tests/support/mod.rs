@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -202,4 +202,102 @@ impl Ctl {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in the EPSV reply: {r}"))
     }
+}
+
+/// Give `p` (recursively) to the `ftp` user that the stock servers'
+/// anonymous sessions run as.
+pub fn chown_ftp(p: &Path) {
+    let st = Command::new("chown")
+        .args(["-R", "ftp:ftp"])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "chown ftp:ftp {} (is there an ftp user?)",
+        p.display()
+    );
+}
+
+/// Run the xftp binary in `cwd`, with `cwd` as HOME (its path cache) and no
+/// XFTP_PASSWORD from the environment.
+pub fn xftp_in(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("XFTP_PASSWORD")
+        .env("HOME", cwd)
+        .output()
+        .expect("run xftp")
+}
+
+/// `out`, after checking that it succeeded (its output in the message if not).
+pub fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+/// A path as UTF-8.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A tree with what LIST makes hard: hidden names, blanks in names,
+/// nested and empty directories, modes.
+pub fn make_odd_tree(top: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(top.join("a/b/c")).unwrap();
+    std::fs::create_dir_all(top.join("empty dir")).unwrap();
+    std::fs::create_dir_all(top.join(".hidden dir")).unwrap();
+    let files = [
+        ("top.bin", 200_000u64),
+        ("a/one two.txt", 13),
+        ("a/b/zero", 0),
+        ("a/b/c/deep.bin", 1 << 20),
+        (".dotfile", 7),
+        (".hidden dir/x", 99),
+        ("Jan 5 12:00 odd", 5),
+    ];
+    for (i, (name, len)) in files.iter().enumerate() {
+        write_prng_file(&top.join(name), *len, 77 + i as u64);
+    }
+    std::fs::set_permissions(
+        top.join("a/one two.txt"),
+        std::fs::Permissions::from_mode(0o754),
+    )
+    .unwrap();
+}
+
+/// Every file under `a` and `b` the same (bytes and permission bits), and
+/// the same directories.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(a).unwrap() {
+        let e = e.unwrap();
+        names.push(e.file_name());
+        let (pa, pb) = (e.path(), b.join(e.file_name()));
+        assert!(pb.exists(), "{} missing", pb.display());
+        if e.file_type().unwrap().is_dir() {
+            assert!(pb.is_dir(), "{} is not a directory", pb.display());
+            assert_same_tree(&pa, &pb);
+        } else {
+            assert_eq!(sha256_file(&pa), sha256_file(&pb), "{}", pb.display());
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&pa), mode(&pb), "mode of {}", pb.display());
+        }
+    }
+    let n = std::fs::read_dir(b).unwrap().count();
+    assert_eq!(n, names.len(), "{} has other entries", b.display());
+}
+
+/// The JSON object an `xftp --json` run printed.
+pub fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad JSON {text:?}: {e}"))
 }
