@@ -227,6 +227,14 @@ fn proftpd_ranges_hash_checks_and_trees_with_modes() {
         "{err}"
     );
     assert_eq!(sha256_file(&got), sha256_file(&src));
+    // -q: nothing on stderr, not even the notice of the refused MULT.
+    let quiet = local.join("quiet");
+    let out = ok(
+        xftp_in(&["get", "-q", &format!("{base}/f"), s(&quiet)], &local),
+        "get -q",
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert_eq!(sha256_file(&quiet), sha256_file(&src));
     // A tree up (MFMT and SITE CHMOD set times and modes) and down again
     // (MLSD gives them): the same bytes and modes at the end.
     let tree = local.join("tree");

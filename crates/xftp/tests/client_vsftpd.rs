@@ -382,6 +382,14 @@ fn shell_against_vsftpd_mget_from_list_and_mult_as_ranges() {
         err.contains("3 sessions, each fetching byte ranges"),
         "{err}"
     );
+    // Each notice once: the refused MULT with the first transfer, and
+    // after `mult 3` the sessions in its place (not both).
+    assert_eq!(
+        err.matches("does not support MULT; using 1 connection")
+            .count(),
+        1,
+        "{err}"
+    );
     // The directory matching the pattern is not a file; the glob, as a
     // shell's, leaves out hidden names; the rest does not match.
     for name in ["sub.bin", "skip.txt"] {

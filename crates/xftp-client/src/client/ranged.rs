@@ -50,6 +50,8 @@ pub(crate) struct Plan {
     pending: Vec<(u64, u64)>,
     /// Per session, what it is fetching now (empty when idle).
     slots: Vec<Slot>,
+    /// Per session, whether it has taken a range yet.
+    started: Vec<bool>,
 }
 
 impl Plan {
@@ -77,6 +79,7 @@ impl Plan {
         Plan {
             pending,
             slots: vec![Slot::default(); n],
+            started: vec![false; n],
         }
     }
 
@@ -84,6 +87,12 @@ impl Plan {
     /// of the largest range another session is still fetching (if at
     /// least [`RANGE_MIN`] would be left to each).
     pub(crate) fn take(&mut self, i: usize) -> Option<(u64, u64)> {
+        let r = self.take_range(i);
+        self.started[i] |= r.is_some();
+        r
+    }
+
+    fn take_range(&mut self, i: usize) -> Option<(u64, u64)> {
         if let Some((a, b)) = self.pending.pop() {
             self.slots[i] = Slot { next: a, end: b };
             return Some((a, b));
@@ -121,6 +130,11 @@ impl Plan {
         if s.next < s.end {
             self.pending.push((s.next, s.end));
         }
+    }
+
+    /// Whether session `i` has taken a range yet.
+    pub(crate) fn started(&self, i: usize) -> bool {
+        self.started.get(i).copied().unwrap_or(false)
     }
 
     /// Bytes not yet claimed by anyone.
@@ -215,11 +229,12 @@ impl Client {
         let plan: Shared = Arc::new(Mutex::new(Plan::new(work, n)));
         let factory = self.sessions.clone();
         let mut set = tokio::task::JoinSet::new();
+        let mut handles = Vec::new();
         if let Some(f) = factory.filter(|_| n > 1) {
             for i in 1..n {
                 let (f, plan, dst, remote) =
                     (f.clone(), plan.clone(), dst.clone(), remote.to_owned());
-                set.spawn(async move {
+                let h = set.spawn(async move {
                     let mut c = match (f.0)().await {
                         Ok(c) => c,
                         Err(e) => {
@@ -235,6 +250,7 @@ impl Client {
                     c.quit().await;
                     share
                 });
+                handles.push((i, h));
             }
         }
         let mine = self.fetch_share(remote, &dst, &plan, 0, size, first).await;
@@ -242,7 +258,27 @@ impl Client {
         let main_error = mine.error;
         let mut first_error = None;
         let (mut opened, mut refusal) = (1, None);
-        while let Some(r) = set.join_next().await {
+        loop {
+            // Once every byte is claimed (and so written), a session still
+            // logging in has nothing left to take: it is not waited for (a
+            // server can take most of a second to greet, longer than a
+            // small file's whole transfer).
+            {
+                let p = lock(&plan);
+                if p.left() == 0 {
+                    for (i, h) in &handles {
+                        if !p.started(*i) {
+                            h.abort();
+                        }
+                    }
+                }
+            }
+            let Some(r) = set.join_next().await else {
+                break;
+            };
+            if r.as_ref().is_err_and(|e| e.is_cancelled()) {
+                continue;
+            }
             let share = r.unwrap_or_else(|e| Share {
                 opened: false,
                 bytes: 0,
@@ -532,7 +568,9 @@ mod tests {
     fn a_done_session_takes_half_of_the_largest_rest() {
         let m = RANGE_MIN;
         let mut p = Plan::new(&[(0, 8 * m)], 2);
+        assert!(!p.started(0));
         assert_eq!(p.take(0), Some((0, 4 * m)));
+        assert!(p.started(0) && !p.started(1));
         assert_eq!(p.take(1), Some((4 * m, 8 * m)));
         // Session 1 finishes; session 0 has read 1 MiB of its 4.
         p.claim(0, m as usize);
@@ -546,5 +584,11 @@ mod tests {
         p.give_back(0);
         p.claim(1, m as usize);
         assert_eq!(p.take(0), None);
+        // A session that never got a range has not started (it is not
+        // waited for once everything is claimed).
+        let mut q = Plan::new(&[(0, m)], 3);
+        assert_eq!(q.take(0), Some((0, m)));
+        q.claim(0, m as usize);
+        assert_eq!((q.take(2), q.started(2), q.left()), (None, false, 0));
     }
 }

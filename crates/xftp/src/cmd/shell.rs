@@ -1310,7 +1310,8 @@ async fn dial(
             _ => explain(e, Op::Login, &authority),
         });
     }
-    super::transfer::print_notices(&mut client);
+    // Notices (a refused MULT, SITE BUFSIZE) wait for the next transfer,
+    // which may say more (ranged sessions instead of MULT) in their place.
     // More sessions like this one, for ranged downloads from a server
     // without MULT.
     client.set_sessions(super::transfer::session_factory(

@@ -71,7 +71,8 @@ pub struct TransferArgs {
     /// allows (MLSD; MFMT, SITE CHMOD); symbolic links are left out.
     #[arg(short = 'r', long)]
     recursive: bool,
-    /// No progress bar and no summary line (errors are still printed).
+    /// No progress bar, no summary line and no notices such as "server
+    /// does not support MULT" (errors are still printed).
     #[arg(short, long)]
     quiet: bool,
     /// Print a JSON object on stdout every second while data moves
@@ -508,7 +509,11 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         let display = super::progress::start(progress, mode);
         let r = client.download(&url.path, &target).await;
         display.finish().await;
-        print_notices(&mut client);
+        if a.t.quiet {
+            client.take_notices();
+        } else {
+            print_notices(&mut client);
+        }
         let r = r.map_err(|e| {
             let kept = format!(
                 "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
@@ -570,7 +575,11 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
         let display = super::progress::start(progress, mode);
         let r = client.upload(&a.local, &remote).await;
         display.finish().await;
-        print_notices(&mut client);
+        if a.t.quiet {
+            client.take_notices();
+        } else {
+            print_notices(&mut client);
+        }
         let r = r.map_err(|e| {
             let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
             explain_resumable(e, Op::Put, &url, a.resume, kept)
