@@ -77,6 +77,9 @@ pub enum Command {
     Stor(Vec<u8>),
     /// APPE path
     Appe(Vec<u8>),
+    /// STOU [name]: store under a name no file has yet (RFC 959; the
+    /// argument, a base for the name, as most servers take it).
+    Stou(Option<Vec<u8>>),
     /// REST offset (stream mode restart)
     Rest(u64),
     /// REST a-b,c-d,... (GridFTP extended block mode restart): the
@@ -213,6 +216,7 @@ impl Command {
             "RETR" => Command::Retr(path("RETR")?),
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
+            "STOU" => Command::Stou(opt_path("STOU")?),
             "REST" if arg.is_some_and(|a| a.contains(&b'-') || a.contains(&b',')) => {
                 Command::RestRanges(parse_ranges(&text("REST")?)?)
             }

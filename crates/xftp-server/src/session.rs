@@ -604,6 +604,7 @@ impl Session {
             Command::Retr(p) => self.retr(&p).await?,
             Command::Stor(p) => self.store(&p, false).await?,
             Command::Appe(p) => self.store(&p, true).await?,
+            Command::Stou(p) => self.store_unique(p.as_deref()).await?,
             Command::RestRanges(r) => {
                 let mut have = xftp_stripe::ranges::RangeSet::new();
                 for (a, b) in &r {
@@ -675,7 +676,7 @@ impl Session {
             Command::Sbuf(b) => self.set_bufsize(b).await?,
             Command::Unknown(v) => match v.as_str() {
                 "ALLO" => self.reply(202, "ALLO not needed.").await?,
-                "ACCT" | "SMNT" | "REIN" | "STOU" => {
+                "ACCT" | "SMNT" | "REIN" => {
                     self.reply(502, format!("{v} not implemented.")).await?
                 }
                 _ => self.reply(500, format!("Unknown command {v}.")).await?,
@@ -960,7 +961,7 @@ impl Session {
         let lines = vec![
             "Commands recognized:".to_string(),
             "USER PASS QUIT NOOP SYST STAT HELP FEAT OPTS TYPE MODE STRU".to_string(),
-            "PWD CWD CDUP LIST NLST MLSD MLST SIZE MDTM RETR STOR APPE REST".to_string(),
+            "PWD CWD CDUP LIST NLST MLSD MLST SIZE MDTM RETR STOR STOU APPE REST".to_string(),
             "DELE MKD RMD RNFR RNTO ABOR PORT PASV EPRT EPSV ALLO MULT MPRT".to_string(),
             "CKSM HASH MFMT AUTH PBSZ PROT (SITE HELP for SITE)".to_string(),
             "Help OK.".to_string(),
@@ -2103,14 +2104,70 @@ impl Session {
         let Some(target) = self.upload_target(&v, kind != UploadKind::Replace).await? else {
             return Ok(());
         };
+        self.receive(&v, &target, kind, rest).await
+    }
+
+    /// STOU [base]: a STOR under a name no file has: the base (from the
+    /// argument, else `stou` in the current directory) if it is free, else
+    /// `base.1`, `base.2`, ... The name goes out in the 150 reply as RFC
+    /// 1123 has it (`150 FILE: name`); the file is created exclusively and
+    /// written in place, and removed if the upload fails.
+    async fn store_unique(&mut self, arg: Option<&[u8]>) -> std::io::Result<()> {
+        let rest = std::mem::take(&mut self.rest);
+        let ranges = self.rest_ranges.take();
+        if rest > 0 || ranges.is_some() || self.resumable.take().is_some() {
+            return self
+                .reply(504, "STOU writes a new file: no REST or SITE RESUMABLE.")
+                .await;
+        }
+        let Some(base) = self.write_target(arg.unwrap_or(b"stou")).await? else {
+            return Ok(());
+        };
+        let name = base.file_name().map(<[u8]>::to_vec).unwrap_or_default();
+        for i in 0..1000u32 {
+            let v = if i == 0 {
+                base.clone()
+            } else {
+                let mut n = name.clone();
+                n.extend_from_slice(format!(".{i}").as_bytes());
+                match base.parent().join(&n) {
+                    Ok(v) => v,
+                    Err(e) => return self.reply(553, format!("{e}.")).await,
+                }
+            };
+            let Some(target) = self.upload_target(&v, false).await? else {
+                return Ok(());
+            };
+            if std::fs::symlink_metadata(&target).is_err() {
+                return self.receive(&v, &target, UploadKind::Unique, 0).await;
+            }
+        }
+        self.reply(
+            553,
+            format!(
+                "{}: no unique name free (tried .1 to .999).",
+                base.display()
+            ),
+        )
+        .await
+    }
+
+    /// The data of an upload into `target` (`v` as the client names it).
+    async fn receive(
+        &mut self,
+        v: &VPath,
+        target: &std::path::Path,
+        kind: UploadKind,
+        rest: u64,
+    ) -> std::io::Result<()> {
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;
-        if framed && (ascii || kind != UploadKind::Replace) {
+        if framed && (ascii || !matches!(kind, UploadKind::Replace | UploadKind::Unique)) {
             return self
                 .reply(
                     504,
-                    "Framed (MULT > 1 or MODE E) uploads need TYPE I, STOR and no REST.",
+                    "Framed (MULT > 1 or MODE E) uploads need TYPE I, STOR (or STOU) and no REST.",
                 )
                 .await;
         }
@@ -2118,11 +2175,17 @@ impl Session {
         if !reuse && !self.data_planned().await? {
             return Ok(());
         }
-        let (upload, file, offset) = match Upload::begin(&target, kind, rest) {
+        let (upload, file, offset) = match Upload::begin(target, kind, rest) {
             Ok(x) => x,
             // RFC 959: 450, file unavailable (busy).
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 return self.reply(450, format!("{}: {e}.", v.display())).await
+            }
+            // STOU's name, taken by another upload since it was chosen.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return self
+                    .reply(450, format!("{}: taken meanwhile; try again.", v.display()))
+                    .await
             }
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
         };
@@ -2132,14 +2195,15 @@ impl Session {
         } else {
             ""
         };
-        self.reply(
-            150,
+        let text = if kind == UploadKind::Unique {
+            format!("FILE: {}", v.display())
+        } else {
             format!(
                 "Ready to receive {} on {n} connection(s){how}.",
                 v.display()
-            ),
-        )
-        .await?;
+            )
+        };
+        self.reply(150, text).await?;
         let (conns, grow) = match cached {
             Some(c) => (c, None),
             None => match self.open_data(n, false).await? {
@@ -2203,8 +2267,14 @@ impl Session {
             Outcome::Failed(e) => Outcome::Failed(e),
             Outcome::Aborted => Outcome::Aborted,
         };
+        // STOU's name again, for clients that show only the final reply.
+        let named = if kind == UploadKind::Unique {
+            format!(" FILE: {}", v.display())
+        } else {
+            String::new()
+        };
         self.finish(out, |(b, k)| {
-            format!("Transfer complete ({b} bytes on {k} connection(s)).")
+            format!("Transfer complete ({b} bytes on {k} connection(s)).{named}")
         })
         .await
     }

@@ -219,6 +219,9 @@ pub struct Upload {
     /// data, a rollback truncate it away).
     held: Option<File>,
     committed: bool,
+    /// The upload created `final_path` (STOU): removed on failure, if the
+    /// name still leads to this file.
+    created: bool,
 }
 
 /// Take the in-place writers' lock on `f`, or fail at once with
@@ -248,6 +251,10 @@ pub enum UploadKind {
     Resume,
     /// APPE: append; rolled back to the old length on failure.
     Append,
+    /// STOU: a new file, created exclusively under the name chosen and
+    /// written in place (the name is announced before the data comes);
+    /// removed on failure.
+    Unique,
 }
 
 impl Upload {
@@ -304,6 +311,7 @@ impl Upload {
                                     rollback_len: None,
                                     held: None,
                                     committed: false,
+                                    created: false,
                                 },
                                 f,
                                 0,
@@ -330,9 +338,30 @@ impl Upload {
                         rollback_len: None,
                         held: Some(f.try_clone()?),
                         committed: false,
+                        created: false,
                     },
                     f,
                     rest,
+                ))
+            }
+            UploadKind::Unique => {
+                // O_EXCL: fails on any existing name, a link included.
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(final_path)?;
+                Ok((
+                    Upload {
+                        final_path: final_path.to_owned(),
+                        temp: None,
+                        rollback_len: None,
+                        held: Some(f.try_clone()?),
+                        committed: false,
+                        created: true,
+                    },
+                    f,
+                    0,
                 ))
             }
             UploadKind::Append => {
@@ -354,6 +383,7 @@ impl Upload {
                         rollback_len: Some(len),
                         held: Some(f.try_clone()?),
                         committed: false,
+                        created: false,
                     },
                     f,
                     len,
@@ -388,6 +418,16 @@ impl Drop for Upload {
         // now, and the lock keeps other uploads out until this is done.
         if let (Some(len), Some(f)) = (self.rollback_len, &self.held) {
             let _ = f.set_len(len);
+        }
+        if let (true, Some(f)) = (self.created, &self.held) {
+            use std::os::unix::fs::MetadataExt;
+            let ours = match (f.metadata(), std::fs::symlink_metadata(&self.final_path)) {
+                (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+                _ => false,
+            };
+            if ours {
+                let _ = std::fs::remove_file(&self.final_path);
+            }
         }
     }
 }
