@@ -741,6 +741,7 @@ impl Client {
     /// With [`ClientConfig::resume`], the download is resumable instead:
     /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        let local = &local_target(local)?;
         self.inline_digest = None;
         self.received_twice = 0;
         if self.cfg.resume {
@@ -2892,6 +2893,60 @@ async fn accept_from(
 
 /// A temporary file in the target's directory, so the final rename stays
 /// on one file system and is atomic.
+/// Where a download into `local` goes: `local` itself when it is a
+/// regular file or not there yet, or the file a symbolic link leads to (as
+/// curl and wget write through one; the rename that ends a download would
+/// otherwise replace the link, and `/dev/stdout` with it). Anything else
+/// is refused before a byte moves: a download is written beside its
+/// target and renamed onto it, which would replace a device node (such as
+/// `/dev/null`), a FIFO or a socket with a plain file.
+pub(crate) fn local_target(local: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let link = match std::fs::symlink_metadata(local) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(local.to_owned()),
+        Err(e) => return Err(local_err(local, e)),
+        Ok(md) => md.file_type().is_symlink(),
+    };
+    let md = match std::fs::metadata(local) {
+        Ok(md) => md,
+        Err(e) if link && e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ClientError::Usage(format!(
+                "{} is a symbolic link to nothing — give the path of a file to write",
+                local.display()
+            )))
+        }
+        Err(e) => return Err(local_err(local, e)),
+    };
+    let path = if link && md.is_file() {
+        std::fs::canonicalize(local).map_err(|e| local_err(local, e))?
+    } else {
+        local.to_owned()
+    };
+    let ft = md.file_type();
+    if ft.is_file() {
+        return Ok(path);
+    }
+    let what = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(ClientError::Usage(format!(
+        "{} is {what}: xftp writes a download beside its target and renames it into place, \
+         which would replace it — give the path of a regular file (to measure a transfer \
+         without keeping it, download into a file on tmpfs and remove it)",
+        local.display()
+    )))
+}
+
 fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
     let dir = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -2915,6 +2970,39 @@ fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
         .suffix(".xftp-part")
         .tempfile_in(&dir)
         .map_err(|e| local_err(&dir, e))
+}
+
+#[cfg(test)]
+#[test]
+fn a_download_never_replaces_a_device_fifo_or_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let link = dir.path().join("l");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let dangling = dir.path().join("d");
+    std::os::unix::fs::symlink(dir.path().join("none"), &dangling).unwrap();
+    let fifo = dir.path().join("p");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let new = dir.path().join("new");
+    assert_eq!(local_target(&file).unwrap(), file);
+    assert_eq!(local_target(&new).unwrap(), new);
+    // Through the link: the file is replaced, the link stays.
+    assert_eq!(
+        local_target(&link).unwrap(),
+        std::fs::canonicalize(&file).unwrap()
+    );
+    for (p, what) in [
+        (Path::new("/dev/null"), "a character device"),
+        (fifo.as_path(), "a FIFO"),
+        (dir.path(), "a directory"),
+        (dangling.as_path(), "a symbolic link to nothing"),
+    ] {
+        let e = local_target(p).unwrap_err().to_string();
+        assert!(e.contains(what), "{}: {e}", p.display());
+    }
 }
 
 #[cfg(test)]
