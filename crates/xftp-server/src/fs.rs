@@ -150,6 +150,40 @@ impl Root {
 }
 
 /// Seconds since the epoch of a metadata's mtime (0 if unknown).
+/// Open `p` only if it is a regular file (`opts` says how), without ever
+/// blocking: a FIFO in the served tree would otherwise hold the thread
+/// that opens it until a writer (or reader) comes, and a few such opens
+/// stall every session. `O_NONBLOCK` makes the open return at once (a
+/// FIFO with no writer opens, one with no reader fails with ENXIO), the
+/// type is checked on the open descriptor, and the flag is cleared again
+/// for the regular file's reads and writes. `flags` are further open flags
+/// (`O_NOFOLLOW`): set here, since `custom_flags` replaces, not adds.
+pub fn open_plain(
+    p: &Path,
+    opts: &mut std::fs::OpenOptions,
+    flags: i32,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = opts.custom_flags(flags | libc::O_NONBLOCK).open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a plain file"));
+    }
+    // SAFETY: fcntl on a descriptor owned by `f` for the call.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(f)
+}
+
+/// [`open_plain`] for reading.
+pub fn open_plain_read(p: &Path) -> std::io::Result<std::fs::File> {
+    open_plain(p, std::fs::OpenOptions::new().read(true), 0)
+}
+
 pub fn mtime_secs(md: &Metadata) -> i64 {
     md.modified()
         .ok()
@@ -181,11 +215,20 @@ fn ls_date(secs: i64) -> String {
 }
 
 fn mode_string(md: &Metadata) -> String {
+    use std::os::unix::fs::FileTypeExt;
     let ft = md.file_type();
     let kind = if ft.is_dir() {
         'd'
     } else if ft.is_symlink() {
         'l'
+    } else if ft.is_fifo() {
+        'p'
+    } else if ft.is_char_device() {
+        'c'
+    } else if ft.is_block_device() {
+        'b'
+    } else if ft.is_socket() {
+        's'
     } else {
         '-'
     };
@@ -219,8 +262,36 @@ pub fn list_line(name: &[u8], md: &Metadata) -> Vec<u8> {
 
 /// RFC 3659 facts for MLSD/MLST, without the name: `type=file;size=..;...; `.
 pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) -> String {
-    let kind = kind_override.unwrap_or(if md.is_dir() { "dir" } else { "file" });
+    // RFC 3659 7.5.1: what is neither a file nor a directory is an
+    // OS.name=type fact, not a file a client would try to fetch.
+    let special = {
+        use std::os::unix::fs::FileTypeExt;
+        let ft = md.file_type();
+        if ft.is_fifo() {
+            Some("OS.unix=fifo")
+        } else if ft.is_char_device() {
+            Some("OS.unix=chr")
+        } else if ft.is_block_device() {
+            Some("OS.unix=blk")
+        } else if ft.is_socket() {
+            Some("OS.unix=socket")
+        } else {
+            None
+        }
+    };
+    let kind = kind_override.unwrap_or(if md.is_dir() {
+        "dir"
+    } else {
+        special.unwrap_or("file")
+    });
     let perm = match (md.is_dir(), writable) {
+        _ if special.is_some() && kind_override.is_none() => {
+            if writable {
+                "df"
+            } else {
+                ""
+            }
+        }
         (true, true) => "elcmfp",
         (true, false) => "el",
         (false, true) => "radfw",

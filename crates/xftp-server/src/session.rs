@@ -1326,7 +1326,7 @@ impl Session {
         // would carry, so count the CRs TYPE A adds.
         let n = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
             use std::io::Read;
-            let mut f = std::fs::File::open(&p)?;
+            let mut f = crate::fs::open_plain_read(&p)?;
             let mut conv = xftp_proto::ascii::ToWire::new();
             let mut buf = vec![0u8; 256 * 1024];
             let mut n = 0;
@@ -1393,10 +1393,7 @@ impl Session {
     ) -> Result<(String, u64), (u16, String)> {
         let started = std::time::Instant::now();
         let r = tokio::task::spawn_blocking(move || {
-            let f = std::fs::File::open(&p)?;
-            if !f.metadata()?.is_file() {
-                return Err(std::io::Error::other("not a plain file"));
-            }
+            let f = crate::fs::open_plain_read(&p)?;
             xftp_proto::cksum::digest_file(alg, &f, offset, len)
         })
         .await;
@@ -1428,13 +1425,7 @@ impl Session {
             Err(e) => return self.reply_fs(&v, &e).await,
         };
         let when = xftp_proto::facts::system_time(secs);
-        let r = std::fs::File::open(&p).and_then(|f| {
-            if f.metadata()?.is_file() {
-                f.set_modified(when)
-            } else {
-                Err(std::io::Error::other("not a plain file"))
-            }
-        });
+        let r = crate::fs::open_plain_read(&p).and_then(|f| f.set_modified(when));
         match r {
             Ok(()) => {
                 let t = fs::mdtm_string(secs);
@@ -1928,7 +1919,12 @@ impl Session {
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
-        let file = match std::fs::File::open(&p) {
+        if p.is_dir() {
+            return self
+                .reply(550, format!("{}: Is a directory.", v.display()))
+                .await;
+        }
+        let file = match crate::fs::open_plain_read(&p) {
             Ok(f) => f,
             Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
         };
@@ -1936,11 +1932,6 @@ impl Session {
             Ok(m) => m,
             Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
         };
-        if md.is_dir() {
-            return self
-                .reply(550, format!("{}: Is a directory.", v.display()))
-                .await;
-        }
         let len = md.len();
         if rest > len {
             return self
@@ -2394,12 +2385,15 @@ impl Session {
         if !self.data_planned().await? {
             return Ok(());
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(have.is_none())
-            .open(&target);
+        let file = crate::fs::open_plain(
+            &target,
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(have.is_none()),
+            0,
+        );
         let file = match file {
             Ok(f) => f,
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,

@@ -326,10 +326,11 @@ impl Upload {
             // `final_path` has its links resolved (`Root::in_place`); a link
             // put there since is refused, not followed.
             UploadKind::Resume => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(final_path)?;
+                let f = crate::fs::open_plain(
+                    final_path,
+                    OpenOptions::new().write(true),
+                    libc::O_NOFOLLOW,
+                )?;
                 lock_exclusive(&f)?;
                 Ok((
                     Upload {
@@ -365,13 +366,15 @@ impl Upload {
                 ))
             }
             UploadKind::Append => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o644)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(final_path)?;
+                let f = crate::fs::open_plain(
+                    final_path,
+                    OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o644),
+                    libc::O_NOFOLLOW,
+                )?;
                 // The length to roll back to is read under the lock: an
                 // append that finished just before is part of it.
                 lock_exclusive(&f)?;

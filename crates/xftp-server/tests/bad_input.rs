@@ -146,7 +146,9 @@ async fn malformed_commands_keep_the_session_usable() {
     c.cmd("NOOP", 200).await;
     // Unknown and unimplemented commands.
     c.cmd("FROB x", 500).await;
-    c.cmd("STOU", 502).await;
+    c.cmd("REIN", 502).await;
+    // STOU without a data connection: refused before any file is made.
+    c.cmd("STOU", 425).await;
     c.cmd("12AB", 500).await;
     // Bad arguments.
     c.cmd("TYPE X", 504).await;

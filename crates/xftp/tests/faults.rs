@@ -585,3 +585,58 @@ fn slow_clients_do_not_hold_sessions_and_a_real_client_is_served() {
         .count();
     assert_eq!(idle_closed, 8, "closed by the line deadline");
 }
+
+#[test]
+fn a_fifo_in_the_served_tree_holds_no_session() {
+    // Opening a FIFO waits for its other end: each command that opens a
+    // file must refuse it at once, or a few of them stall the server.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    write_prng_file(&dir.path().join("f.bin"), 100_000, 5);
+    let srv = serve(dir.path(), &[]);
+    let t = Instant::now();
+    for _ in 0..3 {
+        let mut c = Ctl::login(srv.port);
+        assert!(c.cmd("TYPE I").starts_with("200"));
+        for cmd in [
+            "SIZE pipe",
+            "MDTM pipe",
+            "HASH pipe",
+            "CKSM MD5 0 -1 pipe",
+            "MFMT 20200101000000 pipe",
+        ] {
+            let r = c.cmd(cmd);
+            assert!(r.starts_with("550"), "{cmd}: {r}");
+        }
+        for cmd in ["RETR pipe", "APPE pipe"] {
+            let port = c.epsv_port();
+            let _data = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let r = c.cmd(cmd);
+            assert!(r.starts_with("550") || r.starts_with("553"), "{cmd}: {r}");
+        }
+        // Listed as what it is, not as a file to fetch.
+        let r = c.cmd("MLST pipe");
+        assert!(r.contains("type=OS.unix=fifo"), "{r}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // And the server goes on: a real client gets a file.
+    let work = tempfile::tempdir().unwrap();
+    let out = xftp(
+        &[
+            "get",
+            &format!("ftp://127.0.0.1:{}/f.bin", srv.port),
+            "f.bin",
+        ],
+        work.path(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&work.path().join("f.bin")),
+        sha256_file(&dir.path().join("f.bin"))
+    );
+}
