@@ -2110,9 +2110,11 @@ impl Client {
             Some(v) => Some(self.verify_file(remote, tmp.path(), bytes, v).await?),
             None => None,
         };
+        // Checked again where the rename happens (a batch's files, a tree's,
+        // were not checked before their data came): never onto a device.
+        let target = local_target(local)?;
         // The sync and rename off the async threads: with many files in
         // flight, one session's fsync must not hold up the others.
-        let target = local.to_owned();
         tokio::task::spawn_blocking(move || finish_temp(tmp, &target))
             .await
             .map_err(|e| local_err(local, std::io::Error::other(e)))??;

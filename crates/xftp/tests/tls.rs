@@ -214,15 +214,18 @@ fn required_tls_refuses_clear_text_with_reasons() {
         }
     }
     assert!(feat.contains("AUTH TLS") && feat.contains("PROT"), "{feat}");
-    // xftp's client on ftp:// is told what to use.
+    // xftp's client on ftp:// is told what to use, and writes nothing.
+    let local = tempfile::tempdir().unwrap();
+    let target = local.path().join("f");
     let out = xftp(&[
         "get",
         &format!("ftp://127.0.0.1:{}/f", srv.port),
-        "/dev/null",
+        target.to_str().unwrap(),
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ftpes://"), "{err}");
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
     // PROT C under TLS is refused (534), and a transfer before PROT P gets
     // 521 (Python's ftplib: AUTH TLS, login, no prot_p()).
     if !have("python3") {

@@ -221,6 +221,42 @@ fn a_tree_that_cannot_be_written_fails_loudly() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    // A FIFO where a file of the tree goes (the small files come in a
+    // batch, renamed into place one by one): that file fails, the FIFO
+    // stays a FIFO, the others arrive.
+    for i in 0..3 {
+        std::fs::write(root.join(format!("t/sub/s{i}")), format!("{i}")).unwrap();
+    }
+    let fifo = work.join("again/sub/s1");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            &format!("ftp://127.0.0.1:{}/t/", srv.port),
+            "again",
+        ],
+        &work,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is a FIFO") && err.contains("1 FAILED"),
+        "{err}"
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    for f in ["f", "s0", "s2"] {
+        assert_eq!(
+            std::fs::read(work.join("again/sub").join(f)).unwrap(),
+            std::fs::read(root.join("t/sub").join(f)).unwrap()
+        );
+    }
 }
 
 #[test]
