@@ -5,7 +5,7 @@
 //! the copy against its checksum, and MLSD, MFMT and SITE CHMOD, so trees
 //! keep their times and modes both ways; Pure-FTPd answers a cut RETR
 //! with one more 1xx line and no final reply, which a ranged session must
-//! get past, and does TLS.
+//! get past. Both do TLS.
 //!
 //! Their Debian packages conflict with vsftpd's (each is the system's FTP
 //! server), so scripts/test-all does not install them: it unpacks them
@@ -106,17 +106,30 @@ fn start(mut cmd: Command, port: u16, conf: tempfile::TempDir, what: &str) -> Da
 }
 
 /// ProFTPD on 127.0.0.1 serving `root` to anonymous users (uploads into
-/// `root/pub`), with mod_digest for HASH.
-fn proftpd(bin: &Path, root: &Path) -> Daemon {
+/// `root/pub`), with mod_digest for HASH; with `tls` (certificate and key
+/// files), mod_tls requiring TLS on logins and data, and its default check
+/// that every data connection resumes the control connection's session.
+fn proftpd(bin: &Path, root: &Path, tls: Option<(&Path, &Path)>) -> Daemon {
     let conf = tempfile::tempdir().unwrap();
     let port = free_port();
     let c = conf.path();
+    let tls = match tls {
+        None => String::new(),
+        Some((cert, key)) => format!(
+            "LoadModule mod_tls.c\nTLSEngine on\nTLSRequired on\n\
+             TLSProtocol TLSv1.2 TLSv1.3\nTLSRSACertificateFile {}\n\
+             TLSRSACertificateKeyFile {}\nTLSLog {}/tls.log\n",
+            cert.display(),
+            key.display(),
+            c.display()
+        ),
+    };
     let text = format!(
         "ServerType standalone\nDefaultServer on\nPort {port}\nDefaultAddress 127.0.0.1\n\
          SocketBindTight on\nUseIPv6 off\nUser nobody\nGroup nogroup\n\
          PidFile {c}/proftpd.pid\nScoreboardFile {c}/scoreboard\nDelayTable none\n\
          WtmpLog off\nUseReverseDNS off\nTransferLog none\nSystemLog {c}/system.log\n\
-         ModulePath {modules}\nLoadModule mod_digest.c\n\
+         ModulePath {modules}\nLoadModule mod_digest.c\n{tls}\
          <Anonymous {root}>\n  User ftp\n  Group nogroup\n  UserAlias anonymous ftp\n\
          RequireValidShell off\n  AllowOverwrite on\n  <Directory pub>\n    <Limit WRITE SITE_CHMOD>\n\
          AllowAll\n    </Limit>\n  </Directory>\n</Anonymous>\n",
@@ -194,13 +207,13 @@ fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 #[test]
-fn proftpd_ranges_hash_checks_and_trees_with_modes() {
-    let test = "proftpd_ranges_hash_checks_and_trees_with_modes";
+fn proftpd_ranges_hash_checks_trees_and_tls() {
+    let test = "proftpd_ranges_hash_checks_trees_and_tls";
     let Some(bin) = have(test, "usr/sbin/proftpd") else {
         return;
     };
     let (_tmp, root, local) = dirs();
-    let server = proftpd(&bin, &root);
+    let server = proftpd(&bin, &root, None);
     let base = format!("ftp://127.0.0.1:{}/pub", server.port);
     let src = local.join("src");
     let len = (7 << 20) + 12_345;
@@ -260,6 +273,38 @@ fn proftpd_ranges_hash_checks_and_trees_with_modes() {
         mtime(&tree.join("a/b/c/deep.bin")),
         mtime(&back.join("a/b/c/deep.bin"))
     );
+    drop(server);
+    // Under TLS (mod_tls, required): ranged sessions each resume the TLS
+    // session of their own control connection, and an upload is checked.
+    let pki = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (crt, key) = (pki.path().join("cert.pem"), pki.path().join("key.pem"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let server = proftpd(&bin, &root, Some((&crt, &key)));
+    let base = format!("ftp://localhost:{}/pub", server.port);
+    let tls = ["--tls", "--cacert", s(&crt)];
+    let got = local.join("got-tls");
+    let mut args = vec!["get", "-p", "3"];
+    args.extend(tls);
+    let url = format!("{base}/f");
+    args.extend([url.as_str(), s(&got)]);
+    let out = ok(xftp_in(&args, &local), "get -p 3 --tls");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 sessions"));
+    assert_eq!(sha256_file(&got), sha256_file(&src));
+    let mut args = vec!["put", "--verify"];
+    args.extend(tls);
+    let up = format!("{base}/f-tls");
+    args.extend([s(&src), up.as_str()]);
+    ok(xftp_in(&args, &local), "put --tls --verify");
+    assert_eq!(sha256_file(&root.join("pub/f-tls")), sha256_file(&src));
+    let out = xftp_in(&["get", &url, s(&local.join("plain"))], &local);
+    assert!(!out.status.success(), "a plain login was let in");
+    assert!(!local.join("plain").exists());
 }
 
 #[test]
