@@ -99,14 +99,28 @@ impl Partial {
             let p = p.to_owned();
             move |e| ResumeError::Io(p, e)
         };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        let on_disk = file.metadata().map_err(io_err(&path))?.len();
+        // Never through a link, nor into a FIFO or a device, put in the
+        // partial's place (in a directory others may write to): O_NOFOLLOW
+        // and O_NONBLOCK, and a plain file checked on the open descriptor.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(io_err(&path))?
+        };
+        let md = file.metadata().map_err(io_err(&path))?;
+        if !md.is_file() {
+            return Err(ResumeError::Io(
+                path.clone(),
+                std::io::Error::other("not a regular file: remove it and run again"),
+            ));
+        }
+        let on_disk = md.len();
         let mut had = RangeSet::new();
         match std::fs::read(&record) {
             Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
@@ -239,6 +253,29 @@ mod tests {
             Partial::open(&target, "h:21/f.bin", m),
             Err(ResumeError::Changed { .. })
         ));
+    }
+
+    #[test]
+    fn a_partial_is_never_opened_through_a_link_or_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let target = dir.path().join("f");
+        std::os::unix::fs::symlink(&victim, partial_path(&target)).unwrap();
+        assert!(matches!(
+            Partial::open(&target, "s", meta(10)),
+            Err(ResumeError::Io(..))
+        ));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let target = dir.path().join("g");
+        let c =
+            std::ffi::CString::new(partial_path(&target).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        match Partial::open(&target, "s", meta(10)) {
+            Err(ResumeError::Io(_, e)) => assert!(e.to_string().contains("not a regular file")),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -133,7 +133,16 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
     tmp.push(".new");
     let tmp = std::path::PathBuf::from(tmp);
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        // A new file, never one already there: what is left of a crash is
+        // removed, and a link put in its place is not written through.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_data()?;
     }
@@ -197,5 +206,24 @@ impl WriteAt for MemFile {
             .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
         buf.copy_from_slice(src);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn write_atomic_never_writes_through_a_link_left_in_its_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let path = dir.path().join("rec");
+        std::os::unix::fs::symlink(&victim, dir.path().join("rec.new")).unwrap();
+        super::write_atomic(&path, b"record").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"record");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        // And again over what it wrote (a leftover temporary included).
+        std::fs::write(dir.path().join("rec.new"), b"stale").unwrap();
+        super::write_atomic(&path, b"second").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
     }
 }
