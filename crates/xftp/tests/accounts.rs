@@ -153,7 +153,17 @@ fn a_user_is_confined_to_their_home_with_their_rights() {
     std::fs::write(root.path().join("users/bob/secret"), b"bob's").unwrap();
     std::fs::write(root.path().join("top"), b"top").unwrap();
     let users = cfg.path().join("users.txt");
+    // A link where the users file's temporary goes is not written through.
+    let victim = cfg.path().join("victim");
+    std::fs::write(&victim, b"keep").unwrap();
+    std::os::unix::fs::symlink(&victim, users.with_extension("tmp")).unwrap();
     useradd(&users, "alice", "alice-pw", &["--home", "users/alice"]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&users).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the users file is the owner's alone");
+    }
     useradd(
         &users,
         "reader",
