@@ -258,6 +258,24 @@ pub enum UploadKind {
 }
 
 impl Upload {
+    /// An upload written in place into `f` (at `final_path`), which it
+    /// holds until committed or rolled back.
+    fn in_place(
+        final_path: &Path,
+        f: &File,
+        rollback_len: Option<u64>,
+        created: bool,
+    ) -> std::io::Result<Upload> {
+        Ok(Upload {
+            final_path: final_path.to_owned(),
+            temp: None,
+            rollback_len,
+            held: Some(f.try_clone()?),
+            committed: false,
+            created,
+        })
+    }
+
     /// Open the file to write for `kind` at `final_path`; returns the file
     /// and the offset to write at.
     pub fn begin(
@@ -332,18 +350,7 @@ impl Upload {
                     libc::O_NOFOLLOW,
                 )?;
                 lock_exclusive(&f)?;
-                Ok((
-                    Upload {
-                        final_path: final_path.to_owned(),
-                        temp: None,
-                        rollback_len: None,
-                        held: Some(f.try_clone()?),
-                        committed: false,
-                        created: false,
-                    },
-                    f,
-                    rest,
-                ))
+                Ok((Upload::in_place(final_path, &f, None, false)?, f, rest))
             }
             UploadKind::Unique => {
                 // O_EXCL: fails on any existing name, a link included.
@@ -352,18 +359,7 @@ impl Upload {
                     .create_new(true)
                     .mode(0o644)
                     .open(final_path)?;
-                Ok((
-                    Upload {
-                        final_path: final_path.to_owned(),
-                        temp: None,
-                        rollback_len: None,
-                        held: Some(f.try_clone()?),
-                        committed: false,
-                        created: true,
-                    },
-                    f,
-                    0,
-                ))
+                Ok((Upload::in_place(final_path, &f, None, true)?, f, 0))
             }
             UploadKind::Append => {
                 let f = crate::fs::open_plain(
@@ -379,18 +375,7 @@ impl Upload {
                 // append that finished just before is part of it.
                 lock_exclusive(&f)?;
                 let len = f.metadata()?.len();
-                Ok((
-                    Upload {
-                        final_path: final_path.to_owned(),
-                        temp: None,
-                        rollback_len: Some(len),
-                        held: Some(f.try_clone()?),
-                        committed: false,
-                        created: false,
-                    },
-                    f,
-                    len,
-                ))
+                Ok((Upload::in_place(final_path, &f, Some(len), false)?, f, len))
             }
         }
     }

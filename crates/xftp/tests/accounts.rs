@@ -338,19 +338,11 @@ fn uploads_over_the_size_limit_are_refused_and_leave_nothing() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn passive_ports_come_from_the_range_and_a_full_range_says_so() {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("f"), b"data").unwrap();
-    let p = free_port();
+    let p = support::free_port();
     let range = format!("{p}-{p}");
     let srv = serve(
         root.path(),

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 mod support;
 use support::{
-    assert_same_tree, chown_ftp, make_odd_tree, ok, s, sha256_file, write_prng_file, xftp_in,
+    assert_same_tree, chown_ftp, free_port, make_odd_tree, ok, s, sha256_file, write_prng_file,
+    xftp_in,
 };
 
 /// Where the servers were unpacked.
@@ -67,14 +68,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn start(mut cmd: Command, port: u16, conf: tempfile::TempDir, what: &str) -> Daemon {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 use support::{
-    assert_same_tree, chown_ftp, json, make_odd_tree as make_tree, ok, s, sha256_file,
+    assert_same_tree, chown_ftp, free_port, json, make_odd_tree as make_tree, ok, s, sha256_file,
     write_prng_file, xftp_in as xftp,
 };
 
@@ -60,11 +60,7 @@ fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>, extra: &str) -> Vsftpd {
     // not writable by anyone else.
     let empty = conf.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut text = format!(
         "listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n\
          background=NO\nanonymous_enable=YES\nlocal_enable=NO\nno_anon_password=YES\n\

@@ -301,3 +301,13 @@ pub fn json(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad JSON {text:?}: {e}"))
 }
+
+/// A loopback port free a moment ago, for a server that takes its port
+/// on the command line.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
