@@ -266,6 +266,39 @@ fn proftpd_ranges_hash_checks_trees_and_tls() {
         mtime(&tree.join("a/b/c/deep.bin")),
         mtime(&back.join("a/b/c/deep.bin"))
     );
+    // The shell after `cd`: its ranged sessions log in at the top and are
+    // given the file's absolute path (not one relative to where the shell
+    // is, which they are not: 550).
+    let big = root.join("pub/big");
+    write_prng_file(&big, 48 << 20, 47);
+    chown_ftp(&big);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["-vv", "shell", &format!("ftp://127.0.0.1:{}/", server.port)])
+        .current_dir(&local)
+        .env("HOME", &local)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"cd pub\nmult 3\nget big big-shell\nquit\n")
+            .unwrap();
+    }
+    let out = ok(child.wait_with_output().unwrap(), "shell: cd, mult 3, get");
+    assert_eq!(sha256_file(&local.join("big-shell")), sha256_file(&big));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("3 sessions, each fetching byte ranges"),
+        "{err}"
+    );
+    assert!(
+        err.contains("RETR /pub/big") && !err.contains(" 550 "),
+        "{err}"
+    );
     drop(server);
     // Under TLS (mod_tls, required): ranged sessions each resume the TLS
     // session of their own control connection, and an upload is checked.

@@ -998,12 +998,21 @@ impl Shell {
             Some(p) if p.is_dir() => p.join(name),
             Some(p) => p,
         };
+        // The sessions of a ranged download (a server without MULT) log in
+        // afresh, in the login directory: a path relative to this shell's
+        // directory goes out absolute, as PWD gave it.
+        let remote = match self.conn.as_ref().and_then(|c| c.cwd.as_deref()) {
+            Some(d) if !remote.starts_with('/') => {
+                format!("{}/{remote}", d.trim_end_matches('/'))
+            }
+            _ => remote.to_string(),
+        };
         let (progress, mode) = (self.progress.clone(), self.display_mode());
         let start = Instant::now();
         let r = {
             let c = self.client(true).await?;
             let display = super::progress::start_next(progress, mode);
-            let r = c.download(remote, &target).await;
+            let r = c.download(&remote, &target).await;
             display.finish().await;
             r
         };
