@@ -2893,8 +2893,6 @@ async fn accept_from(
     }
 }
 
-/// A temporary file in the target's directory, so the final rename stays
-/// on one file system and is atomic.
 /// Where a download into `local` goes: `local` itself when it is a
 /// regular file or not there yet, or the file a symbolic link leads to (as
 /// curl and wget write through one; the rename that ends a download would
@@ -2920,6 +2918,22 @@ pub(crate) fn local_target(local: &Path) -> Result<PathBuf> {
         Err(e) => return Err(local_err(local, e)),
     };
     let path = if link && md.is_file() {
+        // Only a link of our own (or root's, as /dev/stdout is): one that
+        // someone else put in a shared directory must not send the
+        // download into a file of theirs choosing.
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::symlink_metadata(local)
+            .map_err(|e| local_err(local, e))?
+            .uid();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if owner != me && owner != 0 {
+            return Err(ClientError::Usage(format!(
+                "{} is a symbolic link owned by another user (uid {owner}): \
+                 not written through — remove it or give another path",
+                local.display()
+            )));
+        }
         std::fs::canonicalize(local).map_err(|e| local_err(local, e))?
     } else {
         local.to_owned()
@@ -2949,6 +2963,8 @@ pub(crate) fn local_target(local: &Path) -> Result<PathBuf> {
     )))
 }
 
+/// A temporary file in the target's directory, so the final rename stays
+/// on one file system and is atomic.
 fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
     let dir = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -2996,6 +3012,15 @@ fn a_download_never_replaces_a_device_fifo_or_link() {
         local_target(&link).unwrap(),
         std::fs::canonicalize(&file).unwrap()
     );
+    // A link someone else owns is not written through (root can make one).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let theirs = dir.path().join("theirs");
+        std::os::unix::fs::symlink(&file, &theirs).unwrap();
+        std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = local_target(&theirs).unwrap_err().to_string();
+        assert!(e.contains("owned by another user"), "{e}");
+    }
     for (p, what) in [
         (Path::new("/dev/null"), "a character device"),
         (fifo.as_path(), "a FIFO"),

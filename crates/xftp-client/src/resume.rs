@@ -120,6 +120,17 @@ impl Partial {
                 std::io::Error::other("not a regular file: remove it and run again"),
             ));
         }
+        // O_NONBLOCK was for the open alone.
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: fcntl on a descriptor owned by `file` for the call.
+            unsafe {
+                let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+                if fl >= 0 {
+                    libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+                }
+            }
+        }
         let on_disk = md.len();
         let mut had = RangeSet::new();
         match std::fs::read(&record) {

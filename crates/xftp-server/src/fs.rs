@@ -149,7 +149,6 @@ impl Root {
     }
 }
 
-/// Seconds since the epoch of a metadata's mtime (0 if unknown).
 /// Open `p` only if it is a regular file (`opts` says how), without ever
 /// blocking: a FIFO in the served tree would otherwise hold the thread
 /// that opens it until a writer (or reader) comes, and a few such opens
@@ -184,6 +183,7 @@ pub fn open_plain_read(p: &Path) -> std::io::Result<std::fs::File> {
     open_plain(p, std::fs::OpenOptions::new().read(true), 0)
 }
 
+/// Seconds since the epoch of a metadata's mtime (0 if unknown).
 pub fn mtime_secs(md: &Metadata) -> i64 {
     md.modified()
         .ok()

@@ -2126,11 +2126,21 @@ impl Session {
                     Err(e) => return self.reply(553, format!("{e}.")).await,
                 }
             };
-            let Some(target) = self.upload_target(&v, false).await? else {
-                return Ok(());
+            let target = match self.root.creatable(&v) {
+                Ok(p) => p,
+                Err(e) => {
+                    let (_, t) = fs_reply(&e);
+                    return self.reply(553, format!("{}: {t}.", v.display())).await;
+                }
             };
-            if std::fs::symlink_metadata(&target).is_err() {
-                return self.receive(&v, &target, UploadKind::Unique, 0).await;
+            // Any name that is there (a file, a directory, a link) is taken;
+            // only one that is not is free.
+            match std::fs::symlink_metadata(&target) {
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return self.receive(&v, &target, UploadKind::Unique, 0).await;
+                }
+                Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
             }
         }
         self.reply(

@@ -359,6 +359,9 @@ impl Upload {
                     .create_new(true)
                     .mode(0o644)
                     .open(final_path)?;
+                // Held as APPE and REST+STOR hold theirs: none of them
+                // writes into it meanwhile (its failure removes it).
+                lock_exclusive(&f)?;
                 Ok((Upload::in_place(final_path, &f, None, true)?, f, 0))
             }
             UploadKind::Append => {

@@ -129,24 +129,27 @@ impl WriteAt for RecordedFile {
 /// synced, renamed over it.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
+    // A new file of a name of its own (O_EXCL: never one already there,
+    // nor a link put in its place), so that two writers of one record
+    // never write into, or rename, each other's temporary.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".new");
+    tmp.push(format!(".{}-{n}.new", std::process::id()));
     let tmp = std::path::PathBuf::from(tmp);
-    {
-        // A new file, never one already there: what is left of a crash is
-        // removed, and a link put in its place is not written through.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
+    let written = (|| {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    std::fs::rename(&tmp, path)
+    written
 }
 
 /// An in-memory file (tests, examples, small buffers).
@@ -217,13 +220,37 @@ mod tests {
         let victim = dir.path().join("victim");
         std::fs::write(&victim, b"keep").unwrap();
         let path = dir.path().join("rec");
-        std::os::unix::fs::symlink(&victim, dir.path().join("rec.new")).unwrap();
         super::write_atomic(&path, b"record").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"record");
+        // Links at the names the next temporaries could take are refused
+        // (O_EXCL), never written through.
+        let next: Vec<_> = (0..64)
+            .map(|n| {
+                let mut t = path.as_os_str().to_owned();
+                t.push(format!(".{}-{n}.new", std::process::id()));
+                std::path::PathBuf::from(t)
+            })
+            .collect();
+        for t in &next {
+            let _ = std::os::unix::fs::symlink(&victim, t);
+        }
+        let r = super::write_atomic(&path, b"second");
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
-        // And again over what it wrote (a leftover temporary included).
-        std::fs::write(dir.path().join("rec.new"), b"stale").unwrap();
-        super::write_atomic(&path, b"second").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        match r {
+            Ok(()) => assert_eq!(std::fs::read(&path).unwrap(), b"second"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists),
+        }
+        for t in &next {
+            let _ = std::fs::remove_file(t);
+        }
+        // Writers at once each rename a whole record of their own.
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let path = &path;
+                s.spawn(move || super::write_atomic(path, &[i; 4096]).unwrap());
+            }
+        });
+        let last = std::fs::read(&path).unwrap();
+        assert!(last.len() == 4096 && last.iter().all(|&b| b == last[0]));
     }
 }

@@ -41,6 +41,8 @@ fn stou_picks_a_free_name_and_announces_it() {
     let secret = outside.path().join("secret");
     std::fs::write(&secret, b"keep").unwrap();
     std::os::unix::fs::symlink(&secret, root.join("d/x.1")).unwrap();
+    // A directory where the third name would go: taken, too.
+    std::fs::create_dir(root.join("d/x.2")).unwrap();
     let srv = serve(root, &[]);
     let mut c = Ctl::login(srv.port);
     assert!(c.cmd("TYPE I").starts_with("200"));
@@ -56,8 +58,9 @@ fn stou_picks_a_free_name_and_announces_it() {
         assert_eq!(got, data, "{name}");
         names.push(name);
     }
-    // x.1 is a link: skipped, and its target untouched.
-    assert_eq!(names, ["/d/x", "/d/x.2", "/stou", "/stou.1"]);
+    // x.1 is a link, x.2 a directory: both skipped, the link's target
+    // untouched.
+    assert_eq!(names, ["/d/x", "/d/x.3", "/stou", "/stou.1"]);
     assert_eq!(std::fs::read(&secret).unwrap(), b"keep");
     // No REST with STOU; nothing is created.
     assert!(c.cmd("REST 10").starts_with("350"));

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use xftp_tls::Stream;
 
-use super::{local_err, temp_next_to, Client, Done, TransferReport};
+use super::{local_err, local_target, temp_next_to, Client, Done, TransferReport};
 use crate::control::{unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -277,7 +277,11 @@ impl Client {
     ) -> Result<(Result<TransferReport>, Vec<Stream>)> {
         let start = Instant::now();
         let received = async {
-            let target = item.local.clone();
+            // Resolved before the temporary is made beside it: the rename
+            // stays in one directory (a link is written through, a device
+            // refused, as for any download).
+            let target = local_target(&item.local)?;
+            let resolved = target.clone();
             let tmp = tokio::task::spawn_blocking(move || temp_next_to(&target))
                 .await
                 .map_err(|e| local_err(&item.local, std::io::Error::other(e)))??;
@@ -292,10 +296,10 @@ impl Client {
                 .finish_kept()
                 .await
                 .map_err(|e| super::stripe_err(e, self.cfg.data_timeout))?;
-            Ok((tmp, rep, back))
+            Ok((tmp, rep, back, resolved))
         }
         .await;
-        let (tmp, rep, back) = match received {
+        let (tmp, rep, back, resolved) = match received {
             Ok(r) => r,
             Err(e) => {
                 // The server's final reply for this RETR, which says why
@@ -321,7 +325,7 @@ impl Client {
             timeline,
         };
         let result = self
-            .complete_download(&item.remote, done, tmp, &item.local, None)
+            .complete_download(&item.remote, done, tmp, &resolved, None)
             .await;
         Ok((result, back))
     }
