@@ -397,26 +397,41 @@ impl Client {
         let mut conn = self.watchdog().guard(conn);
         let mut buf = vec![0u8; CHUNK];
         let before = *got;
-        let cut = loop {
-            let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
-            if n == 0 {
-                break false;
+        let read = async {
+            loop {
+                let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
+                if n == 0 {
+                    return Ok(false);
+                }
+                let (at, own, done) = lock(plan).claim(i, n);
+                if at + (n as u64) > size {
+                    // Past the size SIZE gave: the file grew since.
+                    return Err(ClientError::ShortTransfer {
+                        expected: size,
+                        got: at + n as u64,
+                    });
+                }
+                dst.write_at(&buf[..own], at)
+                    .map_err(|e| local_err(std::path::Path::new("(download)"), e))?;
+                *got += own as u64;
+                // The file's last range is read to the server's end, so
+                // that a file longer than SIZE said is seen.
+                if done && at + (own as u64) < size {
+                    return Ok(true);
+                }
             }
-            let (at, own, done) = lock(plan).claim(i, n);
-            if at + (n as u64) > size {
-                // Past the size SIZE gave: the file grew since.
-                return Err(ClientError::ShortTransfer {
-                    expected: size,
-                    got: at + n as u64,
-                });
-            }
-            dst.write_at(&buf[..own], at)
-                .map_err(|e| local_err(std::path::Path::new("(download)"), e))?;
-            *got += own as u64;
-            // The file's last range is read to the server's end, so that
-            // a file longer than SIZE said is seen.
-            if done && at + (own as u64) < size {
-                break true;
+        };
+        let cut = match read.await {
+            Ok(cut) => cut,
+            Err(e) => {
+                // The RETR's final reply is still to come: read past it
+                // (and ABOR's), so that the session's next command gets
+                // its own reply, here or wherever the session goes on.
+                drop(conn);
+                if let Err(r) = self.resync().await {
+                    tracing::debug!("ranged download: session {i} not resynchronised: {r}");
+                }
+                return Err(e);
             }
         };
         let reached = a + (*got - before);
