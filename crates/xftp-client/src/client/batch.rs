@@ -306,7 +306,7 @@ impl Client {
                 // better when it failed on its side (not when the cause
                 // is here: its failure then only follows ours).
                 let r = self.final_reply().await?;
-                let ours = matches!(e, ClientError::Local { .. });
+                let ours = matches!(e, ClientError::Local { .. } | ClientError::Usage(_));
                 return Err(if r.is_failure() && !ours {
                     unexpected(c, &r)
                 } else {
