@@ -38,6 +38,11 @@ enum Script {
     /// EPSV names a port already closed again; LIST is refused with 550
     /// a moment later (a missing directory: the server gave up the port).
     RefusedList,
+    /// No MULT, REST STREAM in FEAT (ranged downloads), one session
+    /// allowed (421 to the others): the first RETR's data connection is
+    /// reset 100 KB in, then 426; every later RETR is sent whole from its
+    /// REST offset.
+    RangedResetOnce,
     /// SIZE is answered with a reply line of 4 MB.
     HugeLine,
     /// SIZE is answered with a multi-line reply that never ends.
@@ -56,9 +61,23 @@ fn fake_server(script: Script) -> (u16, mpsc::Receiver<String>) {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let Ok((ctl, _)) = l.accept() else { return };
+        // One session: any other connection is turned away.
+        thread::spawn(move || {
+            while let Ok((mut c, _)) = l.accept() {
+                let _ = c.write_all(b"421 one session only\r\n");
+            }
+        });
         let _ = session(ctl, script, &tx);
     });
     (port, rx)
+}
+
+/// The file of [`Script::RangedResetOnce`]: three ranges of a MiB and a
+/// bit, a byte pattern that shows any misplaced range.
+const RANGED_LEN: usize = (3 << 20) + 5;
+
+fn ranged_body() -> Vec<u8> {
+    (0..RANGED_LEN).map(|i| (i % 251) as u8).collect()
 }
 
 fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::io::Result<()> {
@@ -66,6 +85,7 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
     let mut r = BufReader::new(ctl);
     let mut data_listener: Option<TcpListener> = None;
     let mut uploaded = 0usize;
+    let (mut rest, mut retrs) = (0usize, 0u32);
     w.write_all(b"220 fake server\r\n")?;
     let mut line = String::new();
     loop {
@@ -103,8 +123,44 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             }
             "SIZE" => match script {
                 Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
+                Script::RangedResetOnce => format!("213 {RANGED_LEN}"),
                 _ => format!("213 {FILE_LEN}"),
             },
+            "FEAT" if matches!(script, Script::RangedResetOnce) => {
+                "211-Features:\r\n REST STREAM\r\n211 End".into()
+            }
+            "REST" => {
+                rest = cmd[5..].trim().parse().unwrap_or(0);
+                "350 restarting".into()
+            }
+            "ABOR" => "225 no transfer to abort".into(),
+            "PWD" => "257 \"/\" is the directory".into(),
+            "RETR" if matches!(script, Script::RangedResetOnce) => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (d, _) = dl.accept()?;
+                let body = ranged_body();
+                let from = std::mem::take(&mut rest).min(RANGED_LEN);
+                retrs += 1;
+                let mut d = socket2::Socket::from(d);
+                if retrs == 1 {
+                    let _ = d.write_all(&body[from..from + 100_000]);
+                    // A reset, not a close: the client's read fails.
+                    d.set_linger(Some(Duration::ZERO))?;
+                    drop(d);
+                    "426 connection reset".into()
+                } else {
+                    // The client closes when it has its range: the rest
+                    // fails to go out.
+                    match d.write_all(&body[from..]) {
+                        Ok(()) => "226 done".into(),
+                        Err(_) => "426 connection closed".into(),
+                    }
+                }
+            }
             "EPSV" if matches!(script, Script::NatPasv) => "500 EPSV not understood".into(),
             "EPSV" if matches!(script, Script::RefusedList) => {
                 let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -710,4 +766,35 @@ fn a_hostile_server_gets_a_clear_error_and_no_file() {
         );
         assert_eq!(entries(dir.path()), Vec::<String>::new(), "{script:?}");
     }
+}
+
+#[test]
+fn a_range_reset_mid_read_leaves_its_session_in_step() {
+    // The first range's data connection is reset: the session reads past
+    // that RETR's 426 (ABOR, PWD) and fetches the ranges again on the
+    // same control connection; every later reply goes to its own command.
+    let (port, seen) = fake_server(Script::RangedResetOnce);
+    let dir = tempfile::tempdir().unwrap();
+    let out = xftp(
+        &[
+            "get",
+            "-p",
+            "2",
+            "--timeout",
+            "10",
+            &format!("ftp://127.0.0.1:{port}/f"),
+            "got",
+        ],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("got")).unwrap(),
+        ranged_body()
+    );
+    let cmds: Vec<String> = seen.try_iter().collect();
+    let retrs = cmds.iter().filter(|c| c.starts_with("RETR")).count();
+    assert!(retrs >= 3, "{cmds:?}");
+    assert!(cmds.iter().any(|c| c == "PWD"), "no resync: {cmds:?}");
 }
