@@ -102,35 +102,23 @@ impl Partial {
         // Never through a link, nor into a FIFO or a device, put in the
         // partial's place (in a directory others may write to): O_NOFOLLOW
         // and O_NONBLOCK, and a plain file checked on the open descriptor.
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt;
+        let file = xftp_stripe::open_regular(
+            &path,
             std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
-                .truncate(false)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(&path)
-                .map_err(io_err(&path))?
-        };
-        let md = file.metadata().map_err(io_err(&path))?;
-        if !md.is_file() {
-            return Err(ResumeError::Io(
+                .truncate(false),
+            libc::O_NOFOLLOW,
+        )
+        .map_err(io_err(&path))?
+        .ok_or_else(|| {
+            ResumeError::Io(
                 path.clone(),
                 std::io::Error::other("not a regular file: remove it and run again"),
-            ));
-        }
-        // O_NONBLOCK was for the open alone.
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: fcntl on a descriptor owned by `file` for the call.
-            unsafe {
-                let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-                if fl >= 0 {
-                    libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-                }
-            }
-        }
+            )
+        })?;
+        let md = file.metadata().map_err(io_err(&path))?;
         let on_disk = md.len();
         let mut had = RangeSet::new();
         match std::fs::read(&record) {

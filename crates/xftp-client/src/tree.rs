@@ -202,7 +202,9 @@ impl Queues {
     }
 }
 
-fn join(base: &str, rel: &str) -> String {
+/// A remote path: `rel` under the directory `base` (`rel` alone where
+/// `base` is empty or `.`).
+pub fn join(base: &str, rel: &str) -> String {
     if base.is_empty() || base == "." {
         rel.to_owned()
     } else if base.ends_with('/') {

@@ -149,33 +149,17 @@ impl Root {
     }
 }
 
-/// Open `p` only if it is a regular file (`opts` says how), without ever
-/// blocking: a FIFO in the served tree would otherwise hold the thread
-/// that opens it until a writer (or reader) comes, and a few such opens
-/// stall every session. `O_NONBLOCK` makes the open return at once (a
-/// FIFO with no writer opens, one with no reader fails with ENXIO), the
-/// type is checked on the open descriptor, and the flag is cleared again
-/// for the regular file's reads and writes. `flags` are further open flags
-/// (`O_NOFOLLOW`): set here, since `custom_flags` replaces, not adds.
+/// Open `p` only if it is a regular file (`opts` and `flags` say how),
+/// without blocking ([`xftp_stripe::open_regular`]): a FIFO in the served
+/// tree would otherwise hold the thread that opens it until its other end
+/// comes, and a few such opens stall every session.
 pub fn open_plain(
     p: &Path,
     opts: &mut std::fs::OpenOptions,
     flags: i32,
 ) -> std::io::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = opts.custom_flags(flags | libc::O_NONBLOCK).open(p)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a plain file"));
-    }
-    // SAFETY: fcntl on a descriptor owned by `f` for the call.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-        }
-    }
-    Ok(f)
+    xftp_stripe::open_regular(p, opts, flags)?
+        .ok_or_else(|| std::io::Error::other("not a plain file"))
 }
 
 /// [`open_plain`] for reading.

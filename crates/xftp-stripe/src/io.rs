@@ -125,10 +125,44 @@ impl WriteAt for RecordedFile {
     }
 }
 
+/// Open `p` only if it is a regular file (`Ok(None)` if it is anything
+/// else), without ever blocking: opening a FIFO otherwise waits for its
+/// other end. `O_NONBLOCK` makes the open return at once, the type is
+/// checked on the open descriptor, and the flag is cleared again for the
+/// file's reads and writes. `flags` are further open flags (`O_NOFOLLOW`):
+/// set here, since `custom_flags` replaces, not adds.
+pub fn open_regular(
+    p: &std::path::Path,
+    opts: &mut std::fs::OpenOptions,
+    flags: i32,
+) -> io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = opts.custom_flags(flags | libc::O_NONBLOCK).open(p)?;
+    if !f.metadata()?.is_file() {
+        return Ok(None);
+    }
+    // SAFETY: fcntl on a descriptor owned by `f` for the call.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(Some(f))
+}
+
 /// Write `bytes` to `path` durably and atomically: a temporary beside it,
 /// synced, renamed over it.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_mode(path, bytes, 0o666)
+}
+
+/// [`write_atomic`], the file created with `mode` (less the umask) from
+/// the start: 0o600 keeps it from ever being readable by others.
+pub fn write_atomic_mode(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     // A new file of a name of its own (O_EXCL: never one already there,
     // nor a link put in its place), so that two writers of one record
     // never write into, or rename, each other's temporary.
@@ -141,6 +175,7 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_data()?;

@@ -58,7 +58,9 @@ pub mod sched;
 mod send;
 mod sock;
 
-pub use io::{write_atomic, MemFile, ReadAt, RecordedFile, WriteAt};
+pub use io::{
+    open_regular, write_atomic, write_atomic_mode, MemFile, ReadAt, RecordedFile, WriteAt,
+};
 pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;

@@ -16,12 +16,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod support;
 use support::{
-    assert_same_tree, chown_ftp, free_port, make_odd_tree, ok, s, sha256_file, write_prng_file,
-    xftp_in,
+    assert_same_tree, chown_ftp, free_port, make_odd_tree, ok, s, sha256_file, wait_listening,
+    write_prng_file, xftp_in,
 };
 
 /// Where the servers were unpacked.
@@ -83,18 +82,10 @@ fn start(mut cmd: Command, port: u16, conf: tempfile::TempDir, what: &str) -> Da
         port,
         _conf: conf,
     };
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(st)) = d.child.try_wait() {
-            let log = std::fs::read_to_string(d._conf.path().join("stderr.log"));
-            panic!("{what} exited at once ({st}): {log:?}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{what} did not listen on {port} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let log = d._conf.path().join("stderr.log");
+    wait_listening(&mut d.child, port, what, || {
+        format!("{:?}", std::fs::read_to_string(&log))
+    });
     d
 }
 

@@ -9,12 +9,12 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod support;
 use support::{
     assert_same_tree, chown_ftp, free_port, json, make_odd_tree as make_tree, ok, s, sha256_file,
-    write_prng_file, xftp_in as xftp,
+    wait_listening, write_prng_file, xftp_in as xftp,
 };
 
 const VSFTPD: &str = "/usr/sbin/vsftpd";
@@ -98,17 +98,9 @@ fn vsftpd(root: &Path, tls: Option<(&Path, &Path)>, extra: &str) -> Vsftpd {
         port,
         _conf: conf,
     };
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(st)) = server.child.try_wait() {
-            panic!("vsftpd exited at once ({st}); config:\n{text}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "vsftpd did not listen on {port} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(&mut server.child, port, "vsftpd", || {
+        format!("config:\n{text}")
+    });
     server
 }
 

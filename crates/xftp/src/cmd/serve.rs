@@ -325,30 +325,10 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
         Access::ReadWrite
     };
     db.set_with_home(&a.name, &password, access, a.home.as_deref())?;
-    let tmp = a.users.with_extension("tmp");
     // Readable by the owner alone from its creation (the hashes never sit
-    // in a file others may read), and a new file: a leftover is removed
-    // and a link in its place not written through.
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("removing {}", tmp.display()))
-            }
-            _ => {}
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(db.render().as_bytes())
-            .and_then(|()| f.sync_data())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, &a.users).with_context(|| format!("replacing {}", a.users.display()))?;
+    // in a file others may read), and never written through a link.
+    xftp_stripe::write_atomic_mode(&a.users, db.render().as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", a.users.display()))?;
     eprintln!("user {} saved in {}", a.name, a.users.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -1002,9 +1002,7 @@ impl Shell {
         // afresh, in the login directory: a path relative to this shell's
         // directory goes out absolute, as PWD gave it.
         let remote = match self.conn.as_ref().and_then(|c| c.cwd.as_deref()) {
-            Some(d) if !remote.starts_with('/') => {
-                format!("{}/{remote}", d.trim_end_matches('/'))
-            }
+            Some(d) if !remote.starts_with('/') => xftp_client::tree::join(d, remote),
             _ => remote.to_string(),
         };
         let (progress, mode) = (self.progress.clone(), self.display_mode());

@@ -311,3 +311,20 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Wait (10 s at most) until `child`, a server started for a test, takes
+/// connections on 127.0.0.1:`port`; if it exits first, panic with
+/// `detail()` (its configuration, its log).
+pub fn wait_listening(child: &mut Child, port: u16, what: &str, detail: impl Fn() -> String) {
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited at once ({st}): {}", detail());
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{what} did not listen on {port} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
