@@ -2066,7 +2066,35 @@ impl Client {
             }
         });
         // The server hashes its copy while we hash ours.
-        let remote_value = self.remote_checksum(remote, alg, via, size).await;
+        let remote_value = match self.remote_checksum(remote, alg, via, size).await {
+            // A ranged download can end with this session gone while the
+            // others brought every byte (ProFTPD's mod_tls ends a session
+            // whose data connection was cut): the copy is checked over a
+            // new session of the same login.
+            Err(e)
+                if matches!(
+                    e,
+                    ClientError::Closed | ClientError::ControlIo(_) | ClientError::Tls(_)
+                ) && self.sessions.is_some() =>
+            {
+                tracing::info!("checksum: this session was lost ({e}); asking over a new one");
+                match self.sessions.clone() {
+                    Some(f) => match (f.0)().await {
+                        Ok(mut c) => {
+                            let v = c.remote_checksum(remote, alg, via, size).await;
+                            c.quit().await;
+                            v
+                        }
+                        Err(e2) => {
+                            tracing::info!("checksum: no new session: {e2}");
+                            Err(e)
+                        }
+                    },
+                    None => Err(e),
+                }
+            }
+            r => r,
+        };
         let local = local
             .await
             .map_err(|e| local_err(file, std::io::Error::other(e)))?

@@ -306,7 +306,7 @@ fn proftpd_ranges_hash_checks_trees_and_tls() {
     let base = format!("ftp://localhost:{}/pub", server.port);
     let tls = ["--tls", "--cacert", s(&crt)];
     let got = local.join("got-tls");
-    let mut args = vec!["get", "-p", "3"];
+    let mut args = vec!["get", "-p", "3", "--verify"];
     args.extend(tls);
     let url = format!("{base}/f");
     args.extend([url.as_str(), s(&got)]);
