@@ -138,6 +138,17 @@ pub fn open_regular(
 ) -> io::Result<Option<std::fs::File>> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
+    // Looked at first, so that a device is not even opened (an open can
+    // act: a tape rewinds, a modem line hangs up); checked again on the
+    // descriptor, against a swap between the two.
+    let before = if flags & libc::O_NOFOLLOW != 0 {
+        std::fs::symlink_metadata(p)
+    } else {
+        std::fs::metadata(p)
+    };
+    if before.is_ok_and(|m| !m.is_file()) {
+        return Ok(None);
+    }
     let f = opts.custom_flags(flags | libc::O_NONBLOCK).open(p)?;
     if !f.metadata()?.is_file() {
         return Ok(None);
@@ -249,6 +260,40 @@ impl WriteAt for MemFile {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_regular_files_are_opened_and_others_are_not_even_tried() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"data").unwrap();
+        let read = || {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true);
+            o
+        };
+        assert!(super::open_regular(&f, &mut read(), 0).unwrap().is_some());
+        // A FIFO opened for writing with no reader fails (ENXIO) when it
+        // is opened at all: it is turned away before.
+        let fifo = dir.path().join("p");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut w = std::fs::OpenOptions::new();
+        w.write(true);
+        assert!(super::open_regular(&fifo, &mut w, 0).unwrap().is_none());
+        assert!(super::open_regular(dir.path(), &mut read(), 0)
+            .unwrap()
+            .is_none());
+        // Through a link only without O_NOFOLLOW.
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        assert!(super::open_regular(&link, &mut read(), 0)
+            .unwrap()
+            .is_some());
+        assert!(super::open_regular(&link, &mut read(), libc::O_NOFOLLOW)
+            .unwrap()
+            .is_none());
+    }
+
     #[test]
     fn write_atomic_never_writes_through_a_link_left_in_its_way() {
         let dir = tempfile::tempdir().unwrap();
