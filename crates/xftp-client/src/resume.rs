@@ -121,7 +121,10 @@ impl Partial {
         let md = file.metadata().map_err(io_err(&path))?;
         let on_disk = md.len();
         let mut had = RangeSet::new();
-        match std::fs::read(&record) {
+        // Neither through a link nor from a FIFO (whose open would wait).
+        match xftp_stripe::read_regular(&record, libc::O_NOFOLLOW).and_then(|b| {
+            b.ok_or_else(|| io::Error::other("not a regular file: remove it and run again"))
+        }) {
             Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
                 Ok(r) if r.version == 1 => {
                     if r.meta != now {
@@ -273,6 +276,19 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         match Partial::open(&target, "s", meta(10)) {
             Err(ResumeError::Io(_, e)) => assert!(e.to_string().contains("not a regular file")),
+            other => panic!("{other:?}"),
+        }
+        // A FIFO in the record's place: refused, not waited on.
+        let target = dir.path().join("h");
+        let rec = record_path(&partial_path(&target));
+        let c = std::ffi::CString::new(rec.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        match Partial::open(&target, "s", meta(10)) {
+            Err(ResumeError::Io(p, e)) => {
+                assert_eq!(p, rec);
+                assert!(e.to_string().contains("not a regular file"));
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -77,8 +77,10 @@ pub fn parse(text: &str) -> Option<(Meta, RangeSet)> {
 /// The record of `partial`, its ranges cut to what the file holds;
 /// `Ok(None)` when there is none (or it cannot be read as one).
 pub fn read(partial: &Path) -> io::Result<Option<(Meta, RangeSet)>> {
-    let text = match std::fs::read_to_string(record_path(partial)) {
-        Ok(t) => t,
+    // Never a FIFO's open, which would wait for a writer.
+    let text = match xftp_stripe::read_regular(&record_path(partial), libc::O_NOFOLLOW) {
+        Ok(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(None) => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -115,5 +117,11 @@ mod tests {
         assert!(parse("garbage").is_none());
         assert!(parse("xftp-upload 1\nsize x\n").is_none());
         assert!(read(&dir.path().join("none")).unwrap().is_none());
+        // A FIFO in a record's place is no record, and is not waited on.
+        let q = dir.path().join("q.part");
+        let c = std::ffi::CString::new(record_path(&q).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(read(&q).unwrap().is_none());
     }
 }
