@@ -1837,8 +1837,34 @@ impl Session {
                 .await
             }
             Outcome::Failed(TransferError::Storage(e)) => {
-                self.reply(451, format!("Local error, transfer aborted: {e}"))
+                if out_of_space(e.kind(), &e.to_string()) {
+                    self.reply(
+                        452,
+                        format!("Insufficient storage space, transfer aborted: {e}"),
+                    )
                     .await
+                } else {
+                    self.reply(451, format!("Local error, transfer aborted: {e}"))
+                        .await
+                }
+            }
+            // The file system under a striped transfer: the server's, not
+            // the connection's, fault.
+            Outcome::Failed(TransferError::Stripe(xftp_stripe::StripeError::Io {
+                conn: None,
+                kind,
+                message,
+            })) => {
+                if out_of_space(kind, &message) {
+                    self.reply(
+                        452,
+                        format!("Insufficient storage space, transfer aborted: {message}"),
+                    )
+                    .await
+                } else {
+                    self.reply(451, format!("Local error, transfer aborted: {message}"))
+                        .await
+                }
             }
             Outcome::Failed(e) => {
                 self.reply(426, format!("Connection closed; transfer aborted: {e}"))
@@ -2670,6 +2696,13 @@ fn listing(
         push(name, &md);
     }
     Ok(out)
+}
+
+/// A write that failed for want of space: the disk is full (ENOSPC) or
+/// the owner's quota is used up (EDQUOT), RFC 959's 452.
+fn out_of_space(kind: std::io::ErrorKind, message: &str) -> bool {
+    kind == std::io::ErrorKind::StorageFull
+        || message.contains(&format!("(os error {})", libc::EDQUOT))
 }
 
 #[cfg(test)]

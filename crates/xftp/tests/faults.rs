@@ -419,25 +419,28 @@ fn a_full_disk_on_either_side() {
     // stays under its name, and the server goes on.
     let sroot = Tmpfs::mount(&dir.path().join("sroot"), "2m");
     let srv = serve(&sroot.0, &[]);
-    let out = xftp(
-        &[
-            "put",
-            "-p",
-            "4",
-            "big.bin",
-            &format!("ftp://127.0.0.1:{}/big.bin", srv.port),
-        ],
-        dir.path(),
-    );
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("452") || err.contains("552") || err.contains("space"),
-        "{err}"
-    );
-    assert!(!sroot.0.join("big.bin").exists());
-    let left: Vec<_> = std::fs::read_dir(&sroot.0).unwrap().collect();
-    assert!(left.is_empty(), "the server kept {left:?}");
+    for p in ["1", "4"] {
+        let out = xftp(
+            &[
+                "put",
+                "-p",
+                p,
+                "big.bin",
+                &format!("ftp://127.0.0.1:{}/big.bin", srv.port),
+            ],
+            dir.path(),
+        );
+        assert!(!out.status.success());
+        // RFC 959's 452 (insufficient storage), not a broken connection.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("452 Insufficient storage space") && err.contains("out of space"),
+            "-p {p}: {err}"
+        );
+        assert!(!sroot.0.join("big.bin").exists());
+        let left: Vec<_> = std::fs::read_dir(&sroot.0).unwrap().collect();
+        assert!(left.is_empty(), "-p {p}: the server kept {left:?}");
+    }
     let mut c = Ctl::login(srv.port);
     assert!(c.cmd("NOOP").starts_with("200"));
     drop(srv);
@@ -462,7 +465,10 @@ fn a_full_disk_on_either_side() {
         );
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("No space left"), "-p {p}: {err}");
+        assert!(
+            err.contains("No space left") && err.contains("the local disk is full"),
+            "-p {p}: {err}"
+        );
         let left: Vec<_> = std::fs::read_dir(&local.0).unwrap().collect();
         assert!(left.is_empty(), "-p {p}: left {left:?}");
     }

@@ -1026,6 +1026,15 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
             Op::Put => "the server's copy differs from the local file and was deleted; run it again (if it repeats, the local file may be changing, or a disk or memory fault corrupts data)".into(),
             _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
         }),
+        // The local file system, not the network.
+        ClientError::Stripe(m) if m.starts_with("storage:") => Some(if full_text(m) {
+            "the local disk is full (or over quota): free space where the file goes, then run it again (nothing was kept)".into()
+        } else {
+            "writing the local file failed (nothing was kept); check the disk and the local path".into()
+        }),
+        ClientError::Local { source, .. } if full_text(&source.to_string()) => Some(
+            "the local disk is full (or over quota): free space there, then run it again".into(),
+        ),
         ClientError::Stripe(_) => Some(
             "a data connection broke mid-transfer (nothing was kept); run it again, perhaps with fewer connections (-p)"
                 .into(),
@@ -1038,6 +1047,11 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
         Some(f) => anyhow::anyhow!("{e} — {f}"),
         None => anyhow::Error::new(e),
     }
+}
+
+/// An error's text names a full disk (ENOSPC) or a used-up quota (EDQUOT).
+fn full_text(m: &str) -> bool {
+    m.contains("(os error 28)") || m.contains("(os error 122)")
 }
 
 /// Render the outcome and choose the exit status.
