@@ -351,7 +351,13 @@ impl Client {
             _ => Control::new(stream, cfg.reply_timeout)?,
         };
         let greet = Cmd::bare("(greeting)");
-        let mut r = ctl.read_reply().await?;
+        let mut r = ctl.read_reply().await.map_err(|e| match e {
+            ClientError::Timeout { after, .. } => {
+                ClientError::NotFtp(format!("nothing within {:.0} s", after.as_secs_f64()))
+            }
+            ClientError::Protocol(p) => ClientError::NotFtp(p.to_string()),
+            other => other,
+        })?;
         // 120: "service ready in nnn minutes"; the 220 follows.
         while r.code == 120 {
             r = ctl.read_reply().await?;

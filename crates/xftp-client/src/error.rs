@@ -49,6 +49,12 @@ pub enum ClientError {
         /// The command whose argument was refused.
         verb: String,
     },
+    /// What answered the connection does not greet as an FTP server: no
+    /// greeting in time (an FTP server greets as soon as it accepts; an
+    /// HTTP server waits silently for a request), or one that is not an
+    /// FTP reply (an SSH banner).
+    #[error("no FTP server's greeting: {0}")]
+    NotFtp(String),
     /// The server sent something that is not an FTP reply.
     // Not a `source`: the text already says it, and error chains would
     // print it twice.

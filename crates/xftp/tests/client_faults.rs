@@ -558,6 +558,41 @@ fn crlf_in_url_path_is_refused_before_connecting() {
     assert!(l.accept().is_err(), "no connection may be made");
 }
 
+#[test]
+fn a_port_that_is_no_ftp_servers_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    // Silent after accepting (an HTTP server waits for a request), then
+    // an SSH banner: neither is an FTP greeting.
+    for banner in [None, Some("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            if let Some(b) = banner {
+                c.write_all(b.as_bytes()).unwrap();
+            }
+            let _ = c.read(&mut [0u8; 64]);
+            thread::sleep(Duration::from_millis(1500));
+        });
+        let url = format!("ftp://127.0.0.1:{port}/f");
+        let out = xftp(&["get", "--timeout", "1", &url, "f"], dir.path());
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no FTP server's greeting")
+                && err.contains(&format!("is 127.0.0.1:{port} an FTP server's address?")),
+            "{banner:?}: {err}"
+        );
+        if banner.is_some() {
+            assert!(err.contains("SSH-2.0"), "{err}");
+        } else {
+            assert!(err.contains("nothing within 1 s"), "{err}");
+        }
+        t.join().unwrap();
+        assert!(entries(dir.path()).is_empty());
+    }
+}
+
 /// Round trips (issue 3 point 9), counted without a clock on the client
 /// side: this server holds its replies until the client has gone quiet
 /// for a moment, then sends them all and starts a new "flight". A command

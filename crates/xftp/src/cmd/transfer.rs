@@ -986,6 +986,10 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
             ),
             _ => None,
         },
+        ClientError::NotFtp(_) => Some(format!(
+            "is {} an FTP server's address? check the host and port (ftp://host:PORT/; ftps:// for implicit TLS)",
+            url.authority()
+        )),
         ClientError::Connect { .. } => Some(format!(
             "is an FTP server running at {}? check the host and port (ftp://host:PORT/)",
             url.authority()
