@@ -559,6 +559,33 @@ fn crlf_in_url_path_is_refused_before_connecting() {
 }
 
 #[test]
+fn a_directory_where_a_file_is_expected_points_to_r() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tree")).unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/up/");
+    let out = xftp(&["put", "tree", &url], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "tree is a directory — send the whole tree with `xftp put -r tree {url}`"
+        )),
+        "{err}"
+    );
+    let out = xftp(&["get", &url, "x"], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("`xftp get -r {url} LOCAL_DIR`")),
+        "{err}"
+    );
+    assert!(l.accept().is_err(), "no connection is needed to tell");
+}
+
+#[test]
 fn a_port_that_is_no_ftp_servers_is_named_as_such() {
     let dir = tempfile::tempdir().unwrap();
     // Silent after accepting (an HTTP server waits for a request), then

@@ -485,9 +485,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         let url = FtpUrl::parse(&a.url)?;
         let name = url.file_name().map(str::to_owned).ok_or_else(|| {
             anyhow::anyhow!(
-                "{} names a directory, not a file — give the file's path, e.g. ftp://{}/dir/file (list with `xftp ls`)",
+                "{} names a directory, not a file — give the file's path, e.g. ftp://{}/dir/file (list with `xftp ls`), or fetch the whole tree with `xftp get -r {} LOCAL_DIR`",
                 a.url,
-                url.authority()
+                url.authority(),
+                a.url
             )
         })?;
         let target = match &a.local {
@@ -562,6 +563,14 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                 .and_then(|n| n.to_str())
                 .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", a.local.display()))?;
             remote.push_str(name);
+        }
+        if a.local.is_dir() {
+            anyhow::bail!(
+                "{} is a directory — send the whole tree with `xftp put -r {} {}`",
+                a.local.display(),
+                a.local.display(),
+                a.url
+            );
         }
         if !a.local.is_file() {
             anyhow::bail!(
