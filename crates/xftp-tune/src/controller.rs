@@ -1076,6 +1076,19 @@ impl Controller {
                 if e.little_left {
                     return self.steady(self.n, Reason::TooLittleLeft);
                 }
+                // From 8 or more, halfway back (twice the smaller count),
+                // not into the crowding: the clear epochs that judged the
+                // smaller count are often those in which its connections
+                // sat in timeouts (nothing sent, so nothing lost) after
+                // the crowded ones, and back at the crowded count the end
+                // of the file waits on connections in backed-off timeouts
+                // (docs/tuning.md, rule 3). Growth back there is barred
+                // for a while.
+                let mid = t.to.saturating_mul(2);
+                if t.from >= 8 && mid < t.from {
+                    self.failed_up(t.from);
+                    return self.steady(mid, Reason::Undo);
+                }
                 self.steady(t.from, Reason::Undo)
             }
         }
@@ -1695,6 +1708,29 @@ mod tests {
         // and no second step down from there.
         feed(&mut c, &mut f, 4, 13e6, 0.03, 62);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_failed_step_down_from_many_goes_back_halfway() {
+        // 16 connections on a 2.4 Mbit/s, 100 ms path with a queue of 8
+        // packets: the link full and a third of the segments lost. The
+        // step down goes to 2 (the pipe at 8 segments each); once the
+        // retired connections have drained, the two sit in timeouts for
+        // a while (nothing sent, nothing lost, little goodput). Going
+        // back to 16 (emulated: 12.8-14.1 s where fixed 4 took 8.4 s)
+        // returned to the crowding; halfway back, 4 (8.6-8.8 s).
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 16));
+        feed(&mut c, &mut f, 1, 2.3e6, 0.0, 100);
+        feed(&mut c, &mut f, 2, 2.3e6, 0.3, 125);
+        assert_eq!(last(&c), Some(Reason::Shed), "{:?}", c.history());
+        assert_eq!(c.streams(), 2, "{:?}", c.history());
+        feed(&mut c, &mut f, 2, 2.2e6, 0.2, 125);
+        feed(&mut c, &mut f, 2, 1.0e6, 0.0, 100);
+        assert_eq!(last(&c), Some(Reason::Undo), "{:?}", c.history());
+        assert_eq!(c.streams(), 4, "{:?}", c.history());
+        // Not back to 16 while the link stays full at 4.
+        feed(&mut c, &mut f, 12, 2.3e6, 0.0, 105);
+        assert!(c.streams() < 16, "{:?}", c.history());
     }
 
     #[test]
