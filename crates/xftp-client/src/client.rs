@@ -1598,7 +1598,7 @@ impl Client {
     /// and `..`; a server without MLSD gives the error of its refusal.
     pub async fn mlsd(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
         let out = self.listing(Cmd::with("MLSD", path)).await?;
-        Ok(String::from_utf8_lossy(&out)
+        Ok(xftp_proto::name::decode(&out)
             .lines()
             .filter_map(xftp_proto::facts::parse_mlsx)
             .filter(|e| e.kind != xftp_proto::facts::Kind::SelfOrParent)
@@ -1622,7 +1622,7 @@ impl Client {
             }
             r => r?,
         };
-        Ok(String::from_utf8_lossy(&out)
+        Ok(xftp_proto::name::decode(&out)
             .lines()
             .filter_map(xftp_proto::facts::parse_list_line)
             .collect())

@@ -53,7 +53,16 @@ impl Cmd {
         out.extend_from_slice(self.verb.as_bytes());
         if let Some(a) = &self.arg {
             out.push(b' ');
-            out.extend_from_slice(a.as_bytes());
+            // A name that is not UTF-8 goes as its own bytes
+            // (xftp_proto::name); a 0xFF byte is doubled, as Telnet's
+            // IAC (RFC 959, RFC 854), so the server does not read it as
+            // the start of a Telnet command.
+            for b in xftp_proto::name::encode(a) {
+                out.push(b);
+                if b == 0xFF {
+                    out.push(0xFF);
+                }
+            }
         }
         out.extend_from_slice(b"\r\n");
         Ok(())

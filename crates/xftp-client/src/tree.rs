@@ -255,7 +255,7 @@ pub async fn get_tree(
                 let Some(job) = q.pop(role_now) else {
                     break;
                 };
-                let target = local.join(&job.rel);
+                let target = local.join(xftp_proto::name::to_path(&job.rel));
                 if opt.skip_complete && complete_locally(&target, &job) {
                     w.rep.skipped += 1;
                     continue;
@@ -347,7 +347,7 @@ async fn walk(
             };
             match e.kind {
                 Kind::Dir => {
-                    let p = local.join(&rel);
+                    let p = local.join(xftp_proto::name::to_path(&rel));
                     std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
                     st.ndirs += 1;
                     st.dirs.push_back(rel);
@@ -532,7 +532,7 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
         let books = Books::new();
         let next = || loop {
             let job = q.pop(Role::Small)?;
-            let target = local.join(&job.rel);
+            let target = local.join(xftp_proto::name::to_path(&job.rel));
             if opt.skip_complete && complete_locally(&target, &job) {
                 lock(&books.rep).skipped += 1;
                 continue;
@@ -567,7 +567,7 @@ async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
         let next = || {
             let job = q.pop(Role::Small)?;
             let item = UploadItem {
-                local: local.join(&job.rel),
+                local: local.join(xftp_proto::name::to_path(&job.rel)),
                 remote: join(remote, &job.rel),
                 mtime: job.mtime.filter(|_| opt.preserve),
                 mode: job.mode.filter(|_| opt.preserve),
@@ -601,7 +601,7 @@ pub async fn put_tree(
         let p = if d.is_empty() {
             local.to_owned()
         } else {
-            local.join(&d)
+            local.join(xftp_proto::name::to_path(&d))
         };
         let mut names: Vec<_> = std::fs::read_dir(&p)
             .map_err(|e| local_err(&p, e))?
@@ -609,11 +609,8 @@ pub async fn put_tree(
             .map_err(|e| local_err(&p, e))?;
         names.sort_by_key(|e| e.file_name());
         for e in names {
-            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-                tracing::warn!("{}: not UTF-8, left out", e.path().display());
-                report.other += 1;
-                continue;
-            };
+            // Not UTF-8: kept as its bytes (xftp_proto::name).
+            let name = xftp_proto::name::from_os(&e.file_name());
             let rel = if d.is_empty() {
                 name
             } else {
@@ -700,7 +697,10 @@ pub async fn put_tree(
                     continue;
                 };
                 let started = Instant::now();
-                match c.upload(&local.join(&job.rel), &dst).await {
+                match c
+                    .upload(&local.join(xftp_proto::name::to_path(&job.rel)), &dst)
+                    .await
+                {
                     Ok(r) => {
                         w.rep.files += 1;
                         w.rep.bytes += r.bytes;

@@ -209,6 +209,11 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ClientError> {
             i += 1;
         }
     }
+    // A path is bytes (a server's names need not be UTF-8): kept as
+    // such (xftp_proto::name). The other parts must be text.
+    if what == "path" {
+        return Ok(xftp_proto::name::decode(&out));
+    }
     String::from_utf8(out).map_err(|_| {
         usage(format!(
             "the {what} of the URL is not UTF-8 after %-decoding"
@@ -280,12 +285,18 @@ mod tests {
             "ftp://h/a%0D%0ADELE%20x",
             "ftp://u%0A@h/f",
             "ftp://h/%zz",
-            "ftp://h/%ff",
+            "ftp://u%ff@h/f",
             "ftp://@h/f",
             "ftp://h/f;type=a",
         ] {
             assert!(FtpUrl::parse(bad).is_err(), "{bad} should be refused");
         }
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_is_kept_as_its_bytes() {
+        let u = FtpUrl::parse("ftp://h/d/caf%E9").unwrap();
+        assert_eq!(xftp_proto::name::encode(&u.path), b"d/caf\xe9");
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod cksum;
 pub mod command;
 pub mod facts;
 pub mod hostport;
+pub mod name;
 pub mod path;
 pub mod reply;
 

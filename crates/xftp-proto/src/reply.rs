@@ -152,9 +152,23 @@ impl ReplyParser {
             if line.last() == Some(&b'\r') {
                 line.pop();
             }
-            let line = String::from_utf8_lossy(&line).into_owned();
-            // Each invalid byte becomes U+FFFD, three bytes: the limit
-            // holds for the text as kept, so that it encodes within it.
+            // Telnet's doubled IAC is one 0xFF byte (RFC 854); a byte that
+            // is not UTF-8 is kept as its escape (crate::name), so that a
+            // path in a reply (PWD's 257) goes back as the same bytes.
+            let mut unescaped = Vec::with_capacity(line.len());
+            let mut i = 0;
+            while i < line.len() {
+                unescaped.push(line[i]);
+                i += if line[i] == 0xFF && line.get(i + 1) == Some(&0xFF) {
+                    2
+                } else {
+                    1
+                };
+            }
+            let line = crate::name::decode(&unescaped);
+            // Each invalid byte becomes a private-use character, three
+            // bytes: the limit holds for the text as kept, so that it
+            // encodes within it.
             if line.len() > MAX_REPLY_LINE {
                 return Err(ProtoError::LineTooLong {
                     limit: MAX_REPLY_LINE,

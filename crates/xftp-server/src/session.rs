@@ -1837,7 +1837,7 @@ impl Session {
                 .await
             }
             Outcome::Failed(TransferError::Storage(e)) => {
-                if out_of_space(e.kind(), &e.to_string()) {
+                if out_of_space(&e.to_string()) {
                     self.reply(
                         452,
                         format!("Insufficient storage space, transfer aborted: {e}"),
@@ -1852,10 +1852,10 @@ impl Session {
             // the connection's, fault.
             Outcome::Failed(TransferError::Stripe(xftp_stripe::StripeError::Io {
                 conn: None,
-                kind,
                 message,
+                ..
             })) => {
-                if out_of_space(kind, &message) {
+                if out_of_space(&message) {
                     self.reply(
                         452,
                         format!("Insufficient storage space, transfer aborted: {message}"),
@@ -2700,9 +2700,10 @@ fn listing(
 
 /// A write that failed for want of space: the disk is full (ENOSPC) or
 /// the owner's quota is used up (EDQUOT), RFC 959's 452.
-fn out_of_space(kind: std::io::ErrorKind, message: &str) -> bool {
-    kind == std::io::ErrorKind::StorageFull
-        || message.contains(&format!("(os error {})", libc::EDQUOT))
+fn out_of_space(message: &str) -> bool {
+    [libc::ENOSPC, libc::EDQUOT]
+        .iter()
+        .any(|e| message.contains(&format!("(os error {e})")))
 }
 
 #[cfg(test)]

@@ -489,3 +489,51 @@ fn a_mode_e_download_keeps_its_data_connection_for_the_next() {
     assert!(r.starts_with("425"), "{r}");
     drop(d2);
 }
+
+#[test]
+fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let work = dir.path().join("work");
+    let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    // 0xFF is Telnet's IAC on the control connection: sent doubled.
+    let iac = std::ffi::OsStr::from_bytes(b"x\xffy");
+    std::fs::create_dir_all(root.join("src").join(latin1)).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(root.join("src").join(latin1).join(iac), b"one").unwrap();
+    std::fs::write(root.join("src").join(iac), b"two").unwrap();
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let out = xftp(&["get", "-r", &format!("{base}/src/"), "copy"], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(work.join("copy").join(latin1).join(iac)).unwrap(),
+        b"one"
+    );
+    assert_eq!(std::fs::read(work.join("copy").join(iac)).unwrap(), b"two");
+    // One file by URL, %-escaped, into the name it has.
+    let out = xftp(&["get", &format!("{base}/src/caf%E9/x%FFy")], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(work.join(iac)).unwrap(), b"one");
+    // And back up, under the same bytes.
+    let out = xftp(&["put", "-r", "copy", &format!("{base}/back/")], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(root.join("back").join(latin1).join(iac)).unwrap(),
+        b"one"
+    );
+    assert_eq!(std::fs::read(root.join("back").join(iac)).unwrap(), b"two");
+}

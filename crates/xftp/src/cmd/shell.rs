@@ -994,8 +994,8 @@ impl Shell {
             )
         })?;
         let target = match local {
-            None => PathBuf::from(name),
-            Some(p) if p.is_dir() => p.join(name),
+            None => xftp_proto::name::to_path(name),
+            Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(name)),
             Some(p) => p,
         };
         // The sessions of a ranged download (a server without MULT) log in

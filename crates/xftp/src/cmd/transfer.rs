@@ -469,7 +469,10 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
                 .filter(|n| !n.is_empty())
                 .unwrap_or("xftp-tree")
                 .to_owned();
-            let target = a.local.clone().unwrap_or_else(|| PathBuf::from(&name));
+            let target = a
+                .local
+                .clone()
+                .unwrap_or_else(|| xftp_proto::name::to_path(&name));
             let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
             let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
             let opt = tree_options(&a.t, a.resume, progress.clone());
@@ -492,8 +495,8 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             )
         })?;
         let target = match &a.local {
-            None => PathBuf::from(&name),
-            Some(p) if p.is_dir() => p.join(&name),
+            None => xftp_proto::name::to_path(&name),
+            Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(&name)),
             Some(p) => p.clone(),
         };
         let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
@@ -560,9 +563,9 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
             let name = a
                 .local
                 .file_name()
-                .and_then(|n| n.to_str())
+                .map(xftp_proto::name::from_os)
                 .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", a.local.display()))?;
-            remote.push_str(name);
+            remote.push_str(&name);
         }
         if a.local.is_dir() {
             anyhow::bail!(
