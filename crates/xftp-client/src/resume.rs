@@ -95,6 +95,8 @@ impl Partial {
     ) -> Result<Partial, ResumeError> {
         let path = partial_path(target);
         let record = record_path(&path);
+        // Temporaries of the record that a killed run left behind.
+        xftp_stripe::remove_stale_temps(&record);
         let io_err = |p: &Path| {
             let p = p.to_owned();
             move |e| ResumeError::Io(p, e)
@@ -197,6 +199,8 @@ impl Partial {
     /// data into place).
     pub(crate) fn remove_record(&self) {
         let _ = std::fs::remove_file(&self.record);
+        // And what a run killed while writing it left.
+        xftp_stripe::remove_stale_temps(&self.record);
     }
 }
 
@@ -291,6 +295,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn temporaries_of_killed_runs_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t");
+        let rec = record_path(&partial_path(&target));
+        let name = |pid: u32| {
+            let mut n = rec.as_os_str().to_owned();
+            n.push(format!(".{pid}-3.new"));
+            std::path::PathBuf::from(n)
+        };
+        // No process has pid i32::MAX - 1 (pid_max is at most 2^22).
+        let dead = name(i32::MAX as u32 - 1);
+        let live = name(std::process::id());
+        let other = dir.path().join("t.something.new");
+        for p in [&dead, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let p = Partial::open(&target, "s", meta(10)).unwrap();
+        assert!(!dead.exists());
+        assert!(live.exists() && other.exists());
+        p.remove_record();
+        assert!(live.exists());
     }
 
     #[test]

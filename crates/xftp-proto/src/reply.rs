@@ -360,11 +360,22 @@ mod tests {
     }
 
     #[test]
+    fn a_doubled_iac_is_one_byte_and_other_bytes_are_kept() {
+        let back = parse_all(b"257 \"/x\xff\xffy/caf\xe9\" is the current directory\r\n");
+        let text = &back[0].lines[0];
+        assert_eq!(
+            crate::name::encode(text),
+            b"\"/x\xffy/caf\xe9\" is the current directory"
+        );
+    }
+
+    #[test]
     fn invalid_utf8_cannot_stretch_a_line_past_the_limit() {
         // 3000 invalid bytes: 3004 on the wire, 9004 once each byte is
-        // U+FFFD (found by cargo-fuzz: such a reply did not encode back).
+        // a three-byte character (found by cargo-fuzz: such a reply did
+        // not encode back). Not 0xFF: doubled, that is Telnet's IAC.
         let mut line = b"100 ".to_vec();
-        line.extend(std::iter::repeat(0xffu8).take(3000));
+        line.extend(std::iter::repeat(0xfeu8).take(3000));
         line.extend_from_slice(b"\r\n");
         let mut p = ReplyParser::new();
         p.feed(&line);
@@ -374,7 +385,7 @@ mod tests {
         ));
         // Within the limit once decoded: kept, and it encodes back.
         let mut ok = b"100 ".to_vec();
-        ok.extend(std::iter::repeat(0xffu8).take(2000));
+        ok.extend(std::iter::repeat(0xfeu8).take(2000));
         ok.extend_from_slice(b"\r\n");
         let back = parse_all(&ok);
         let again = parse_all(&back[0].encode());

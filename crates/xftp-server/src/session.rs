@@ -1836,36 +1836,14 @@ impl Session {
                 )
                 .await
             }
-            Outcome::Failed(TransferError::Storage(e)) => {
-                if out_of_space(&e.to_string()) {
-                    self.reply(
-                        452,
-                        format!("Insufficient storage space, transfer aborted: {e}"),
-                    )
-                    .await
-                } else {
-                    self.reply(451, format!("Local error, transfer aborted: {e}"))
-                        .await
-                }
-            }
+            Outcome::Failed(TransferError::Storage(e)) => self.storage_failed(&e.to_string()).await,
             // The file system under a striped transfer: the server's, not
             // the connection's, fault.
             Outcome::Failed(TransferError::Stripe(xftp_stripe::StripeError::Io {
                 conn: None,
                 message,
                 ..
-            })) => {
-                if out_of_space(&message) {
-                    self.reply(
-                        452,
-                        format!("Insufficient storage space, transfer aborted: {message}"),
-                    )
-                    .await
-                } else {
-                    self.reply(451, format!("Local error, transfer aborted: {message}"))
-                        .await
-                }
-            }
+            })) => self.storage_failed(&message).await,
             Outcome::Failed(e) => {
                 self.reply(426, format!("Connection closed; transfer aborted: {e}"))
                     .await
@@ -1874,6 +1852,21 @@ impl Session {
                 self.reply(426, "Transfer aborted.").await?;
                 self.reply(226, "ABOR command successful.").await
             }
+        }
+    }
+
+    /// A transfer's end when the local file system failed it: 452 when
+    /// it is out of space (ENOSPC, EDQUOT), else 451.
+    async fn storage_failed(&mut self, why: &str) -> std::io::Result<()> {
+        if out_of_space(why) {
+            self.reply(
+                452,
+                format!("Insufficient storage space, transfer aborted: {why}"),
+            )
+            .await
+        } else {
+            self.reply(451, format!("Local error, transfer aborted: {why}"))
+                .await
         }
     }
 
@@ -2486,6 +2479,7 @@ impl Session {
                 Ok(r) => {
                     rec.sync_ranges().map_err(TransferError::Storage)?;
                     let _ = std::fs::remove_file(resumable::record_path(&target2));
+                    xftp_stripe::remove_stale_temps(&resumable::record_path(&target2));
                     Ok((r.bytes, r.streams.len()))
                 }
                 Err(e) => {

@@ -176,6 +176,57 @@ pub fn read_regular(p: &std::path::Path, flags: i32) -> io::Result<Option<Vec<u8
     Ok(Some(v))
 }
 
+/// Remove the temporaries [`write_atomic`] left beside `path` when their
+/// process was killed between writing and renaming (each has a name of
+/// its own: `path.PID-N.new`). Those of a process still running are left:
+/// it may be about to rename one.
+pub fn remove_stale_temps(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut prefix = name.as_bytes().to_vec();
+    prefix.push(b'.');
+    for e in entries.flatten() {
+        let f = e.file_name();
+        let Some(tag) = f
+            .as_bytes()
+            .strip_prefix(&prefix[..])
+            .and_then(|r| r.strip_suffix(b".new"))
+            .and_then(|r| std::str::from_utf8(r).ok())
+        else {
+            continue;
+        };
+        let Some(pid) = tag
+            .split_once('-')
+            .filter(|(_, n)| n.parse::<u64>().is_ok())
+            .and_then(|(p, _)| p.parse::<i32>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        if pid as u32 != std::process::id() && !process_exists(pid) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Whether process `pid` (> 0) exists: signal 0 checks without sending.
+fn process_exists(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; pid is positive, so it
+    // names one process, never a group.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// Write `bytes` to `path` durably and atomically: a temporary beside it,
 /// synced, renamed over it.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
