@@ -2081,22 +2081,26 @@ impl Client {
                 if matches!(
                     e,
                     ClientError::Closed | ClientError::ControlIo(_) | ClientError::Tls(_)
-                ) && self.sessions.is_some() =>
+                ) =>
             {
-                tracing::info!("checksum: this session was lost ({e}); asking over a new one");
                 match self.sessions.clone() {
-                    Some(f) => match (f.0)().await {
-                        Ok(mut c) => {
-                            let v = c.remote_checksum(remote, alg, via, size).await;
-                            c.quit().await;
-                            v
-                        }
-                        Err(e2) => {
-                            tracing::info!("checksum: no new session: {e2}");
-                            Err(e)
-                        }
-                    },
                     None => Err(e),
+                    Some(f) => {
+                        tracing::info!(
+                            "checksum: this session was lost ({e}); asking over a new one"
+                        );
+                        match (f.0)().await {
+                            Ok(mut c) => {
+                                let v = c.remote_checksum(remote, alg, via, size).await;
+                                c.quit().await;
+                                v
+                            }
+                            Err(e2) => {
+                                tracing::info!("checksum: no new session: {e2}");
+                                Err(e)
+                            }
+                        }
+                    }
                 }
             }
             r => r,

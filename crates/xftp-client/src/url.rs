@@ -99,7 +99,9 @@ impl FtpUrl {
                 "{url:?}: ';type=' suffixes are not supported (transfers are always binary)"
             )));
         }
-        let path = percent_decode(raw_path, "path")?;
+        // A path is bytes (a server's names need not be UTF-8): kept as
+        // such (xftp_proto::name).
+        let path = xftp_proto::name::decode(&percent_decode_bytes(raw_path, "path")?);
         for (what, s) in [
             ("user name", user.as_deref()),
             ("password", password.as_deref()),
@@ -192,6 +194,15 @@ fn split_host_port(hp: &str, url: &str) -> Result<(String, Option<u16>), ClientE
 
 /// Decode `%XX` escapes; the result must be UTF-8.
 fn percent_decode(s: &str, what: &str) -> Result<String, ClientError> {
+    String::from_utf8(percent_decode_bytes(s, what)?).map_err(|_| {
+        usage(format!(
+            "the {what} of the URL is not UTF-8 after %-decoding"
+        ))
+    })
+}
+
+/// Decode `%XX` escapes into bytes.
+fn percent_decode_bytes(s: &str, what: &str) -> Result<Vec<u8>, ClientError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -209,16 +220,7 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ClientError> {
             i += 1;
         }
     }
-    // A path is bytes (a server's names need not be UTF-8): kept as
-    // such (xftp_proto::name). The other parts must be text.
-    if what == "path" {
-        return Ok(xftp_proto::name::decode(&out));
-    }
-    String::from_utf8(out).map_err(|_| {
-        usage(format!(
-            "the {what} of the URL is not UTF-8 after %-decoding"
-        ))
-    })
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -48,11 +48,6 @@ pub fn encode(s: &str) -> Vec<u8> {
     out
 }
 
-/// Whether `s` holds escaped bytes (it names something that is not UTF-8).
-pub fn has_escapes(s: &str) -> bool {
-    s.chars().any(|c| unescape(c).is_some())
-}
-
 /// The local path `s` stands for (Unix: any bytes but NUL).
 #[cfg(unix)]
 pub fn to_path(s: &str) -> std::path::PathBuf {
@@ -94,8 +89,8 @@ mod tests {
         let latin1 = b"caf\xe9";
         let s = decode(latin1);
         assert_eq!(s.chars().count(), 4);
-        assert!(has_escapes(&s));
-        assert!(!has_escapes("caf\u{e9}"));
+        assert!(s.chars().any(|c| unescape(c).is_some()));
+        assert!("caf\u{e9}".chars().all(|c| unescape(c).is_none()));
         assert_eq!(encode(&s), latin1);
         // A truncated sequence at the end, and one in the middle.
         for b in [&b"ab\xe2\x82"[..], b"\xe2\x82x\xff\xfe", b"\xc3"] {

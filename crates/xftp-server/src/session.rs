@@ -1858,7 +1858,7 @@ impl Session {
     /// A transfer's end when the local file system failed it: 452 when
     /// it is out of space (ENOSPC, EDQUOT), else 451.
     async fn storage_failed(&mut self, why: &str) -> std::io::Result<()> {
-        if out_of_space(why) {
+        if xftp_stripe::names_out_of_space(why) {
             self.reply(
                 452,
                 format!("Insufficient storage space, transfer aborted: {why}"),
@@ -2690,14 +2690,6 @@ fn listing(
         push(name, &md);
     }
     Ok(out)
-}
-
-/// A write that failed for want of space: the disk is full (ENOSPC) or
-/// the owner's quota is used up (EDQUOT), RFC 959's 452.
-fn out_of_space(message: &str) -> bool {
-    [libc::ENOSPC, libc::EDQUOT]
-        .iter()
-        .any(|e| message.contains(&format!("(os error {e})")))
 }
 
 #[cfg(test)]

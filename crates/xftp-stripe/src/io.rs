@@ -176,6 +176,15 @@ pub fn read_regular(p: &std::path::Path, flags: i32) -> io::Result<Option<Vec<u8
     Ok(Some(v))
 }
 
+/// Whether an error's text (`io::Error`'s display, which ends in
+/// "(os error N)") names a full file system (ENOSPC) or a used-up quota
+/// (EDQUOT): FTP's 452, not a broken connection.
+pub fn names_out_of_space(text: &str) -> bool {
+    [libc::ENOSPC, libc::EDQUOT]
+        .iter()
+        .any(|e| text.contains(&format!("(os error {e})")))
+}
+
 /// Remove the temporaries [`write_atomic`] left beside `path` when their
 /// process was killed between writing and renaming (each has a name of
 /// its own: `path.PID-N.new`). Those of a process still running are left:

@@ -59,8 +59,8 @@ mod send;
 mod sock;
 
 pub use io::{
-    open_regular, read_regular, remove_stale_temps, write_atomic, write_atomic_mode, MemFile,
-    ReadAt, RecordedFile, WriteAt,
+    names_out_of_space, open_regular, read_regular, remove_stale_temps, write_atomic,
+    write_atomic_mode, MemFile, ReadAt, RecordedFile, WriteAt,
 };
 pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};

@@ -1043,12 +1043,12 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
             _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
         }),
         // The local file system, not the network.
-        ClientError::Stripe(m) if m.starts_with("storage:") => Some(if full_text(m) {
+        ClientError::Stripe(m) if m.starts_with("storage:") => Some(if xftp_stripe::names_out_of_space(m) {
             "the local disk is full (or over quota): free space where the file goes, then run it again (nothing was kept)".into()
         } else {
             "writing the local file failed (nothing was kept); check the disk and the local path".into()
         }),
-        ClientError::Local { source, .. } if full_text(&source.to_string()) => Some(
+        ClientError::Local { source, .. } if xftp_stripe::names_out_of_space(&source.to_string()) => Some(
             "the local disk is full (or over quota): free space there, then run it again".into(),
         ),
         ClientError::Stripe(_) => Some(
@@ -1063,11 +1063,6 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
         Some(f) => anyhow::anyhow!("{e} — {f}"),
         None => anyhow::Error::new(e),
     }
-}
-
-/// An error's text names a full disk (ENOSPC) or a used-up quota (EDQUOT).
-fn full_text(m: &str) -> bool {
-    m.contains("(os error 28)") || m.contains("(os error 122)")
 }
 
 /// Render the outcome and choose the exit status.
