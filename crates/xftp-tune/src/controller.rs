@@ -56,7 +56,12 @@
 //!    under 8 segments each, heavy loss neither stops growth (up to 8)
 //!    nor sheds; with 8 or more and no queue standing, heavy loss is the
 //!    path's own (BBR on a shallow queue) and goodput judges growth.
-//! 7. Never grow when what is left of the transfer would finish within two
+//! 7. *Busy* (rule 10 in docs/tuning.md) — a busy bottleneck delivers its
+//!    rate: delay above the floor while goodput is under 3/4 of the best
+//!    epoch's, with no heavy loss, is not read as a full link (growth is
+//!    not barred by it); a growth step from such a count that carries 9/10
+//!    of the best again is kept whatever level it is judged against.
+//! 8. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
 //!    slow start.
@@ -102,6 +107,14 @@ const SHED_SHARE: f64 = 8.0;
 /// count saves no timeouts. (The T1 satellite at 16 connections holds
 /// about 5 each; a 350 Mbit/s, 270 ms path at 16 about 230.)
 const CROWD_SHARE: f64 = 4.0 * SHED_SHARE;
+
+/// Share of the best epoch's goodput below which a standing queue is not
+/// read as a full link (a busy bottleneck delivers its rate).
+const BUSY_SHARE: f64 = 0.75;
+
+/// Share of the best epoch's goodput that a growth step from a starved
+/// count (see [`BUSY_SHARE`]) must carry to be kept whatever its gain.
+const REGAINED_SHARE: f64 = 0.9;
 
 /// Linux's shortest retransmission timeout (TCP_RTO_MIN).
 const MIN_RTO: Duration = Duration::from_millis(200);
@@ -370,6 +383,9 @@ struct Trial {
     /// Where `base` is the first epoch of a step that grew on at once:
     /// the level before that step, the last one measured after a ramp.
     prior: Option<f64>,
+    /// Taken from a count whose goodput had fallen well below the best
+    /// epoch's (`Controller::starved`).
+    starved: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -429,6 +445,11 @@ pub struct Controller {
     loss_floor: Option<f64>,
     /// Smallest per-epoch loss rate seen with no standing queue.
     quiet_loss: Option<f64>,
+    /// Highest goodput of an epoch so far: the link carries at least this.
+    best_g: Option<f64>,
+    /// The last epoch's goodput was well below `best_g` with a queue that
+    /// therefore was no full link's.
+    starved: bool,
     history: Vec<Step>,
 }
 
@@ -463,6 +484,8 @@ impl Controller {
             own_delay: Duration::ZERO,
             loss_floor: None,
             quiet_loss: None,
+            best_g: None,
+            starved: false,
             history: Vec::new(),
         }
     }
@@ -657,6 +680,25 @@ impl Controller {
                     .cfg
                     .loss_threshold
                     .max(1.5 * self.quiet_loss.unwrap_or(0.0));
+        // A standing queue is a busy bottleneck's, and a busy bottleneck
+        // delivers its rate, which is at least the best epoch seen. Delay
+        // above the floor while goodput sits well below that best, with
+        // no heavy loss, is no full link's: cubic connections on a
+        // 198 Mbit/s, 64 ms path with 0.09 % random loss decayed from 190
+        // to 70 Mbit/s at 8 (each capped by its own losses, Mathis) while
+        // their smallest RTT stood 3-14 ms above the floor (a loaded
+        // host's delay), and `link_full` kept the count at 8 where 32
+        // carried 190. It does not bar growth there; trials judge it by
+        // goodput. (Crowding, which sheds, still reads the raw queue.)
+        let best = self.best_g.unwrap_or(0.0);
+        let starved = goodput < BUSY_SHARE * best && !heavy_loss && !crowded;
+        self.best_g = Some(best.max(goodput));
+        self.starved = starved;
+        let (queueing, queue_now, heavy_queue) = if starved {
+            (false, false, false)
+        } else {
+            (queueing, queue_now, heavy_queue)
+        };
         // New connections carry data only about two RTTs after the
         // decision (the MULT exchange, then their handshake).
         let arrive = self.path_rtt().map_or(0.0, |f| 2.0 * f.as_secs_f64());
@@ -750,6 +792,7 @@ impl Controller {
             all: 0,
             all_sum: 0.0,
             prior: None,
+            starved: self.starved,
         });
         self.room_epochs = 0;
         self.quiet_epochs = 0;
@@ -988,6 +1031,17 @@ impl Controller {
             return (self.n, Reason::Trial);
         }
         let mean = (e.g + prev) / 2.0;
+        // From a count that had fallen well below the link's best, one
+        // that carries that best again is kept, however high the level it
+        // is judged against: that level (the count's settled rate) still
+        // holds the decay's start, and on the 198 Mbit/s path of
+        // `BUSY_SHARE` 16 carried 191 Mbit/s against a level of 175, was
+        // undone, and 8 fell to 86 in the next epoch.
+        let best = self.best_g.unwrap_or(0.0);
+        if t.starved && mean >= REGAINED_SHARE * best {
+            self.settled = Some(mean);
+            return self.steady(self.n, Reason::NoGain);
+        }
         // Kept on its gain, not on its share of the ideal: a step of
         // several times the count that fills the link reaches a small
         // share of an ideal no link holds.
@@ -1156,6 +1210,7 @@ impl Controller {
                 all: 0,
                 all_sum: 0.0,
                 prior: None,
+                starved: false,
             });
             self.crowded_bits = 0;
             self.room_epochs = 0;
@@ -1295,6 +1350,46 @@ mod tests {
         assert!(c.streams() > 8, "{:?}", c.history());
         assert!(bps > 0.9 * best_bps, "{bps} against {best_bps} at {best}");
         assert!(bps > 0.8 * p.payload_bps(), "{bps}");
+    }
+
+    #[test]
+    fn a_queue_with_goodput_well_below_the_best_does_not_bar_growth() {
+        // A standing queue is a busy bottleneck's, and a busy bottleneck
+        // delivers its rate. On an emulated lossy 198 Mbit/s, 64 ms path,
+        // cubic connections decayed from 190 Mbit/s to 70 at 8 (each held
+        // by its own losses) while their smallest RTT stood a few ms above
+        // the floor; `link_full` kept 8 to the end where 32 carried 190.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 1, 40e6, 0.0005, 64);
+        feed(&mut c, &mut f, 6, 190e6, 0.0005, 84);
+        assert_eq!(c.streams(), 8, "a full link: {:?}", c.history());
+        // The queue is still read (6 ms over a 3.2 ms threshold); goodput
+        // falls.
+        for g in [130e6, 125e6, 120e6, 110e6, 100e6, 90e6] {
+            feed(&mut c, &mut f, 1, g, 0.0005, 70);
+            if c.streams() > 8 {
+                break;
+            }
+        }
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        // The step carries nearly the best again: kept, though against
+        // the count's settled level (still near the decay's start) it
+        // gained under a tenth.
+        feed(&mut c, &mut f, 4, 178e6, 0.0005, 70);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        assert!(
+            c.history()
+                .iter()
+                .all(|s| s.streams != 16 || s.reason != Reason::Undo),
+            "{:?}",
+            c.history()
+        );
+        // Where goodput holds with the queue, the link is full: no growth.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 1, 40e6, 0.0005, 64);
+        feed(&mut c, &mut f, 6, 190e6, 0.0005, 84);
+        feed(&mut c, &mut f, 6, 180e6, 0.0005, 70);
+        assert!(c.streams() <= 10, "{:?}", c.history());
     }
 
     #[test]
