@@ -369,6 +369,59 @@ fn multi_stream_request_falls_back_to_one_connection() {
 }
 
 #[test]
+fn ranged_sessions_slow_to_log_in_are_dropped_and_said_so() {
+    if !have_pyftpdlib("ranged_sessions_slow_to_log_in_are_dropped_and_said_so") {
+        return;
+    }
+    // A server that greets every session after the first 5 s late: the
+    // first fetches the whole file long before, and the others, with
+    // nothing left to take, are dropped (not waited for) and named as
+    // not needed in the notice.
+    let script = r#"
+import logging, sys, threading, time
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler
+from pyftpdlib.servers import ThreadedFTPServer
+logging.basicConfig(level=logging.INFO)
+auth = DummyAuthorizer()
+auth.add_anonymous(sys.argv[1])
+seen = [0]
+lock = threading.Lock()
+class Slow(FTPHandler):
+    def on_connect(self):
+        with lock:
+            seen[0] += 1
+            n = seen[0]
+        if n > 1:
+            time.sleep(5)
+Slow.authorizer = auth
+server = ThreadedFTPServer(("127.0.0.1", 0), Slow)
+# (The threaded server does not log its port.)
+sys.stderr.write("starting FTP server on 127.0.0.1:%d\n" % server.address[1])
+sys.stderr.flush()
+server.serve_forever()
+"#;
+    let d = dirs();
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg("-c").arg(script).arg(&d.srv);
+    let server = spawn_logging_server(cmd);
+    write_prng_file(&d.srv.join("r.bin"), 4 * MIB + 7, 12);
+    let url = format!("ftp://127.0.0.1:{}/r.bin", server.port);
+    let out = xftp(&["get", &url, "-p", "4", "--json"], &d.local);
+    assert_ok(&out, "get -p 4 from a server slow to greet");
+    assert_eq!(json_of(&out)["bytes"], 4 * MIB + 7);
+    assert_eq!(
+        sha256_file(&d.local.join("r.bin")),
+        sha256_file(&d.srv.join("r.bin"))
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("4 sessions, each fetching byte ranges (REST); 3 of them not needed"),
+        "{err}"
+    );
+}
+
+#[test]
 fn connection_refused_is_reported() {
     // No peer needed: a port that was free a moment ago.
     let port = {

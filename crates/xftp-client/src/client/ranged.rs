@@ -257,7 +257,7 @@ impl Client {
         let mut per = vec![mine.bytes];
         let main_error = mine.error;
         let mut first_error = None;
-        let (mut opened, mut refusal) = (1, None);
+        let (mut opened, mut refusal, mut dropped) = (1, None, 0);
         loop {
             // Once every byte is claimed (and so written), a session still
             // logging in has nothing left to take: it is not waited for (a
@@ -277,6 +277,7 @@ impl Client {
                 break;
             };
             if r.as_ref().is_err_and(|e| e.is_cancelled()) {
+                dropped += 1;
                 continue;
             }
             let share = r.unwrap_or_else(|e| Share {
@@ -296,12 +297,18 @@ impl Client {
         }
         self.notices
             .retain(|m| !m.starts_with("server does not support MULT"));
+        // Sessions dropped while logging in fetched nothing: said so.
+        let unused = match dropped {
+            0 => String::new(),
+            1 => "; 1 of them not needed (every byte claimed before it logged in)".to_owned(),
+            d => format!("; {d} of them not needed (every byte claimed before they logged in)"),
+        };
         self.notices.push(match refusal {
             None => format!(
-                "server does not support MULT: {n} sessions, each fetching byte ranges (REST)"
+                "server does not support MULT: {n} sessions, each fetching byte ranges (REST){unused}"
             ),
             Some(why) => format!(
-                "server does not support MULT: {opened} of {n} sessions opened, each fetching byte ranges (REST); the others: {why}"
+                "server does not support MULT: {opened} of {n} sessions opened, each fetching byte ranges (REST); the others: {why}{unused}"
             ),
         });
         // What failed sessions left: this session fetches it, if it can.
