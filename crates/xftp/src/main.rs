@@ -95,6 +95,10 @@ fn main() -> ExitCode {
         Command::Probe(a) => a.json(),
         _ => false,
     };
+    let stopped_hint = match &cli.command {
+        Command::Get(a) => a.stopped_hint(),
+        _ => None,
+    };
     let (result, interrupted) = rt.block_on(async move {
         let work = match cli.command {
             // The server ends on its own signals (it finishes transfers).
@@ -118,7 +122,10 @@ fn main() -> ExitCode {
         tokio::select! {
             r = work => (r, false),
             (name, code) = interrupted() => {
-                eprintln!("xftp: interrupted ({name})");
+                match stopped_hint {
+                    Some(h) => eprintln!("xftp: interrupted ({name}); {h}"),
+                    None => eprintln!("xftp: interrupted ({name})"),
+                }
                 if json {
                     cmd::transfer::print_interrupted(name, start.elapsed());
                 }

@@ -343,6 +343,8 @@ fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
         err.contains("short transfer") && err.contains("600") && err.contains("1000"),
         "{err}"
     );
+    // Nothing kept without -c, and the message says how to keep it.
+    assert!(err.contains("with -c a cut download is kept"), "{err}");
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
@@ -356,7 +358,8 @@ fn a_file_that_grew_during_the_download_is_not_called_short() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("size changed: received 1500 bytes")
-            && err.contains("changed on the server during the transfer"),
+            && err.contains("changed on the server during the transfer")
+            && !err.contains("with -c"),
         "{err}"
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
@@ -420,6 +423,8 @@ fn an_interrupted_download_leaves_nothing() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{err}");
         assert!(err.contains(&format!("interrupted (SIG{sig})")), "{err}");
+        // Without -c nothing is kept, and the message says how to keep it.
+        assert!(err.contains("with -c a cut download is kept"), "{err}");
         // With --json, the one object a failure prints.
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
         assert_eq!(j["status"], "error", "{j}");

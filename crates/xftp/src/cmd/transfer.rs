@@ -249,7 +249,16 @@ pub struct LsArgs {
     common: CommonArgs,
 }
 
+/// What a cut or stopped download without -c leaves, and how to keep it.
+pub const NOT_KEPT: &str = "what arrived was removed: with -c a cut download is kept, and the same command with -c fetches only what is missing";
+
 impl GetArgs {
+    /// What to say when the download is stopped by a signal: without -c
+    /// nothing of it is kept (a tree keeps the files it completed).
+    pub fn stopped_hint(&self) -> Option<&'static str> {
+        (!self.resume && !self.t.recursive).then_some(NOT_KEPT)
+    }
+
     /// Whether the summary goes out as JSON.
     pub fn json(&self) -> bool {
         self.common.json
@@ -439,9 +448,22 @@ fn explain_resumable(
     let keeps = resume
         && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
         && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }));
+    // A download cut midway without -c: say what -c would have kept.
+    // (Not a file that grew: -c would refuse it as changed.)
+    let cut = match &e {
+        ClientError::Closed
+        | ClientError::Timeout { .. }
+        | ClientError::ControlIo(_)
+        | ClientError::DataIo(_)
+        | ClientError::Stripe(_) => true,
+        ClientError::ShortTransfer { expected, got } => got < expected,
+        e => matches!(e.reply_code(), Some(426 | 451)),
+    };
     let e = explain(e, op, url);
     if keeps {
         anyhow::anyhow!("{e:#} — {kept}")
+    } else if cut && !resume && op == Op::Get {
+        anyhow::anyhow!("{e:#} — {NOT_KEPT}")
     } else {
         e
     }
