@@ -58,9 +58,10 @@
 //!    path's own (BBR on a shallow queue) and goodput judges growth.
 //! 7. *Busy* (rule 10 in docs/tuning.md) — a busy bottleneck delivers its
 //!    rate: delay above the floor while goodput is under 3/4 of the best
-//!    epoch's, with no heavy loss, is not read as a full link (growth is
-//!    not barred by it); a growth step from such a count that carries 9/10
-//!    of the best again is kept whatever level it is judged against.
+//!    seen (two epochs in a row), with no heavy loss, is not read as a
+//!    full link (growth is not barred by it); a growth step from such a
+//!    count that carries 9/10 of the best again is kept whatever level it
+//!    is judged against.
 //! 8. Never grow when what is left of the transfer would finish within two
 //!    epochs and two RTTs: new connections would arrive too late (the MULT
 //!    exchange and their handshake take two RTTs) and spend the rest in
@@ -108,12 +109,14 @@ const SHED_SHARE: f64 = 8.0;
 /// about 5 each; a 350 Mbit/s, 270 ms path at 16 about 230.)
 const CROWD_SHARE: f64 = 4.0 * SHED_SHARE;
 
-/// Share of the best epoch's goodput below which a standing queue is not
-/// read as a full link (a busy bottleneck delivers its rate).
+/// Share of the best goodput seen (of two epochs in a row) below which a
+/// standing queue is not read as a full link (a busy bottleneck delivers
+/// its rate).
 const BUSY_SHARE: f64 = 0.75;
 
-/// Share of the best epoch's goodput that a growth step from a starved
-/// count (see [`BUSY_SHARE`]) must carry to be kept whatever its gain.
+/// Share of the best goodput seen (of two epochs in a row) that a growth
+/// step from a starved count (see [`BUSY_SHARE`]) must carry to be kept
+/// whatever its gain.
 const REGAINED_SHARE: f64 = 0.9;
 
 /// Linux's shortest retransmission timeout (TCP_RTO_MIN).
@@ -384,7 +387,7 @@ struct Trial {
     /// the level before that step, the last one measured after a ramp.
     prior: Option<f64>,
     /// Taken from a count whose goodput had fallen well below the best
-    /// epoch's (`Controller::starved`).
+    /// seen (`Controller::starved`).
     starved: bool,
 }
 
@@ -445,7 +448,8 @@ pub struct Controller {
     loss_floor: Option<f64>,
     /// Smallest per-epoch loss rate seen with no standing queue.
     quiet_loss: Option<f64>,
-    /// Highest goodput of an epoch so far: the link carries at least this.
+    /// Highest mean goodput of two epochs in a row so far: the link
+    /// carries at least this.
     best_g: Option<f64>,
     /// The last epoch's goodput was well below `best_g` with a queue that
     /// therefore was no full link's.
@@ -681,7 +685,7 @@ impl Controller {
                     .loss_threshold
                     .max(1.5 * self.quiet_loss.unwrap_or(0.0));
         // A standing queue is a busy bottleneck's, and a busy bottleneck
-        // delivers its rate, which is at least the best epoch seen. Delay
+        // delivers its rate, which is at least the best seen. Delay
         // above the floor while goodput sits well below that best, with
         // no heavy loss, is no full link's: cubic connections on a
         // 198 Mbit/s, 64 ms path with 0.09 % random loss decayed from 190
@@ -690,9 +694,14 @@ impl Controller {
         // host's delay), and `link_full` kept the count at 8 where 32
         // carried 190. It does not bar growth there; trials judge it by
         // goodput. (Crowding, which sheds, still reads the raw queue.)
+        // The best is of two epochs in a row: an epoch can deliver more
+        // than the link carries in it when a loss's hole fills and a
+        // window of bytes already received counts at once, after an
+        // epoch that delivered as much less.
         let best = self.best_g.unwrap_or(0.0);
         let starved = goodput < BUSY_SHARE * best && !heavy_loss && !crowded;
-        self.best_g = Some(best.max(goodput));
+        let pair = self.last_g.map_or(goodput, |l| (l + goodput) / 2.0);
+        self.best_g = Some(best.max(pair));
         self.starved = starved;
         let (queueing, queue_now, heavy_queue) = if starved {
             (false, false, false)
