@@ -536,4 +536,15 @@ fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
         b"one"
     );
     assert_eq!(std::fs::read(root.join("back").join(iac)).unwrap(), b"two");
+    // A listing: on stdout as the server's bytes; in JSON with the same
+    // escapes as everywhere else, not lossily.
+    let out = xftp(&["ls", &format!("{base}/src/")], &work);
+    assert!(out.stdout.windows(3).any(|w| w == b"x\xffy"), "{out:?}");
+    let out = xftp(&["ls", "--json", &format!("{base}/src/")], &work);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listing = j["listing"].as_str().unwrap_or_default();
+    assert!(
+        listing.contains("x\u{F7FF}y") && listing.contains("caf\u{F7E9}"),
+        "{listing}"
+    );
 }

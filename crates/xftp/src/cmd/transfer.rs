@@ -655,7 +655,9 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
         };
         let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
-            s.listing = Some(String::from_utf8_lossy(&listing).into_owned());
+            // Bytes that are not UTF-8 as everywhere else (xftp_proto::name),
+            // so that a name taken from it goes back as the same bytes.
+            s.listing = Some(xftp_proto::name::decode(&listing));
         } else {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&listing);
