@@ -184,12 +184,12 @@ const COMMANDS: &[Help] = &[
         about: "remove an empty remote directory",
     },
     Help {
-        names: &["delete"],
+        names: &["delete", "rm"],
         args: "FILE",
         about: "delete a remote file",
     },
     Help {
-        names: &["rename"],
+        names: &["rename", "mv"],
         args: "FROM TO",
         about: "rename a remote file or directory",
     },
@@ -1571,6 +1571,9 @@ mod tests {
         }
         assert!(help_for("win").is_some_and(|h| h.names[0] == "bufsize"));
         assert!(help_for("bye").is_some_and(|h| h.names[0] == "quit"));
+        // lftp's names for them.
+        assert!(help_for("rm").is_some_and(|h| h.names[0] == "delete"));
+        assert!(help_for("mv").is_some_and(|h| h.names[0] == "rename"));
         assert!(help_for("nlst").is_none());
     }
 
