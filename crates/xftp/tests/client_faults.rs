@@ -343,8 +343,9 @@ fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
         err.contains("short transfer") && err.contains("600") && err.contains("1000"),
         "{err}"
     );
-    // Nothing kept without -c, and the message says how to keep it.
+    // Nothing kept without -c, and the message says how to keep it, once.
     assert!(err.contains("with -c a cut download is kept"), "{err}");
+    assert!(!err.contains("nothing was kept"), "{err}");
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 

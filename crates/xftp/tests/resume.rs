@@ -226,7 +226,9 @@ fn a_server_killed_mid_transfer_is_resumed_after_its_restart() {
     assert!(!out.status.success(), "the download survived its server");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("partial download is kept") && err.contains("-c"),
+        err.contains("partial download is kept")
+            && err.contains("-c")
+            && !err.contains("nothing was kept"),
         "{err}"
     );
     assert!(!local.join("h.bin").exists());

@@ -460,10 +460,13 @@ fn explain_resumable(
         e => matches!(e.reply_code(), Some(426 | 451)),
     };
     let e = explain(e, op, url);
+    // The hint's own "(nothing was kept)" is said better here, or is not
+    // so (-c kept the partial).
+    let said = || format!("{e:#}").replace(" (nothing was kept)", "");
     if keeps {
-        anyhow::anyhow!("{e:#} — {kept}")
+        anyhow::anyhow!("{} — {kept}", said())
     } else if cut && !resume && op == Op::Get {
-        anyhow::anyhow!("{e:#} — {NOT_KEPT}")
+        anyhow::anyhow!("{} — {NOT_KEPT}", said())
     } else {
         e
     }
