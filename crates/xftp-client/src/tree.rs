@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -202,6 +202,12 @@ impl Queues {
     }
 }
 
+/// The local path of `rel` (a name as listings give it, possibly holding
+/// bytes that are not UTF-8: xftp_proto::name) under `local`.
+fn local_path(local: &Path, rel: &str) -> PathBuf {
+    local.join(xftp_proto::name::to_path(rel))
+}
+
 /// A remote path: `rel` under the directory `base` (`rel` alone where
 /// `base` is empty or `.`).
 pub fn join(base: &str, rel: &str) -> String {
@@ -255,7 +261,7 @@ pub async fn get_tree(
                 let Some(job) = q.pop(role_now) else {
                     break;
                 };
-                let target = local.join(xftp_proto::name::to_path(&job.rel));
+                let target = local_path(&local, &job.rel);
                 if opt.skip_complete && complete_locally(&target, &job) {
                     w.rep.skipped += 1;
                     continue;
@@ -347,7 +353,7 @@ async fn walk(
             };
             match e.kind {
                 Kind::Dir => {
-                    let p = local.join(xftp_proto::name::to_path(&rel));
+                    let p = local_path(local, &rel);
                     std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
                     st.ndirs += 1;
                     st.dirs.push_back(rel);
@@ -532,7 +538,7 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
         let books = Books::new();
         let next = || loop {
             let job = q.pop(Role::Small)?;
-            let target = local.join(xftp_proto::name::to_path(&job.rel));
+            let target = local_path(local, &job.rel);
             if opt.skip_complete && complete_locally(&target, &job) {
                 lock(&books.rep).skipped += 1;
                 continue;
@@ -567,7 +573,7 @@ async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
         let next = || {
             let job = q.pop(Role::Small)?;
             let item = UploadItem {
-                local: local.join(xftp_proto::name::to_path(&job.rel)),
+                local: local_path(local, &job.rel),
                 remote: join(remote, &job.rel),
                 mtime: job.mtime.filter(|_| opt.preserve),
                 mode: job.mode.filter(|_| opt.preserve),
@@ -601,7 +607,7 @@ pub async fn put_tree(
         let p = if d.is_empty() {
             local.to_owned()
         } else {
-            local.join(xftp_proto::name::to_path(&d))
+            local_path(local, &d)
         };
         let mut names: Vec<_> = std::fs::read_dir(&p)
             .map_err(|e| local_err(&p, e))?
@@ -697,10 +703,7 @@ pub async fn put_tree(
                     continue;
                 };
                 let started = Instant::now();
-                match c
-                    .upload(&local.join(xftp_proto::name::to_path(&job.rel)), &dst)
-                    .await
-                {
+                match c.upload(&local_path(&local, &job.rel), &dst).await {
                     Ok(r) => {
                         w.rep.files += 1;
                         w.rep.bytes += r.bytes;

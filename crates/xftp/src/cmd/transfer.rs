@@ -459,14 +459,13 @@ fn explain_resumable(
         ClientError::ShortTransfer { expected, got } => got < expected,
         e => matches!(e.reply_code(), Some(426 | 451)),
     };
-    let e = explain(e, op, url);
-    // The hint's own "(nothing was kept)" is said better here, or is not
-    // so (-c kept the partial).
-    let said = || format!("{e:#}").replace(" (nothing was kept)", "");
+    // What happened to the bytes is said once: here, where it is known.
+    let told = keeps || (cut && !resume && op == Op::Get);
+    let e = explain_noting(e, op, url, !told);
     if keeps {
-        anyhow::anyhow!("{} — {kept}", said())
-    } else if cut && !resume && op == Op::Get {
-        anyhow::anyhow!("{} — {NOT_KEPT}", said())
+        anyhow::anyhow!("{e:#} — {kept}")
+    } else if told {
+        anyhow::anyhow!("{e:#} — {NOT_KEPT}")
     } else {
         e
     }
@@ -990,6 +989,17 @@ fn login_hint(e: &ClientError, url: &FtpUrl) -> Option<&'static str> {
 
 /// Attach the likely fix to an error.
 fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
+    explain_noting(e, op, url, true)
+}
+
+/// [`explain`]; with `nothing_kept`, a failure that removed what arrived
+/// says so.
+fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> anyhow::Error {
+    let nk = if nothing_kept {
+        " (nothing was kept)"
+    } else {
+        ""
+    };
     if let ClientError::Reply {
         code: 530 | 521 | 534,
         text,
@@ -1040,12 +1050,11 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
         ),
         ClientError::Closed => Some("the server hung up; try again later".into()),
         // More bytes than SIZE said: the file grew during the download.
-        ClientError::ShortTransfer { expected, got } if got > expected => Some(
-            "the file changed on the server during the transfer (nothing was kept); run it again when it is complete"
-                .into(),
-        ),
+        ClientError::ShortTransfer { expected, got } if got > expected => Some(format!(
+            "the file changed on the server during the transfer{nk}; run it again when it is complete"
+        )),
         ClientError::ShortTransfer { .. } => {
-            Some("the transfer was cut short (nothing was kept); run it again".into())
+            Some(format!("the transfer was cut short{nk}; run it again"))
         }
         // What the server holds differs from what was sent: cut short, or
         // replaced by another upload in the meantime; the remote file is
@@ -1071,17 +1080,16 @@ fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
         }),
         // The local file system, not the network.
         ClientError::Stripe(m) if m.starts_with("storage:") => Some(if xftp_stripe::names_out_of_space(m) {
-            "the local disk is full (or over quota): free space where the file goes, then run it again (nothing was kept)".into()
+            format!("the local disk is full (or over quota): free space where the file goes, then run it again{nk}")
         } else {
-            "writing the local file failed (nothing was kept); check the disk and the local path".into()
+            format!("writing the local file failed{nk}; check the disk and the local path")
         }),
         ClientError::Local { source, .. } if xftp_stripe::names_out_of_space(&source.to_string()) => Some(
             "the local disk is full (or over quota): free space there, then run it again".into(),
         ),
-        ClientError::Stripe(_) => Some(
-            "a data connection broke mid-transfer (nothing was kept); run it again, perhaps with fewer connections (-p)"
-                .into(),
-        ),
+        ClientError::Stripe(_) => Some(format!(
+            "a data connection broke mid-transfer{nk}; run it again, perhaps with fewer connections (-p)"
+        )),
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
 
         _ => None,
