@@ -857,15 +857,7 @@ impl Client {
             .collect();
         // The controller judges the payload of this transfer.
         let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
-        let rx = match (expected, have) {
-            // With the size known, copies of stuck records are taken
-            // (an xftp server in the endgame sends them).
-            (Some(size), have) => {
-                xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
-            }
-            (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
-            (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
-        };
+        let rx = framed_receiver(dst, expected, have, conns);
         let live = Live {
             ctl: EngineCtl::Recv(rx.control()),
             socks: Some(socks),
@@ -1037,12 +1029,14 @@ impl Client {
         } else {
             let dog = self.watchdog();
             let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-            let rx = xftp_stripe::Receiver::file_resume(dst, Some(size), told, conns);
+            let rx = framed_receiver(dst, Some(size), Some(told), conns);
             match rx.finish().await {
-                Ok(rep) => self
-                    .expect_complete(&c_retr)
-                    .await
-                    .map(|()| rep.streams.iter().map(|s| s.bytes).collect()),
+                Ok(rep) => {
+                    self.received_twice += rep.duplicate_bytes;
+                    self.expect_complete(&c_retr)
+                        .await
+                        .map(|()| rep.streams.iter().map(|s| s.bytes).collect())
+                }
                 Err(e) => Err(stripe_err(e, self.cfg.data_timeout)),
             }
         };
@@ -1929,15 +1923,7 @@ impl Client {
         self.note_buffers(std::slice::from_ref(&first));
         let dog = self.watchdog();
         let conns = vec![dog.guard(first)];
-        let rx = match (expected, have) {
-            // With the size known, copies of stuck records are taken
-            // (an xftp server in the endgame sends them).
-            (Some(size), have) => {
-                xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
-            }
-            (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
-            (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
-        };
+        let rx = framed_receiver(dst, expected, have, conns);
         let ctl = rx.control();
         let more = async {
             for _ in 1..n {
@@ -2620,12 +2606,7 @@ impl Client {
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-        let rx = match expected {
-            Some(size) => {
-                xftp_stripe::Receiver::file_endgame(Arc::new(file), size, Default::default(), conns)
-            }
-            None => xftp_stripe::Receiver::file(Arc::new(file), expected, conns),
-        };
+        let rx = framed_receiver(Arc::new(file), expected, None, conns);
         let report = rx
             .finish()
             .await
@@ -2664,16 +2645,39 @@ impl Client {
     }
 }
 
-/// The end of a download: the bytes must match the announced size; then
-/// the temporary file takes the target's name.
-/// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands
-/// until its checksum matched.
+/// The receiver of a framed download into `dst` (`have`: the ranges a
+/// resumed download already holds). With the size known it takes copies
+/// of records and completes once every byte is stored: an xftp server
+/// asked for its endgame (`OPTS MULT ENDGAME`, sent whenever the client
+/// may stripe) sends copies of a stuck connection's records and resets
+/// that connection, on resumed downloads too, and a receiver that did
+/// not take them would fail a transfer that delivered every byte.
+fn framed_receiver<S>(
+    dst: Arc<dyn xftp_stripe::WriteAt>,
+    expected: Option<u64>,
+    have: Option<xftp_stripe::ranges::RangeSet>,
+    conns: Vec<S>,
+) -> xftp_stripe::Receiver<S>
+where
+    S: tokio::io::AsyncRead + xftp_stripe::DataSocket + Unpin + Send + 'static,
+{
+    match (expected, have) {
+        (Some(size), have) => {
+            xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
+        }
+        (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+        (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
+    }
+}
+
 /// `XFTP_ENDGAME=off` in the environment: do not ask for the endgame
 /// (for measuring what it does: `bench/run endgame`).
 fn endgame_wanted() -> bool {
     std::env::var_os("XFTP_ENDGAME").map_or(true, |v| v != "off")
 }
 
+/// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands
+/// until its checksum matched.
 fn temp_remote_name(remote: &str) -> String {
     let (dir, name) = match remote.rfind('/') {
         Some(i) => remote.split_at(i + 1),

@@ -1199,6 +1199,63 @@ async fn the_endgame_delivers_a_stuck_connections_records_through_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_transfer_in_the_endgame_needs_a_receiver_that_takes_copies() {
+    // A resumed download (REST with ranges) gets the endgame too: the
+    // sender sends again what a stuck connection holds and drops that
+    // connection. A receiver that takes copies completes; one that does
+    // not (`file_resume`) fails or waits for good, which is why every
+    // framed download with its size known takes copies.
+    let data = pattern(12 * 1024 * 1024 + 4321, 79);
+    let len = data.len() as u64;
+    let mut have = xftp_stripe::ranges::RangeSet::new();
+    have.union(0, 1 << 20);
+    have.union(5 << 20, 6 << 20);
+    let cfg = SendConfig {
+        record_size: 128 * 1024,
+        endgame: true,
+        ..SendConfig::default()
+    };
+    let prefilled = || {
+        use xftp_stripe::WriteAt;
+        let dst = Arc::new(MemFile::default());
+        for (a, b) in have.iter() {
+            dst.write_at(&data[a as usize..b as usize], a).unwrap();
+        }
+        dst
+    };
+    let send = |tx| {
+        Sender::file_except(Arc::new(MemFile::from(data.clone())), len, &have, tx, &cfg).finish()
+    };
+    let (tx, rx) = wires(4, 2, 300_000);
+    let dst = prefilled();
+    let run = async {
+        tokio::join!(
+            send(tx),
+            Receiver::file_endgame(dst.clone(), len, have.clone(), rx).finish()
+        )
+    };
+    let (s, r) = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the endgame ends the transfer");
+    let s = s.unwrap();
+    r.unwrap();
+    assert!(dst.to_vec() == data, "content");
+    assert!(s.duplicate_bytes > 0, "nothing sent again");
+
+    let (tx, rx) = wires(4, 2, 300_000);
+    let dst = prefilled();
+    let run = async {
+        tokio::join!(
+            send(tx),
+            Receiver::file_resume(dst.clone(), Some(len), have.clone(), rx).finish()
+        )
+    };
+    if let Ok((_, r)) = tokio::time::timeout(Duration::from_secs(5), run).await {
+        assert!(r.is_err(), "a receiver that refuses copies completed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_endgame_a_stuck_connection_holds_the_end() {
     // The same stall without the endgame never completes: the test above
     // is about the endgame, not about the stall being harmless.
