@@ -2389,18 +2389,20 @@ impl Client {
             }
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
-                let mut conns = Vec::with_capacity(n);
-                while conns.len() < n {
-                    conns.push(accept_from(&listener, peer, t, tls.as_ref()).await?);
+                let mut tcp = Vec::with_capacity(n);
+                while tcp.len() < n {
+                    tcp.push(accept_tcp_from(&listener, peer, t).await?);
                 }
+                let conns = secure_each(tcp, tls.as_ref(), t).await?;
                 Ok((conns, Grow::Active(Arc::new(listener))))
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;
-                let mut conns = Vec::with_capacity(ls.len());
+                let mut tcp = Vec::with_capacity(ls.len());
                 for l in &ls {
-                    conns.push(accept_from(l, peer, t, tls.as_ref()).await?);
+                    tcp.push(accept_tcp_from(l, peer, t).await?);
                 }
+                let conns = secure_each(tcp, tls.as_ref(), t).await?;
                 Ok((conns, Grow::Fixed))
             }
         }
@@ -2917,10 +2919,16 @@ async fn accept_from(
     limit: Duration,
     tls: Option<&ClientTls>,
 ) -> Result<Stream> {
+    let s = accept_tcp_from(l, peer, limit).await?;
+    secure_data(s, tls, limit).await
+}
+
+/// The TCP part of [`accept_from`].
+async fn accept_tcp_from(l: &TcpListener, peer: IpAddr, limit: Duration) -> Result<TcpStream> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         match tokio::time::timeout_at(deadline, l.accept()).await {
-            Ok(Ok((s, from))) if from.ip() == peer => return secure_data(s, tls, limit).await,
+            Ok(Ok((s, from))) if from.ip() == peer => return Ok(s),
             Ok(Ok((_, from))) => {
                 tracing::warn!("dropping a data connection from {from}: not the server {peer}");
             }
@@ -2933,6 +2941,29 @@ async fn accept_from(
             }
         }
     }
+}
+
+/// [`secure_data`] on every connection at once: under TLS each handshake
+/// takes a round trip, and one after the other N connections would take
+/// N (the server waits for all of them before it sends). In `conns`'
+/// order; the first failure fails them all.
+async fn secure_each(
+    conns: Vec<TcpStream>,
+    tls: Option<&ClientTls>,
+    limit: Duration,
+) -> Result<Vec<Stream>> {
+    let mut set = tokio::task::JoinSet::new();
+    let n = conns.len();
+    for (i, s) in conns.into_iter().enumerate() {
+        let tls = tls.cloned();
+        set.spawn(async move { (i, secure_data(s, tls.as_ref(), limit).await) });
+    }
+    let mut out: Vec<Option<Stream>> = std::iter::repeat_with(|| None).take(n).collect();
+    while let Some(r) = set.join_next().await {
+        let (i, s) = r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))?;
+        out[i] = Some(s?);
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 /// Where a download into `local` goes: `local` itself when it is a

@@ -135,10 +135,7 @@ pub async fn open(
                 Ok((conns, Some(Grow::Passive(std::sync::Arc::new(listener)))))
             }
             DataPlan::Active(addr) => {
-                let mut conns = Vec::with_capacity(n);
-                for _ in 0..n {
-                    conns.push(connect_from(local, addr, bufsize).await?);
-                }
+                let conns = connect_all(local, std::iter::repeat(addr).take(n), bufsize).await?;
                 Ok((conns, Some(Grow::Active(addr))))
             }
             DataPlan::Multi(addrs) => {
@@ -148,11 +145,7 @@ pub async fn open(
                         needed: n,
                     });
                 }
-                let mut conns = Vec::with_capacity(n);
-                for a in addrs {
-                    conns.push(connect_from(local, a, bufsize).await?);
-                }
-                Ok((conns, None))
+                Ok((connect_all(local, addrs, bufsize).await?, None))
             }
         }
     };
@@ -163,6 +156,28 @@ pub async fn open(
         let _ = c.set_nodelay(true);
     }
     Ok((conns, grow))
+}
+
+/// Connect to every address of `to` at once, so that N connections take
+/// one round trip, not N (16 connections over a 500 ms path: 0.5 s, not
+/// 8); in `to`'s order. The first failure fails them all (and ends the
+/// other attempts).
+async fn connect_all(
+    local: IpAddr,
+    to: impl IntoIterator<Item = SocketAddr>,
+    bufsize: Option<u64>,
+) -> std::io::Result<Vec<TcpStream>> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, a) in to.into_iter().enumerate() {
+        set.spawn(async move { (i, connect_from(local, a, bufsize).await) });
+    }
+    let mut conns: Vec<Option<TcpStream>> =
+        std::iter::repeat_with(|| None).take(set.len()).collect();
+    while let Some(r) = set.join_next().await {
+        let (i, c) = r.map_err(std::io::Error::other)?;
+        conns[i] = Some(c?);
+    }
+    Ok(conns.into_iter().flatten().collect())
 }
 
 /// Connect to `to` from the control connection's local address, so the
@@ -188,6 +203,28 @@ pub(crate) async fn connect_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn connect_all_keeps_the_order_and_fails_on_any_refusal() {
+        let local: IpAddr = "127.0.0.1".parse().unwrap();
+        let mut ls = Vec::new();
+        for _ in 0..3 {
+            ls.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        let to = [addrs[2], addrs[0], addrs[1], addrs[0]];
+        let conns = connect_all(local, to, None).await.unwrap();
+        let peers: Vec<SocketAddr> = conns.iter().map(|c| c.peer_addr().unwrap()).collect();
+        assert_eq!(peers, to);
+        // A port no one listens on: the whole set fails.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        assert!(connect_all(local, [addrs[0], closed, addrs[1]], None)
+            .await
+            .is_err());
+    }
 
     #[test]
     fn bounce_rules() {
