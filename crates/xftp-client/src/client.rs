@@ -802,13 +802,16 @@ impl Client {
         }
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
-        let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
+        // Several connections: the transfer starts once most are open, and
+        // one whose SYN was lost joins a second later.
+        let early = self.granted > 1;
+        let (conns, grow, late) = self.start_transfer_early(&c_retr, setup, early).await?;
         self.note_buffers(&conns);
-        let n = conns.len() as u32;
+        let n = (conns.len() + late.len()) as u32;
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            self.recv_adaptive(&c_retr, conns, grow, Arc::new(file), None, expected)
+            self.recv_adaptive(&c_retr, conns, late, grow, Arc::new(file), None, expected)
                 .await?
         } else if !self.mode_e && n == 1 {
             let mut file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
@@ -820,7 +823,7 @@ impl Client {
             self.expect_complete(&c_retr).await?;
             vec![got]
         } else {
-            let v = self.recv_striped(conns, &tmp, expected).await?;
+            let v = self.recv_striped(conns, late, &tmp, expected).await?;
             self.expect_complete(&c_retr).await?;
             v
         };
@@ -838,16 +841,19 @@ impl Client {
     /// The adaptive receive of a download: the controller grows and sheds
     /// connections while the engine writes records into `dst` (`have`: the
     /// ranges a resumed download already holds).
+    #[allow(clippy::too_many_arguments)]
     async fn recv_adaptive(
         &mut self,
         c_retr: &Cmd,
         conns: Vec<Stream>,
+        late: Late,
         grow: Grow,
         dst: Arc<dyn xftp_stripe::WriteAt>,
         have: Option<xftp_stripe::ranges::RangeSet>,
         expected: Option<u64>,
     ) -> Result<Vec<u64>> {
-        let n = conns.len() as u32;
+        let n = (conns.len() + late.len()) as u32;
+        let started = conns.len();
         let dog = self.watchdog();
         let meters = MeterSet::new();
         let socks = Socks::default();
@@ -858,6 +864,14 @@ impl Client {
         // The controller judges the payload of this transfer.
         let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
         let rx = framed_receiver(dst, expected, have, conns);
+        let more = {
+            let (ctl, meters, dog, socks) =
+                (rx.control(), meters.clone(), dog.clone(), socks.clone());
+            late.feed(move |s| {
+                ctl.add_connection(adaptive::wrap(&meters, &dog, Some(&socks), s))
+                    .is_ok()
+            })
+        };
         let live = Live {
             ctl: EngineCtl::Recv(rx.control()),
             socks: Some(socks),
@@ -865,11 +879,14 @@ impl Client {
             dog,
             grow,
             total,
-            live_idx: (0..n as usize).collect(),
+            live_idx: (0..started).collect(),
             current: n,
         };
         let ctlr = self.new_controller(n);
-        let rep = self.adapt(c_retr, rx.finish(), live, ctlr).await?;
+        let rep = tokio::select! {
+            r = self.adapt(c_retr, rx.finish(), live, ctlr) => r?,
+            never = more => match never {},
+        };
         self.received_twice += rep.duplicate_bytes;
         Ok(rep.streams.iter().map(|s| s.bytes).collect())
     }
@@ -1018,8 +1035,16 @@ impl Client {
         let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
         let adaptive = self.adaptive_now(&grow);
         let r = if adaptive {
-            self.recv_adaptive(&c_retr, conns, grow, dst, Some(told), Some(size))
-                .await
+            self.recv_adaptive(
+                &c_retr,
+                conns,
+                Late::default(),
+                grow,
+                dst,
+                Some(told),
+                Some(size),
+            )
+            .await
         } else if !framed {
             let at = told.contiguous_prefix();
             match self.recv_plain_at(conns, partial, at).await {
@@ -1925,9 +1950,10 @@ impl Client {
         let conns = vec![dog.guard(first)];
         let rx = framed_receiver(dst, expected, have, conns);
         let ctl = rx.control();
-        let more = async {
+        let (l, tls, dog) = (&listener, tls.as_ref(), &dog);
+        let more = async move {
             for _ in 1..n {
-                match accept_from(&listener, peer, t, tls.as_ref()).await {
+                match accept_from(l, peer, t, tls).await {
                     Ok(s) => {
                         if ctl.add_connection(dog.guard(s)).is_err() {
                             break;
@@ -1939,7 +1965,9 @@ impl Client {
                     }
                 }
             }
-            // The transfer decides when it is over, not this loop.
+            // The transfer decides when it is over, not this loop; but it
+            // must know that no connection will be added (see Late::feed).
+            drop(ctl);
             std::future::pending::<std::convert::Infallible>().await
         };
         let report = tokio::select! {
@@ -2342,6 +2370,21 @@ impl Client {
     /// accepted from the server after the 1xx), and where more would come
     /// from.
     async fn start_transfer(&mut self, c: &Cmd, setup: Setup) -> Result<(Vec<Stream>, Grow)> {
+        let (mut conns, grow, late) = self.start_transfer_early(c, setup, false).await?;
+        conns.extend(late.all().await?);
+        Ok((conns, grow))
+    }
+
+    /// [`start_transfer`](Self::start_transfer); with `early` (passive
+    /// only), the connections not yet open [`EARLY_START`] after the first
+    /// one opened are left to open in `Late`, for a transfer that can take
+    /// them as they come.
+    async fn start_transfer_early(
+        &mut self,
+        c: &Cmd,
+        setup: Setup,
+        early: bool,
+    ) -> Result<(Vec<Stream>, Grow, Late)> {
         let peer = self.ctl.peer().ip();
         let t = self.cfg.data_timeout;
         let tls = self.data_tls.clone();
@@ -2351,41 +2394,69 @@ impl Client {
                 target,
                 answered,
             } => {
-                let connects = async move {
-                    let mut conns = Vec::with_capacity(set.len());
-                    while let Some(r) = set.join_next().await {
-                        conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
-                    }
-                    Ok(conns)
-                };
-                // A failed connect must not wait for a reply the server
-                // will only send after its own data timeout; but a server
-                // that refused the command (550 for LIST of a missing
-                // directory) closes its port too, and its reply, not the
-                // refused connect, says why: wait for it briefly.
-                let grace = Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 2;
-                let pre = self.expect_preliminary(c);
-                tokio::pin!(pre, connects);
-                let conns = tokio::select! {
-                    r = &mut pre => {
-                        r?;
-                        answered.send_replace(true);
-                        connects.await?
-                    }
-                    r = &mut connects => match r {
-                        Ok(conns) => {
-                            pre.await?;
-                            conns
+                let early_for = early.then_some(EARLY_START);
+                // In a block of its own: `connects` borrows `set`, whose
+                // connections still opening are `Late` after it.
+                let conns = {
+                    let connects = async {
+                        let mut conns = Vec::with_capacity(set.len());
+                        let mut until = None;
+                        loop {
+                            let next = match until {
+                                Some(at) => {
+                                    match tokio::time::timeout_at(at, set.join_next()).await {
+                                        Ok(next) => next,
+                                        Err(_) => break,
+                                    }
+                                }
+                                None => set.join_next().await,
+                            };
+                            let Some(r) = next else { break };
+                            conns.push(
+                                r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??,
+                            );
+                            if until.is_none() {
+                                until = early_for.map(|g| tokio::time::Instant::now() + g);
+                            }
                         }
-                        Err(e) => {
-                            return Err(match tokio::time::timeout(grace, pre).await {
-                                Ok(Err(refused)) => refused,
-                                _ => e,
-                            });
+                        Ok(conns)
+                    };
+                    // A failed connect must not wait for a reply the server
+                    // will only send after its own data timeout; but a server
+                    // that refused the command (550 for LIST of a missing
+                    // directory) closes its port too, and its reply, not the
+                    // refused connect, says why: wait for it briefly.
+                    let grace = Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 2;
+                    let pre = self.expect_preliminary(c);
+                    tokio::pin!(pre, connects);
+                    tokio::select! {
+                        r = &mut pre => {
+                            r?;
+                            answered.send_replace(true);
+                            connects.await?
                         }
-                    },
+                        r = &mut connects => match r {
+                            Ok(conns) => {
+                                pre.await?;
+                                conns
+                            }
+                            Err(e) => {
+                                return Err(match tokio::time::timeout(grace, pre).await {
+                                    Ok(Err(refused)) => refused,
+                                    _ => e,
+                                });
+                            }
+                        },
+                    }
                 };
-                Ok((conns, Grow::Passive(target)))
+                let late = Late((!set.is_empty()).then_some(set));
+                if late.len() > 0 {
+                    tracing::debug!(
+                        late = late.len(),
+                        "starting before every data connection is open"
+                    );
+                }
+                Ok((conns, Grow::Passive(target), late))
             }
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
@@ -2394,7 +2465,7 @@ impl Client {
                     tcp.push(accept_tcp_from(&listener, peer, t).await?);
                 }
                 let conns = secure_each(tcp, tls.as_ref(), t).await?;
-                Ok((conns, Grow::Active(Arc::new(listener))))
+                Ok((conns, Grow::Active(Arc::new(listener)), Late::default()))
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;
@@ -2403,7 +2474,7 @@ impl Client {
                     tcp.push(accept_tcp_from(l, peer, t).await?);
                 }
                 let conns = secure_each(tcp, tls.as_ref(), t).await?;
-                Ok((conns, Grow::Fixed))
+                Ok((conns, Grow::Fixed, Late::default()))
             }
         }
     }
@@ -2602,6 +2673,7 @@ impl Client {
     async fn recv_striped(
         &mut self,
         conns: Vec<Stream>,
+        late: Late,
         tmp: &tempfile::NamedTempFile,
         expected: Option<u64>,
     ) -> Result<Vec<u64>> {
@@ -2609,10 +2681,14 @@ impl Client {
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
         let rx = framed_receiver(Arc::new(file), expected, None, conns);
-        let report = rx
-            .finish()
-            .await
-            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        let more = {
+            let ctl = rx.control();
+            late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
+        };
+        let report = tokio::select! {
+            r = rx.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
+            never = more => match never {},
+        };
         self.received_twice += report.duplicate_bytes;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
@@ -2644,6 +2720,61 @@ impl Client {
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
+    }
+}
+
+/// How long a download on several passive connections waits for the
+/// others once the first is open. Connections opened together open
+/// within milliseconds of each other; one whose SYN or SYN-ACK was lost
+/// waits a second (Linux's first retransmission timeout) and joins the
+/// running transfer then. The server waits as long on its side.
+const EARLY_START: Duration = Duration::from_millis(250);
+
+/// Data connections still opening when a transfer starts
+/// ([`Client::start_transfer_early`]).
+#[derive(Default)]
+struct Late(Option<tokio::task::JoinSet<Result<Stream>>>);
+
+impl Late {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Every one, for a transfer that cannot take connections later; the
+    /// first failure fails them all.
+    async fn all(self) -> Result<Vec<Stream>> {
+        let mut conns = Vec::new();
+        if let Some(mut set) = self.0 {
+            while let Some(r) = set.join_next().await {
+                conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
+            }
+        }
+        Ok(conns)
+    }
+
+    /// Hand each connection to `add` as it opens, until `add` says the
+    /// transfer takes no more (the rest are then dropped). One that fails
+    /// to open is left out: the transfer runs on the others. Never
+    /// returns; it runs beside the transfer.
+    async fn feed(self, mut add: impl FnMut(Stream) -> bool) -> std::convert::Infallible {
+        if let Some(mut set) = self.0 {
+            while let Some(r) = set.join_next().await {
+                match r {
+                    Ok(Ok(s)) => {
+                        if !add(s) {
+                            break;
+                        }
+                    }
+                    Ok(Err(e)) => tracing::info!("a data connection opened late failed: {e}"),
+                    Err(e) => tracing::info!("a data connection opened late failed: {e}"),
+                }
+            }
+        }
+        // No more will come, and the receiver must know it: a transfer
+        // whose connections all ended without its every byte waits while
+        // a handle that could add one is alive.
+        drop(add);
+        std::future::pending().await
     }
 }
 

@@ -109,6 +109,14 @@ pub fn passive_listener(
 /// Passive: accept exactly `n` connections from `peer`, closing any from
 /// elsewhere; the listener is dropped afterwards, so later connects are
 /// refused by the kernel.
+/// With `early` (passive only), return once the first connection is in
+/// and the others have had `early` more to arrive: the caller starts with
+/// those and takes the rest as they come ([`Live::join_late`]). A lost
+/// SYN costs its connection a second (Linux's first retransmission
+/// timeout), and the transfer need not wait for it.
+///
+/// [`Live::join_late`]: crate::live::Live::join_late
+#[allow(clippy::too_many_arguments)]
 pub async fn open(
     plan: DataPlan,
     n: usize,
@@ -116,6 +124,7 @@ pub async fn open(
     local: IpAddr,
     timeout: Duration,
     bufsize: Option<u64>,
+    early: Option<Duration>,
 ) -> Result<(Vec<TcpStream>, Option<crate::live::Grow>), DataError> {
     use crate::live::Grow;
     let fut = async {
@@ -123,14 +132,31 @@ pub async fn open(
             DataPlan::None => Err(DataError::NoPlan),
             DataPlan::Passive(listener) => {
                 let mut conns = Vec::with_capacity(n);
+                let mut until = None;
                 while conns.len() < n {
-                    let (s, from) = listener.accept().await?;
+                    let accepted = match until {
+                        Some(t) => match tokio::time::timeout_at(t, listener.accept()).await {
+                            Ok(r) => r,
+                            Err(_) => break,
+                        },
+                        None => listener.accept().await,
+                    };
+                    let (s, from) = accepted?;
                     if canonical(from.ip()) != canonical(peer) {
                         tracing::warn!(%from, "data connection from a foreign address refused");
                         drop(s);
                         continue;
                     }
                     conns.push(s);
+                    if let (None, Some(e)) = (until, early) {
+                        until = Some(tokio::time::Instant::now() + e);
+                    }
+                }
+                if conns.len() < n {
+                    tracing::debug!(
+                        late = n - conns.len(),
+                        "starting before every data connection is in"
+                    );
                 }
                 Ok((conns, Some(Grow::Passive(std::sync::Arc::new(listener)))))
             }

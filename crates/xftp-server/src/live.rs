@@ -131,65 +131,14 @@ impl Live {
     pub fn set_streams(&mut self, n: u32) -> (u16, String) {
         let want = n.clamp(1, self.max.max(1));
         if want > self.granted {
-            let Some(grow) = &self.grow else {
+            if self.grow.is_none() {
                 return (
                     504,
                     "This transfer cannot add connections (MPRT data connections are fixed)."
                         .into(),
                 );
-            };
-            let more = want - self.granted;
-            for _ in 0..more {
-                let ctl = match &self.ctl {
-                    Ctl::Send(c) => Ctl::Send(c.clone()),
-                    Ctl::Recv(c) => Ctl::Recv(c.clone()),
-                };
-                let meters = self.meters.clone();
-                let active = self.active.clone();
-                let (peer, local, bufsize, timeout) =
-                    (self.peer, self.local, self.bufsize, self.timeout);
-                let tls = self.tls.clone();
-                let source = match grow {
-                    Grow::Passive(l) => Grow::Passive(l.clone()),
-                    Grow::Active(a) => Grow::Active(*a),
-                };
-                self.tasks.spawn(async move {
-                    let conn = tokio::time::timeout(timeout, async {
-                        match source {
-                            Grow::Passive(l) => loop {
-                                let (s, from) = l.accept().await?;
-                                if from.ip().to_canonical() == peer.to_canonical() {
-                                    break Ok::<_, std::io::Error>(s);
-                                }
-                                tracing::warn!(%from, "data connection from a foreign address refused");
-                            },
-                            Grow::Active(a) => crate::data::connect_from(local, a, bufsize).await,
-                        }
-                    })
-                    .await;
-                    let Ok(Ok(conn)) = conn else {
-                        tracing::warn!("an added data connection did not arrive");
-                        return;
-                    };
-                    let _ = conn.set_nodelay(true);
-                    let Ok(conn) = crate::secure::secure_one(tls.as_ref(), conn).await else {
-                        return;
-                    };
-                    let conn = meters.wrap(conn).bound_backlog();
-                    let idx = match ctl {
-                        Ctl::Send(c) => c.add_connection(conn),
-                        Ctl::Recv(c) => c.add_connection(conn),
-                    };
-                    match idx {
-                        Ok(i) => {
-                            if let Ok(mut a) = active.lock() {
-                                a.push(i);
-                            }
-                        }
-                        Err(e) => tracing::info!("connection not added: {e}"),
-                    }
-                });
             }
+            self.spawn_adds(want - self.granted);
         } else if want < self.granted {
             if let Ctl::Send(c) = &self.ctl {
                 // The server sends: retire the newest connections; each
@@ -215,5 +164,74 @@ impl Live {
             200,
             format!("MULT {want} granted (server maximum {}).", self.max),
         )
+    }
+
+    /// `more` connections the client was granted and is still opening
+    /// (the transfer started without them, `data::open`'s `early`): they
+    /// join as they arrive.
+    pub fn join_late(&mut self, more: u32) {
+        if more > 0 {
+            self.spawn_adds(more);
+            self.granted += more;
+        }
+    }
+
+    /// Accept (passive) or open (active) `more` connections and add them
+    /// to the running transfer as they come.
+    fn spawn_adds(&mut self, more: u32) {
+        let Some(grow) = &self.grow else {
+            return;
+        };
+        for _ in 0..more {
+            let ctl = match &self.ctl {
+                Ctl::Send(c) => Ctl::Send(c.clone()),
+                Ctl::Recv(c) => Ctl::Recv(c.clone()),
+            };
+            let meters = self.meters.clone();
+            let active = self.active.clone();
+            let (peer, local, bufsize, timeout) =
+                (self.peer, self.local, self.bufsize, self.timeout);
+            let tls = self.tls.clone();
+            let source = match grow {
+                Grow::Passive(l) => Grow::Passive(l.clone()),
+                Grow::Active(a) => Grow::Active(*a),
+            };
+            self.tasks.spawn(async move {
+                let conn = tokio::time::timeout(timeout, async {
+                    match source {
+                        Grow::Passive(l) => loop {
+                            let (s, from) = l.accept().await?;
+                            if from.ip().to_canonical() == peer.to_canonical() {
+                                break Ok::<_, std::io::Error>(s);
+                            }
+                            tracing::warn!(%from, "data connection from a foreign address refused");
+                        },
+                        Grow::Active(a) => crate::data::connect_from(local, a, bufsize).await,
+                    }
+                })
+                .await;
+                let Ok(Ok(conn)) = conn else {
+                    tracing::warn!("an added data connection did not arrive");
+                    return;
+                };
+                let _ = conn.set_nodelay(true);
+                let Ok(conn) = crate::secure::secure_one(tls.as_ref(), conn).await else {
+                    return;
+                };
+                let conn = meters.wrap(conn).bound_backlog();
+                let idx = match ctl {
+                    Ctl::Send(c) => c.add_connection(conn),
+                    Ctl::Recv(c) => c.add_connection(conn),
+                };
+                match idx {
+                    Ok(i) => {
+                        if let Ok(mut a) = active.lock() {
+                            a.push(i);
+                        }
+                    }
+                    Err(e) => tracing::info!("connection not added: {e}"),
+                }
+            });
+        }
     }
 }

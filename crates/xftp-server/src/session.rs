@@ -1680,6 +1680,7 @@ impl Session {
         &mut self,
         n: usize,
         sending: bool,
+        early: bool,
     ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>)>> {
         // The client may need a reply still kept to open them.
         self.flush_replies().await?;
@@ -1691,6 +1692,7 @@ impl Session {
             self.local.ip(),
             self.cfg.data_timeout,
             self.bufsize,
+            early.then_some(EARLY_START),
         )
         .await
         {
@@ -2012,7 +2014,13 @@ impl Session {
         .await?;
         let (conns, grow) = match cached {
             Some(c) => (c, None),
-            None => match self.open_data(n, true).await? {
+            // A download on several connections starts once most are in
+            // (the schedule can take the others later; a static split
+            // cannot).
+            None => match self
+                .open_data(n, true, n > 1 && self.schedule != Schedule::Static)
+                .await?
+            {
                 Some(opened) => opened,
                 None => return Ok(()),
             },
@@ -2034,6 +2042,7 @@ impl Session {
                 .await
         } else {
             let meters = MeterSet::new();
+            let started = conns.len();
             let conns: Vec<_> = conns
                 .into_iter()
                 .map(|c| meters.wrap(c).bound_backlog())
@@ -2053,7 +2062,8 @@ impl Session {
                 None => Sender::file(Arc::new(file), len, conns, &cfg),
             };
             let ctl = live::Ctl::Send(sender.control());
-            let lv = self.live(meters, ctl, grow, n);
+            let mut lv = self.live(meters, ctl, grow, started);
+            lv.join_late(n.saturating_sub(started) as u32);
             let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
             let out = match self.run_transfer(task, progress, Some(lv)).await? {
                 Outcome::Done((r, kept)) => {
@@ -2226,7 +2236,7 @@ impl Session {
         self.reply(150, text).await?;
         let (conns, grow) = match cached {
             Some(c) => (c, None),
-            None => match self.open_data(n, false).await? {
+            None => match self.open_data(n, false, false).await? {
                 Some(opened) => opened,
                 None => return Ok(()),
             },
@@ -2443,7 +2453,7 @@ impl Session {
             ),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n, false).await? else {
+        let Some((conns, grow)) = self.open_data(n, false, false).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -2547,7 +2557,7 @@ impl Session {
             return Ok(());
         }
         self.reply(150, "Here comes the directory listing.").await?;
-        let Some((conns, _)) = self.open_data(1, true).await? else {
+        let Some((conns, _)) = self.open_data(1, true, false).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -2606,6 +2616,12 @@ enum ListKind {
     Nlst,
     Mlsd,
 }
+
+/// How long a download waits for its other data connections once the
+/// first is in (`data::open`'s `early`). Connections opened together
+/// arrive within a few milliseconds of each other; one whose SYN was
+/// lost comes a second later, and joins the running transfer then.
+const EARLY_START: Duration = Duration::from_millis(250);
 
 /// Smallest file sent with the endgame (see `OPTS MULT ENDGAME`). On a
 /// link whose queue holds two packets, 2 MiB over 8 connections took

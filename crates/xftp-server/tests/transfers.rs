@@ -490,6 +490,61 @@ async fn a_large_file_after_opts_mult_endgame_reaches_an_endgame_receiver() {
     assert_eq!(rep.duplicate_bytes, 0, "nothing was stuck on loopback");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_does_not_wait_for_a_connection_that_is_late() {
+    // MULT 4 granted, three connections open (the fourth's SYN lost, say):
+    // the server starts on the three instead of waiting for the fourth
+    // until its data timeout, and the session goes on after.
+    let srv = start(|_| {}).await;
+    let data = pattern(3 * 1024 * 1024 + 5, 14);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    let conns = c.epsv_connect(3).await;
+    c.cmd("RETR f", 150).await;
+    let dst = Arc::new(MemFile::default());
+    let rep = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        recv_file(dst.clone(), conns, Some(data.len() as u64)),
+    )
+    .await
+    .expect("the server waited for the missing connection")
+    .unwrap();
+    let r = c.expect(226).await;
+    assert!(r.text().contains("on 3 connections"), "{r}");
+    assert_eq!(dst.to_vec(), data);
+    assert_eq!(rep.streams.len(), 3);
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_connection_joins_the_running_download() {
+    let srv = start(|cfg| cfg.record_size = 64 * 1024).await;
+    let data = pattern(32 * 1024 * 1024 + 9, 15);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    let r = c.cmd("EPSV", 229).await;
+    let port = xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    c.cmd("RETR f", 150).await;
+    // Nothing is read yet: the three hold what their windows take, and
+    // the server has started without the fourth, which comes now.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    let dst = Arc::new(MemFile::default());
+    let rep = recv_file(dst.clone(), conns, Some(data.len() as u64))
+        .await
+        .unwrap();
+    let r = c.expect(226).await;
+    assert!(r.text().contains("on 4 connections"), "{r}");
+    assert!(dst.to_vec() == data, "content");
+    assert!(rep.streams[3].bytes > 0, "{:?}", rep.streams);
+}
+
 #[tokio::test]
 async fn replies_to_a_pipelined_flight_go_out_together() {
     // A login flight sent in one write is answered in one write (one
