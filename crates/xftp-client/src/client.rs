@@ -1029,22 +1029,17 @@ impl Client {
         self.progress_begin(remote, Some(size - told.covered()));
         let c_retr = Cmd::with("RETR", remote);
         self.ctl.send(&[&c_retr]).await?;
-        let (conns, grow) = self.start_transfer(&c_retr, setup).await?;
+        // As for `get`: a framed download starts before a late connection.
+        let (conns, grow, late) = self
+            .start_transfer_early(&c_retr, setup, framed && self.granted > 1)
+            .await?;
         self.note_buffers(&conns);
         let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
         let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
         let adaptive = self.adaptive_now(&grow);
         let r = if adaptive {
-            self.recv_adaptive(
-                &c_retr,
-                conns,
-                Late::default(),
-                grow,
-                dst,
-                Some(told),
-                Some(size),
-            )
-            .await
+            self.recv_adaptive(&c_retr, conns, late, grow, dst, Some(told), Some(size))
+                .await
         } else if !framed {
             let at = told.contiguous_prefix();
             match self.recv_plain_at(conns, partial, at).await {
@@ -1055,7 +1050,15 @@ impl Client {
             let dog = self.watchdog();
             let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
             let rx = framed_receiver(dst, Some(size), Some(told), conns);
-            match rx.finish().await {
+            let more = {
+                let ctl = rx.control();
+                late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
+            };
+            let received = tokio::select! {
+                r = rx.finish() => r,
+                never = more => match never {},
+            };
+            match received {
                 Ok(rep) => {
                     self.received_twice += rep.duplicate_bytes;
                     self.expect_complete(&c_retr)
