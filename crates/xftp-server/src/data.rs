@@ -107,8 +107,10 @@ pub fn passive_listener(
 
 /// Open `n` data connections according to `plan` within `timeout`.
 /// Passive: accept exactly `n` connections from `peer`, closing any from
-/// elsewhere; the listener is dropped afterwards, so later connects are
-/// refused by the kernel.
+/// elsewhere; the listener goes on in the returned `Grow` (connections
+/// added during the transfer) and is dropped with it, so connects after
+/// the transfer are refused by the kernel.
+///
 /// With `early` (passive only), return once the first connection is in
 /// and the others have had `early` more to arrive: the caller starts with
 /// those and takes the rest as they come ([`Live::join_late`]). A lost
