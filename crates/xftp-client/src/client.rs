@@ -823,7 +823,10 @@ impl Client {
             self.expect_complete(&c_retr).await?;
             vec![got]
         } else {
-            let v = self.recv_striped(conns, late, &tmp, expected).await?;
+            let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+            let v = self
+                .recv_striped(conns, late, Arc::new(file), expected, None)
+                .await?;
             self.expect_complete(&c_retr).await?;
             v
         };
@@ -1047,25 +1050,12 @@ impl Client {
                 Err(e) => Err(e),
             }
         } else {
-            let dog = self.watchdog();
-            let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-            let rx = framed_receiver(dst, Some(size), Some(told), conns);
-            let more = {
-                let ctl = rx.control();
-                late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
-            };
-            let received = tokio::select! {
-                r = rx.finish() => r,
-                never = more => match never {},
-            };
-            match received {
-                Ok(rep) => {
-                    self.received_twice += rep.duplicate_bytes;
-                    self.expect_complete(&c_retr)
-                        .await
-                        .map(|()| rep.streams.iter().map(|s| s.bytes).collect())
-                }
-                Err(e) => Err(stripe_err(e, self.cfg.data_timeout)),
+            match self
+                .recv_striped(conns, late, dst, Some(size), Some(told))
+                .await
+            {
+                Ok(per_stream) => self.expect_complete(&c_retr).await.map(|()| per_stream),
+                Err(e) => Err(e),
             }
         };
         drop(checkpoints);
@@ -2670,20 +2660,21 @@ impl Client {
         Ok(sent)
     }
 
-    /// Multi-stream download: MODE E blocks on every connection, written
-    /// at their offsets; the engine checks the completion rule and, when
-    /// SIZE answered, the total.
+    /// Multi-stream download into `dst`: MODE E blocks on every connection
+    /// (and on the `late` ones as they open), written at their offsets;
+    /// the engine checks the completion rule and, when SIZE answered, the
+    /// total (`have`: the ranges a resumed download already holds).
     async fn recv_striped(
         &mut self,
         conns: Vec<Stream>,
         late: Late,
-        tmp: &tempfile::NamedTempFile,
+        dst: Arc<dyn xftp_stripe::WriteAt>,
         expected: Option<u64>,
+        have: Option<xftp_stripe::ranges::RangeSet>,
     ) -> Result<Vec<u64>> {
-        let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-        let rx = framed_receiver(Arc::new(file), expected, None, conns);
+        let rx = framed_receiver(dst, expected, have, conns);
         let more = {
             let ctl = rx.control();
             late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
@@ -2762,14 +2753,15 @@ impl Late {
     async fn feed(self, mut add: impl FnMut(Stream) -> bool) -> std::convert::Infallible {
         if let Some(mut set) = self.0 {
             while let Some(r) = set.join_next().await {
-                match r {
+                match r.map_err(|e| ClientError::DataIo(std::io::Error::other(e))) {
                     Ok(Ok(s)) => {
                         if !add(s) {
                             break;
                         }
                     }
-                    Ok(Err(e)) => tracing::info!("a data connection opened late failed: {e}"),
-                    Err(e) => tracing::info!("a data connection opened late failed: {e}"),
+                    Ok(Err(e)) | Err(e) => {
+                        tracing::info!("a data connection opened late failed: {e}")
+                    }
                 }
             }
         }

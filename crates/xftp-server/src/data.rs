@@ -136,19 +136,14 @@ pub async fn open(
                 let mut conns = Vec::with_capacity(n);
                 let mut until = None;
                 while conns.len() < n {
-                    let accepted = match until {
-                        Some(t) => match tokio::time::timeout_at(t, listener.accept()).await {
-                            Ok(r) => r,
+                    let accept = accept_from_peer(&listener, peer);
+                    let s = match until {
+                        Some(t) => match tokio::time::timeout_at(t, accept).await {
+                            Ok(r) => r?,
                             Err(_) => break,
                         },
-                        None => listener.accept().await,
+                        None => accept.await?,
                     };
-                    let (s, from) = accepted?;
-                    if canonical(from.ip()) != canonical(peer) {
-                        tracing::warn!(%from, "data connection from a foreign address refused");
-                        drop(s);
-                        continue;
-                    }
                     conns.push(s);
                     if let (None, Some(e)) = (until, early) {
                         until = Some(tokio::time::Instant::now() + e);
@@ -184,6 +179,19 @@ pub async fn open(
         let _ = c.set_nodelay(true);
     }
     Ok((conns, grow))
+}
+
+/// The next connection on `l` from `peer` (the control connection's
+/// client); any from elsewhere is closed (RFC 2577: no data connection
+/// from a third party).
+pub(crate) async fn accept_from_peer(l: &TcpListener, peer: IpAddr) -> std::io::Result<TcpStream> {
+    loop {
+        let (s, from) = l.accept().await?;
+        if canonical(from.ip()) == canonical(peer) {
+            return Ok(s);
+        }
+        tracing::warn!(%from, "data connection from a foreign address refused");
+    }
 }
 
 /// Connect to every address of `to` at once, so that N connections take

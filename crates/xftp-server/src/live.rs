@@ -103,13 +103,9 @@ impl Live {
         self.tasks.spawn(async move {
             let mut added = 0;
             while added < room {
-                let Ok((s, from)) = l.accept().await else {
+                let Ok(s) = crate::data::accept_from_peer(&l, peer).await else {
                     return;
                 };
-                if from.ip().to_canonical() != peer.to_canonical() {
-                    tracing::warn!(%from, "data connection from a foreign address refused");
-                    continue;
-                }
                 let _ = s.set_nodelay(true);
                 let Ok(s) = crate::secure::secure_one(tls.as_ref(), s).await else {
                     continue;
@@ -199,13 +195,7 @@ impl Live {
             self.tasks.spawn(async move {
                 let conn = tokio::time::timeout(timeout, async {
                     match source {
-                        Grow::Passive(l) => loop {
-                            let (s, from) = l.accept().await?;
-                            if from.ip().to_canonical() == peer.to_canonical() {
-                                break Ok::<_, std::io::Error>(s);
-                            }
-                            tracing::warn!(%from, "data connection from a foreign address refused");
-                        },
+                        Grow::Passive(l) => crate::data::accept_from_peer(&l, peer).await,
                         Grow::Active(a) => crate::data::connect_from(local, a, bufsize).await,
                     }
                 })
