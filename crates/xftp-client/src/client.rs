@@ -215,6 +215,22 @@ impl TransferReport {
 
 /// Data connections being set up: what remains to do after the server's
 /// 150 reply.
+/// What a transfer's count may be fitted to (`Client::fit_count`).
+#[derive(Clone, Copy, Debug)]
+enum Fit {
+    /// A download of these bytes; `None`: the size in the reply to the
+    /// command sent before the port command (SIZE), if any.
+    Download(Option<u64>),
+    /// An upload of these bytes.
+    Upload(u64),
+    /// A resumed download of these bytes. Without MODE E one connection
+    /// would mean stream mode, whose REST refetches everything after the
+    /// first hole: two at least then.
+    Resume(u64),
+    /// The session's count (a listing, or nothing known).
+    Session,
+}
+
 enum Setup {
     /// Passive: connections being opened to `target`.
     Connecting {
@@ -260,6 +276,12 @@ pub struct Client {
     verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
     mult_refused: Option<u32>,
+    /// The server granted a MULT (an xftp server): the count can be
+    /// set for each transfer.
+    mult_ok: bool,
+    /// The session's count while a small transfer asked the server for
+    /// fewer (see `fit_count`): what the next transfer goes back to.
+    session_grant: Option<u32>,
     /// Whether the server is a GridFTP server (FEAT lists SPAS or SPOR),
     /// once known.
     gridftp: Option<bool>,
@@ -435,6 +457,8 @@ impl Client {
             received_twice: 0,
             verify_alg: None,
             mult_refused: None,
+            mult_ok: false,
+            session_grant: None,
             gridftp: None,
             gridftp_retr_refused: false,
             gridftp_told: false,
@@ -462,9 +486,10 @@ impl Client {
         self.ctl.peer()
     }
 
-    /// Data connections each RETR/STOR uses (1 unless MULT granted more).
+    /// Data connections each RETR/STOR uses (1 unless MULT granted more;
+    /// a transfer too small for them all uses fewer).
     pub fn streams(&self) -> u32 {
-        self.granted
+        self.session_grant.unwrap_or(self.granted)
     }
 
     /// Messages for the user (e.g. "server does not support MULT"), taken
@@ -692,6 +717,7 @@ impl Client {
                         text: reply_text(&r),
                         reason: format!("expected `200 MULT <n>` with 1 <= n <= {want}"),
                     })?;
+                self.mult_ok = true;
                 if self.granted < want {
                     self.notices.push(format!(
                         "server granted {} of {want} connections",
@@ -768,7 +794,9 @@ impl Client {
             return r;
         }
         let c_size = Cmd::with("SIZE", remote);
-        let (size_reply, setup) = self.prepare_data(false, Some(&c_size)).await?;
+        let (size_reply, setup) = self
+            .prepare_data(false, Some(&c_size), Fit::Download(None))
+            .await?;
         let expected = size_reply.as_ref().and_then(negotiate::size_value);
         self.progress_begin(remote, expected);
         // Decided only now, with the login's replies read on the way (no
@@ -1004,7 +1032,8 @@ impl Client {
         partial: &resume::Partial,
         size: u64,
     ) -> Result<Vec<u64>> {
-        let (_, setup) = self.prepare_data(false, None).await?;
+        let missing = size.saturating_sub(partial.had.covered());
+        let (_, setup) = self.prepare_data(false, None, Fit::Resume(missing)).await?;
         let framed = self.mode_e || self.granted > 1;
         // What the server is told we have (at most MAX_REST_RANGES of the
         // largest ranges: the rest is fetched again).
@@ -1328,8 +1357,10 @@ impl Client {
         start: Instant,
         have: Option<&xftp_stripe::ranges::RangeSet>,
     ) -> Result<TransferReport> {
-        let (_, setup) = self.prepare_data(false, None).await?;
         let already = have.map_or(0, |h| h.covered());
+        let (_, setup) = self
+            .prepare_data(false, None, Fit::Upload(len.saturating_sub(already)))
+            .await?;
         if let Some(h) = have.filter(|h| !h.is_empty()) {
             let list: Vec<(u64, u64)> = h.iter().collect();
             let c = Cmd::with("REST", xftp_proto::command::format_ranges(&list));
@@ -1511,12 +1542,18 @@ impl Client {
         } else {
             None
         };
-        let (start, why) = match &self.start {
+        let (start, mut why) = match &self.start {
             Some((n0, why, _)) => (*n0, why.clone()),
             None => (
-                n,
+                self.session_grant.unwrap_or(n),
                 format!("fixed: {} connection(s) requested", self.cfg.streams),
             ),
+        };
+        let start = if self.session_grant.is_some() && n < start {
+            why.push_str(&format!("; {n} for this transfer, one per record"));
+            n
+        } else {
+            start
         };
         let final_streams = ctlr.as_ref().map_or(n, Controller::streams);
         adaptive::timeline(start, why, ctlr.as_ref(), final_streams, self.ctl.rtt())
@@ -1592,7 +1629,7 @@ impl Client {
     /// A listing command over one plain data connection, at most
     /// [`MAX_LISTING`] bytes kept.
     async fn listing(&mut self, c: Cmd) -> Result<Vec<u8>> {
-        let (_, setup) = self.prepare_data(true, None).await?;
+        let (_, setup) = self.prepare_data(true, None, Fit::Session).await?;
         self.ctl.send(&[&c]).await?;
         let (conns, _) = self.start_transfer(&c, setup).await?;
         let mut out = Vec::new();
@@ -2177,12 +2214,14 @@ impl Client {
     // ---- data connections ----
 
     /// Set up the data connections of the next transfer (one when `plain`,
-    /// else as many as MULT granted); `before` is sent in the same write
+    /// else as many as MULT granted, but no more than `fit` can use: see
+    /// [`fit_count`](Self::fit_count)); `before` is sent in the same write
     /// and its reply (any code) returned.
     async fn prepare_data(
         &mut self,
         plain: bool,
         before: Option<&Cmd>,
+        fit: Fit,
     ) -> Result<(Option<Reply>, Setup)> {
         if self.cfg.data_mode == DataMode::Mprt {
             // MPRT names one port per connection: the grant must be known.
@@ -2194,11 +2233,14 @@ impl Client {
             m => m,
         };
         match mode {
-            DataMode::Passive => self.prepare_passive(plain, before).await,
+            DataMode::Passive => self.prepare_passive(plain, before, fit).await,
             DataMode::Active => {
                 let listener = self.listen().await?;
                 let addr = listener.local_addr().map_err(ClientError::DataIo)?;
                 let before_reply = self.announce_port(addr, before).await?;
+                if !plain {
+                    self.fit_count(fit, before_reply.as_ref()).await?;
+                }
                 Ok((
                     before_reply,
                     Setup::Listen {
@@ -2224,6 +2266,61 @@ impl Client {
         }
     }
 
+    /// The count for the transfer about to start, told to an xftp server
+    /// with `MULT` before its RETR or STOR (no round trip: the reply is
+    /// read with the transfer's). A connection that gets no record carries
+    /// nothing and costs a handshake (a TLS one too): a transfer of `b`
+    /// bytes uses at most one connection per record of the smallest size
+    /// its sender cuts (`Fit`), one for an empty file. The next transfer
+    /// goes back to the session's count.
+    async fn fit_count(&mut self, fit: Fit, size_reply: Option<&Reply>) -> Result<()> {
+        if !self.mult_ok || self.cfg.data_mode == DataMode::Mprt {
+            return Ok(());
+        }
+        let session = self.session_grant.unwrap_or(self.granted);
+        let bytes = match fit {
+            Fit::Download(b) => b.or_else(|| size_reply.and_then(negotiate::size_value)),
+            Fit::Upload(b) => Some(b),
+            Fit::Resume(b) => Some(b),
+            Fit::Session => None,
+        };
+        let record = match fit {
+            Fit::Upload(_) => xftp_stripe::DEFAULT_RECORD_SIZE,
+            _ => xftp_stripe::MIN_RECORD_SIZE,
+        };
+        let least = if matches!(fit, Fit::Resume(_)) && !self.mode_e {
+            2
+        } else {
+            1
+        };
+        let want = bytes.map_or(session, |b| {
+            xftp_stripe::useful_connections(b, record)
+                .max(least)
+                .min(session)
+        });
+        if want < self.granted {
+            // A lower count is always granted as asked.
+            tracing::debug!("{want} connection(s) for this transfer (session: {session})");
+            let c = Cmd::with("MULT", want.to_string());
+            self.ctl.send_unawaited(&c).await?;
+            self.granted = want;
+        } else if want > self.granted {
+            // Back up: other sessions from this address may have taken
+            // what this one gave back, so the grant is read (a round trip,
+            // after a small transfer only).
+            let c = Cmd::with("MULT", want.to_string());
+            self.send(&[&c]).await?;
+            self.read_mult(&c, want).await?;
+            if self.granted < want {
+                // What the server holds for us now: the session's count.
+                self.session_grant = None;
+                return Ok(());
+            }
+        }
+        self.session_grant = (self.granted != session).then_some(session);
+        Ok(())
+    }
+
     /// Send `before` (if any) and `c` together; read `before`'s reply.
     async fn send_with(&mut self, before: Option<&Cmd>, c: &Cmd) -> Result<Option<Reply>> {
         match before {
@@ -2242,6 +2339,7 @@ impl Client {
         &mut self,
         plain: bool,
         before: Option<&Cmd>,
+        fit: Fit,
     ) -> Result<(Option<Reply>, Setup)> {
         let peer = self.ctl.peer().ip();
         let mut before_reply = None;
@@ -2287,6 +2385,9 @@ impl Client {
         // connect takes the round trip the command takes, so the wait
         // costs next to nothing; a server that would send its 1xx only
         // after the handshake gets it after `ANSWER_GRACE`.
+        if !plain {
+            self.fit_count(fit, before_reply.as_ref()).await?;
+        }
         let n = if plain { 1 } else { self.granted as usize };
         let (answered, _) = tokio::sync::watch::channel(false);
         let grace = ANSWER_GRACE + self.ctl.rtt().unwrap_or_default() * 2;

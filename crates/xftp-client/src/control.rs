@@ -98,6 +98,9 @@ pub struct Control {
     reply_timeout: Duration,
     peer: SocketAddr,
     local: SocketAddr,
+    /// Commands sent whose replies no caller waits for
+    /// ([`send_unawaited`](Control::send_unawaited)), oldest first.
+    owed: std::collections::VecDeque<Cmd>,
 }
 
 impl Control {
@@ -115,6 +118,7 @@ impl Control {
             reply_timeout,
             peer,
             local,
+            owed: Default::default(),
         })
     }
 
@@ -154,6 +158,7 @@ impl Control {
             reply_timeout,
             peer,
             local,
+            owed,
         } = self;
         let tcp = io
             .into_plain()
@@ -169,6 +174,7 @@ impl Control {
             reply_timeout,
             peer,
             local,
+            owed,
         })
     }
 
@@ -200,17 +206,37 @@ impl Control {
         }
     }
 
+    /// Send `cmd` now, in a write of its own, and let its reply be read
+    /// with the next one (no round trip of its own). For a command whose
+    /// failure changes nothing but speed: a refusal is logged, not
+    /// returned.
+    pub async fn send_unawaited(&mut self, cmd: &Cmd) -> Result<()> {
+        self.send(&[cmd]).await?;
+        self.owed.push_back(cmd.clone());
+        Ok(())
+    }
+
     /// Read the next reply (any code).
     pub async fn read_reply(&mut self) -> Result<Reply> {
         self.read_reply_within(self.reply_timeout).await
     }
 
-    /// Read the next reply, waiting at most `limit`.
+    /// Read the next reply, waiting at most `limit`; the replies owed to
+    /// [`send_unawaited`](Control::send_unawaited) commands are read first.
     pub async fn read_reply_within(&mut self, limit: Duration) -> Result<Reply> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             if let Some(r) = self.parser.next_reply()? {
                 tracing::debug!("<<< {} {}", r.code, reply_text(&r));
+                if r.is_preliminary() && !self.owed.is_empty() {
+                    continue;
+                }
+                if let Some(c) = self.owed.pop_front() {
+                    if !r.is_success() {
+                        tracing::warn!("{}: {} {}", c.display(), r.code, reply_text(&r));
+                    }
+                    continue;
+                }
                 return Ok(r);
             }
             let n = match tokio::time::timeout_at(deadline, self.io.read(&mut self.buf)).await {

@@ -2638,8 +2638,9 @@ const ENDGAME_MIN: u64 = 1 << 20;
 /// count as it goes (`-p auto`) may raise it, and connections it adds
 /// help only while records are left to hand out.
 fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
+    let min = u64::from(xftp_stripe::MIN_RECORD_SIZE);
     let per = len / (2 * n.max(GROWTH_ROOM) as u64);
-    per.clamp(16 * 1024, u64::from(configured.max(16 * 1024))) as u32
+    per.clamp(min, u64::from(configured).max(min)) as u32
 }
 
 /// Uploads in progress (see `Upload`) are not listed.

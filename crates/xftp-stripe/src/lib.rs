@@ -71,6 +71,20 @@ pub use sock::{DataSocket, Delivery, Probe};
 /// Default record size: 256 KiB. See docs/framing.md for the reasoning.
 pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
 
+/// The smallest record an xftp sender cuts a file into (a small file gets
+/// records this small so that every connection has some; below it,
+/// headers and wake-ups start to cost).
+pub const MIN_RECORD_SIZE: u32 = 16 * 1024;
+
+/// How many connections a transfer of `bytes` can keep busy when its
+/// records are at least `record` bytes (the last one shorter): one per
+/// record, and one for an empty file. A connection beyond that is sent
+/// nothing and only costs its handshakes.
+pub fn useful_connections(bytes: u64, record: u32) -> u32 {
+    let per = u64::from(record.max(1));
+    u32::try_from(bytes.div_ceil(per).max(1)).unwrap_or(u32::MAX)
+}
+
 /// Payload bytes and records carried by one data connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StreamStats {
@@ -252,5 +266,28 @@ impl StripeError {
             _ => std::io::ErrorKind::InvalidData,
         };
         std::io::Error::new(kind, self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_connection_per_record_and_one_for_nothing() {
+        let r = MIN_RECORD_SIZE;
+        let r64 = u64::from(r);
+        assert_eq!(useful_connections(0, r), 1);
+        assert_eq!(useful_connections(1, r), 1);
+        assert_eq!(useful_connections(r64, r), 1);
+        assert_eq!(useful_connections(r64 + 1, r), 2);
+        assert_eq!(useful_connections(40_000, r), 3);
+        assert_eq!(useful_connections(1 << 40, r), 1 << 26);
+        assert_eq!(useful_connections(u64::MAX, 1), u32::MAX);
+        assert_eq!(
+            useful_connections(5, 0),
+            5,
+            "a zero record counts as one byte"
+        );
     }
 }

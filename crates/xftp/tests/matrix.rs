@@ -2,7 +2,7 @@
 //! size, record size + 1 and 100 MiB + 13 B; N in {1, 2, 3, 8, 64}; upload
 //! and download; passive, active and MPRT data connections. Every file is
 //! compared by SHA-256 at both ends, and the JSON must say how many
-//! connections were used.
+//! connections were used (N, or one per record for a file with fewer).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -120,8 +120,16 @@ fn sizes_by_streams_by_direction_by_connection_form() {
                 let j = xftp(&get);
                 assert_eq!(j["bytes"], len as u64, "{get:?}: {j}");
                 assert_eq!(sha(&down), want, "{get:?}");
-                // Data connections used: N (a plain transfer uses one).
-                assert_eq!(j["streams"], u64::from(n), "{get:?}: {j}");
+                // Data connections used: N (a plain transfer uses one), but
+                // no more than the file has records of the server's
+                // smallest size (16 KiB) except with MPRT, whose ports go
+                // out before the size is known.
+                let used = if form == "mprt" {
+                    u64::from(n)
+                } else {
+                    (len as u64).div_ceil(16 * 1024).clamp(1, u64::from(n))
+                };
+                assert_eq!(j["streams"], used, "{get:?}: {j}");
                 std::fs::remove_file(&down).unwrap();
                 std::fs::remove_file(srv.root.path().join(&name)).unwrap();
             }

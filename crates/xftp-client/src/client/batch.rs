@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use xftp_tls::Stream;
 
-use super::{local_err, local_target, temp_next_to, Client, Done, TransferReport};
+use super::{local_err, local_target, temp_next_to, Client, Done, Fit, TransferReport};
 use crate::control::{unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -612,7 +612,9 @@ impl Client {
     /// plan: a round trip fewer.
     async fn start_fresh(&mut self, c: &Cmd) -> Result<Vec<Stream>> {
         let mode = (!self.mode_e).then(|| Cmd::with("MODE", "E"));
-        let (reply, setup) = self.prepare_data(false, mode.as_ref()).await?;
+        let (reply, setup) = self
+            .prepare_data(false, mode.as_ref(), Fit::Session)
+            .await?;
         if let (Some(m), Some(r)) = (&mode, &reply) {
             if r.code != 200 {
                 return Err(unexpected(m, r));

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 
-use super::{local_err, Client, Setup};
+use super::{local_err, Client, Fit, Setup};
 use crate::control::{reply_text, unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -390,7 +390,7 @@ impl Client {
     ) -> Result<()> {
         let setup = match setup {
             Some(s) => s,
-            None => self.prepare_data(true, None).await?.1,
+            None => self.prepare_data(true, None, Fit::Session).await?.1,
         };
         let c_rest = Cmd::with("REST", a.to_string());
         self.send(&[&c_rest]).await?;
