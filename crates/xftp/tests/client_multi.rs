@@ -382,6 +382,46 @@ fn killing_one_data_connection_fails_get_and_leaves_nothing() {
     assert!(left.is_empty(), "nothing may be left locally: {left:?}");
 }
 
+/// The automatic mode keeps a way to add connections open for the whole
+/// transfer; a download whose every connection is cut must still fail at
+/// once (the server's 426), not wait for a connection that never comes.
+#[test]
+fn cutting_an_automatic_download_fails_it_at_once() {
+    let d = dirs();
+    let server = serve(&d.srv, 8);
+    let len = 16 * 1024 * 1024;
+    write_prng_file(&d.srv.join("a.bin"), len, 7);
+    let (proxy, _) = cutter::start(server.port, 0, 1024 * 1024, cutter::Dir::ToClient);
+    let url = format!("ftp://127.0.0.1:{proxy}/a.bin");
+    let cache = d.local.join("cache");
+    let t = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", &url, "-p", "auto", "--json", "--timeout", "30"])
+        .current_dir(&d.local)
+        .env("XDG_CACHE_HOME", &cache)
+        .output()
+        .expect("run xftp");
+    assert!(!out.status.success(), "a cut download must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{err}");
+    assert!(!err.contains("timed out"), "{err}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "took {:?}: {err}",
+        t.elapsed()
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(j["status"], "error");
+    let left: Vec<_> = std::fs::read_dir(&d.local)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != "cache")
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing may be left locally: {left:?}");
+}
+
 #[test]
 fn killing_one_data_connection_fails_put_at_both_ends() {
     let d = dirs();
