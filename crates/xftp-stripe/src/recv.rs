@@ -438,6 +438,14 @@ async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
         tracing::debug!(error = %e, "striped receive failed");
         st.failed = Some(e.clone());
     }
+    if st.reasm.takes_duplicates() && result.is_ok() {
+        // Connections handed over but not admitted yet (all of them, for
+        // an empty file: complete before the first was read) are read
+        // on with the others, not dropped under the sender.
+        while let Ok((idx, s)) = rx.try_recv() {
+            set.spawn(conn_task_tolerant(s, idx, shared.clone()));
+        }
+    }
     let linger = st.reasm.takes_duplicates() && result.is_ok() && !set.is_empty();
     st.result = Some(result.clone());
     st.wake_app();

@@ -1280,3 +1280,38 @@ async fn without_the_endgame_a_stuck_connection_holds_the_end() {
         "completed without the endgame"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_transfer_reads_every_connection_to_its_end() {
+    // A receiver that takes copies completes once every byte is in: at
+    // once for an empty file. Its connections must still be read until
+    // the sender closes them: closed under the sender, they answer its
+    // EOD and EOF blocks with a reset, which fails its end of a transfer
+    // that succeeded (under TLS, whose close_notify follows the blocks,
+    // nearly always).
+    use tokio::io::AsyncReadExt;
+    for round in 0..5 {
+        let (mut tx, rx) = tcp_pairs(4).await;
+        let dst = Arc::new(MemFile::default());
+        let r = Receiver::file_endgame(dst.clone(), 0, Default::default(), rx)
+            .finish()
+            .await;
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        for (i, c) in tx.iter_mut().enumerate() {
+            let mut b = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_millis(100), c.read(&mut b)).await;
+            assert!(
+                read.is_err(),
+                "round {round}: connection {i} closed by the receiver before the sender's end: {read:?}"
+            );
+        }
+        let cfg = SendConfig {
+            endgame: true,
+            ..SendConfig::default()
+        };
+        let s = Sender::file(Arc::new(MemFile::default()), 0, tx, &cfg)
+            .finish()
+            .await;
+        assert!(s.is_ok(), "round {round}: {s:?}");
+    }
+}
