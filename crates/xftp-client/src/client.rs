@@ -213,8 +213,6 @@ impl TransferReport {
     }
 }
 
-/// Data connections being set up: what remains to do after the server's
-/// 150 reply.
 /// What a transfer's count may be fitted to (`Client::fit_count`).
 #[derive(Clone, Copy, Debug)]
 enum Fit {
@@ -231,6 +229,8 @@ enum Fit {
     Session,
 }
 
+/// Data connections being set up: what remains to do after the server's
+/// 150 reply.
 enum Setup {
     /// Passive: connections being opened to `target`.
     Connecting {
@@ -2377,6 +2377,9 @@ impl Client {
                 negotiate::pasv_target(announced, peer)
             }
         };
+        if !plain {
+            self.fit_count(fit, before_reply.as_ref()).await?;
+        }
         // Open every connection at once, without waiting: they complete
         // while the RETR/STOR travels (one round trip saved), and each
         // other (they overlap, not queue). A TLS handshake waits for the
@@ -2385,9 +2388,6 @@ impl Client {
         // connect takes the round trip the command takes, so the wait
         // costs next to nothing; a server that would send its 1xx only
         // after the handshake gets it after `ANSWER_GRACE`.
-        if !plain {
-            self.fit_count(fit, before_reply.as_ref()).await?;
-        }
         let n = if plain { 1 } else { self.granted as usize };
         let (answered, _) = tokio::sync::watch::channel(false);
         let grace = ANSWER_GRACE + self.ctl.rtt().unwrap_or_default() * 2;
