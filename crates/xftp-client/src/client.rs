@@ -219,8 +219,9 @@ enum Fit {
     /// A download of these bytes; `None`: the size in the reply to the
     /// command sent before the port command (SIZE), if any.
     Download(Option<u64>),
-    /// An upload of these bytes.
-    Upload(u64),
+    /// An upload of these bytes; a resumable one (`put -c`) must stay
+    /// framed, which without MODE E takes two connections at least.
+    Upload { bytes: u64, resumable: bool },
     /// A resumed download of these bytes. Without MODE E one connection
     /// would mean stream mode, whose REST refetches everything after the
     /// first hole: two at least then.
@@ -1359,7 +1360,14 @@ impl Client {
     ) -> Result<TransferReport> {
         let already = have.map_or(0, |h| h.covered());
         let (_, setup) = self
-            .prepare_data(false, None, Fit::Upload(len.saturating_sub(already)))
+            .prepare_data(
+                false,
+                None,
+                Fit::Upload {
+                    bytes: len.saturating_sub(already),
+                    resumable: self.cfg.resume,
+                },
+            )
             .await?;
         if let Some(h) = have.filter(|h| !h.is_empty()) {
             let list: Vec<(u64, u64)> = h.iter().collect();
@@ -2280,19 +2288,23 @@ impl Client {
         let session = self.session_grant.unwrap_or(self.granted);
         let bytes = match fit {
             Fit::Download(b) => b.or_else(|| size_reply.and_then(negotiate::size_value)),
-            Fit::Upload(b) => Some(b),
+            Fit::Upload { bytes, .. } => Some(bytes),
             Fit::Resume(b) => Some(b),
             Fit::Session => None,
         };
         let record = match fit {
-            Fit::Upload(_) => xftp_stripe::DEFAULT_RECORD_SIZE,
+            Fit::Upload { .. } => xftp_stripe::DEFAULT_RECORD_SIZE,
             _ => xftp_stripe::MIN_RECORD_SIZE,
         };
-        let least = if matches!(fit, Fit::Resume(_)) && !self.mode_e {
-            2
-        } else {
-            1
-        };
+        let framed = matches!(
+            fit,
+            Fit::Resume(_)
+                | Fit::Upload {
+                    resumable: true,
+                    ..
+                }
+        );
+        let least = if framed && !self.mode_e { 2 } else { 1 };
         let want = bytes.map_or(session, |b| {
             xftp_stripe::useful_connections(b, record)
                 .max(least)

@@ -108,3 +108,31 @@ async fn connections_given_back_and_taken_by_another_session_are_not_assumed() {
     let r = b.download("big", &out.path().join("b1")).await.unwrap();
     assert_eq!(r.per_stream_bytes.len(), 7);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumable_transfer_of_a_small_file_stays_framed() {
+    // `-c` needs records (ranges) on the wire; without MODE E that takes
+    // two connections, so a small file is not fitted down to one.
+    let srv = server().await;
+    let out = tempfile::tempdir().unwrap();
+    std::fs::write(srv.dir.path().join("small"), pattern(1000, 3)).unwrap();
+    let src = out.path().join("src");
+    std::fs::write(&src, pattern(100_000, 4)).unwrap();
+    let cfg = ClientConfig {
+        streams: 8,
+        resume: true,
+        ..ClientConfig::default()
+    };
+    let mut c = Client::connect("127.0.0.1", srv.port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    let r = c.upload(&src, "up").await.unwrap();
+    assert_eq!(r.per_stream_bytes.len(), 2, "{:?}", r.per_stream_bytes);
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("up")).unwrap(),
+        pattern(100_000, 4)
+    );
+    let dst = out.path().join("small");
+    let r = c.download("small", &dst).await.unwrap();
+    assert_eq!(r.per_stream_bytes.len(), 2, "{:?}", r.per_stream_bytes);
+    assert_eq!(std::fs::read(&dst).unwrap(), pattern(1000, 3));
+}
