@@ -2566,12 +2566,39 @@ impl Client {
             }
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
+                let listener = Arc::new(listener);
                 let mut tcp = Vec::with_capacity(n);
+                let mut until = None;
                 while tcp.len() < n {
-                    tcp.push(accept_tcp_from(&listener, peer, t).await?);
+                    // As for passive connections: once the first is in, the
+                    // others have EARLY_START, and the rest join later.
+                    let accept = accept_tcp_from(&listener, peer, t);
+                    let s = match until {
+                        Some(at) => match tokio::time::timeout_at(at, accept).await {
+                            Ok(r) => r?,
+                            Err(_) => break,
+                        },
+                        None => accept.await?,
+                    };
+                    tcp.push(s);
+                    if until.is_none() && early {
+                        until = Some(tokio::time::Instant::now() + EARLY_START);
+                    }
                 }
                 let conns = secure_each(tcp, tls.as_ref(), t).await?;
-                Ok((conns, Grow::Active(Arc::new(listener)), Late::default()))
+                let mut set = tokio::task::JoinSet::new();
+                for _ in conns.len()..n {
+                    let (l, tls) = (listener.clone(), tls.clone());
+                    set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
+                }
+                let late = Late((!set.is_empty()).then_some(set));
+                if late.len() > 0 {
+                    tracing::debug!(
+                        late = late.len(),
+                        "starting before every data connection is open"
+                    );
+                }
+                Ok((conns, Grow::Active(listener), late))
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;

@@ -111,13 +111,16 @@ pub fn passive_listener(
 /// added during the transfer) and is dropped with it, so connects after
 /// the transfer are refused by the kernel.
 ///
-/// With `early` (passive only), return once the first connection is in
-/// and the others have had `early` more to arrive: the caller starts with
-/// those and takes the rest as they come ([`Live::join_late`]). A lost
-/// SYN costs its connection a second (Linux's first retransmission
-/// timeout), and the transfer need not wait for it.
+/// With `early` (passive and active), return once the first connection
+/// is in and the others have had `early` more to arrive: the caller starts
+/// with those and takes the rest as they come (passive:
+/// [`Live::join_late`] accepts them; active: the connects still under way
+/// come back as [`Pending`], for [`Live::adopt`]). A lost SYN costs its
+/// connection a second (Linux's first retransmission timeout), and the
+/// transfer need not wait for it.
 ///
 /// [`Live::join_late`]: crate::live::Live::join_late
+/// [`Live::adopt`]: crate::live::Live::adopt
 #[allow(clippy::too_many_arguments)]
 pub async fn open(
     plan: DataPlan,
@@ -127,7 +130,7 @@ pub async fn open(
     timeout: Duration,
     bufsize: Option<u64>,
     early: Option<Duration>,
-) -> Result<(Vec<TcpStream>, Option<crate::live::Grow>), DataError> {
+) -> Result<(Vec<TcpStream>, Option<crate::live::Grow>, Option<Pending>), DataError> {
     use crate::live::Grow;
     let fut = async {
         match plan {
@@ -155,12 +158,27 @@ pub async fn open(
                         "starting before every data connection is in"
                     );
                 }
-                Ok((conns, Some(Grow::Passive(std::sync::Arc::new(listener)))))
+                Ok((
+                    conns,
+                    Some(Grow::Passive(std::sync::Arc::new(listener))),
+                    None,
+                ))
             }
-            DataPlan::Active(addr) => {
-                let conns = connect_all(local, std::iter::repeat(addr).take(n), bufsize).await?;
-                Ok((conns, Some(Grow::Active(addr))))
-            }
+            DataPlan::Active(addr) => match early {
+                Some(e) if n > 1 => {
+                    let (conns, pending) =
+                        connect_early(local, addr, n, bufsize, e, timeout).await?;
+                    Ok((conns, Some(Grow::Active(addr)), pending))
+                }
+                _ => {
+                    let to = std::iter::repeat(addr).take(n);
+                    Ok((
+                        connect_all(local, to, bufsize).await?,
+                        Some(Grow::Active(addr)),
+                        None,
+                    ))
+                }
+            },
             DataPlan::Multi(addrs) => {
                 if addrs.len() != n {
                     return Err(DataError::Count {
@@ -168,17 +186,70 @@ pub async fn open(
                         needed: n,
                     });
                 }
-                Ok((connect_all(local, addrs, bufsize).await?, None))
+                Ok((connect_all(local, addrs, bufsize).await?, None, None))
             }
         }
     };
-    let (conns, grow) = tokio::time::timeout(timeout, fut)
+    let (conns, grow, pending) = tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| DataError::Timeout)??;
     for c in &conns {
         let _ = c.set_nodelay(true);
     }
-    Ok((conns, grow))
+    Ok((conns, grow, pending))
+}
+
+/// Connects of an active transfer still under way when it started (see
+/// [`open`]'s `early`); each ends within the data timeout.
+pub type Pending = tokio::task::JoinSet<std::io::Result<TcpStream>>;
+
+/// [`connect_all`] to one address `n` times, returning once the first is
+/// open and the others have had `early` more; the rest are [`Pending`].
+/// A refusal before the start fails the transfer, as there.
+async fn connect_early(
+    local: IpAddr,
+    to: SocketAddr,
+    n: usize,
+    bufsize: Option<u64>,
+    early: Duration,
+    timeout: Duration,
+) -> std::io::Result<(Vec<TcpStream>, Option<Pending>)> {
+    let mut set = Pending::new();
+    for _ in 0..n {
+        set.spawn(async move {
+            tokio::time::timeout(timeout, connect_from(local, to, bufsize))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "data connection timed out",
+                    ))
+                })
+        });
+    }
+    let mut conns = Vec::with_capacity(n);
+    let mut until = None;
+    loop {
+        let next = match until {
+            Some(t) => match tokio::time::timeout_at(t, set.join_next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+            None => set.join_next().await,
+        };
+        let Some(r) = next else { break };
+        conns.push(r.map_err(std::io::Error::other)??);
+        if until.is_none() {
+            until = Some(tokio::time::Instant::now() + early);
+        }
+    }
+    if !set.is_empty() {
+        tracing::debug!(
+            late = set.len(),
+            "starting before every data connection is open"
+        );
+    }
+    Ok((conns, (!set.is_empty()).then_some(set)))
 }
 
 /// The next connection on `l` from `peer` (the control connection's

@@ -172,6 +172,34 @@ impl Live {
         }
     }
 
+    /// The connects of an active transfer that started without them
+    /// (`data::open`'s `early`): each joins when it is open.
+    pub fn adopt(&mut self, mut pending: crate::data::Pending) {
+        self.granted += pending.len() as u32;
+        let adder = self.adder();
+        self.tasks.spawn(async move {
+            while let Some(r) = pending.join_next().await {
+                match r {
+                    Ok(Ok(conn)) => adder.add(conn).await,
+                    Ok(Err(e)) => tracing::warn!("a late data connection failed: {e}"),
+                    Err(e) => tracing::warn!("a late data connection failed: {e}"),
+                }
+            }
+        });
+    }
+
+    fn adder(&self) -> Adder {
+        Adder {
+            ctl: match &self.ctl {
+                Ctl::Send(c) => Ctl::Send(c.clone()),
+                Ctl::Recv(c) => Ctl::Recv(c.clone()),
+            },
+            meters: self.meters.clone(),
+            active: self.active.clone(),
+            tls: self.tls.clone(),
+        }
+    }
+
     /// Accept (passive) or open (active) `more` connections and add them
     /// to the running transfer as they come.
     fn spawn_adds(&mut self, more: u32) {
@@ -179,15 +207,9 @@ impl Live {
             return;
         };
         for _ in 0..more {
-            let ctl = match &self.ctl {
-                Ctl::Send(c) => Ctl::Send(c.clone()),
-                Ctl::Recv(c) => Ctl::Recv(c.clone()),
-            };
-            let meters = self.meters.clone();
-            let active = self.active.clone();
+            let adder = self.adder();
             let (peer, local, bufsize, timeout) =
                 (self.peer, self.local, self.bufsize, self.timeout);
-            let tls = self.tls.clone();
             let source = match grow {
                 Grow::Passive(l) => Grow::Passive(l.clone()),
                 Grow::Active(a) => Grow::Active(*a),
@@ -204,24 +226,39 @@ impl Live {
                     tracing::warn!("an added data connection did not arrive");
                     return;
                 };
-                let _ = conn.set_nodelay(true);
-                let Ok(conn) = crate::secure::secure_one(tls.as_ref(), conn).await else {
-                    return;
-                };
-                let conn = meters.wrap(conn).bound_backlog();
-                let idx = match ctl {
-                    Ctl::Send(c) => c.add_connection(conn),
-                    Ctl::Recv(c) => c.add_connection(conn),
-                };
-                match idx {
-                    Ok(i) => {
-                        if let Ok(mut a) = active.lock() {
-                            a.push(i);
-                        }
-                    }
-                    Err(e) => tracing::info!("connection not added: {e}"),
-                }
+                adder.add(conn).await;
             });
+        }
+    }
+}
+
+/// What adds a connection to the running transfer (TLS, meters, the
+/// engine, the list of active connections).
+struct Adder {
+    ctl: Ctl,
+    meters: MeterSet,
+    active: Arc<std::sync::Mutex<Vec<usize>>>,
+    tls: Option<DataTls>,
+}
+
+impl Adder {
+    async fn add(&self, conn: tokio::net::TcpStream) {
+        let _ = conn.set_nodelay(true);
+        let Ok(conn) = crate::secure::secure_one(self.tls.as_ref(), conn).await else {
+            return;
+        };
+        let conn = self.meters.wrap(conn).bound_backlog();
+        let idx = match &self.ctl {
+            Ctl::Send(c) => c.add_connection(conn),
+            Ctl::Recv(c) => c.add_connection(conn),
+        };
+        match idx {
+            Ok(i) => {
+                if let Ok(mut a) = self.active.lock() {
+                    a.push(i);
+                }
+            }
+            Err(e) => tracing::info!("connection not added: {e}"),
         }
     }
 }

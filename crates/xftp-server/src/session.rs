@@ -100,6 +100,7 @@ pub async fn run(
         mode_e: false,
         endgame: false,
         mult_set: false,
+        pending_connects: None,
         shutdown,
         stop_upload: None,
         upload_limit: None,
@@ -216,6 +217,9 @@ struct Session {
     endgame: bool,
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
+    /// Active connects still under way when a download started early
+    /// (`data::open`), for the transfer's `Live` to take.
+    pending_connects: Option<data::Pending>,
     shutdown: CancellationToken,
     /// The running stream-mode upload's stop signal (see `halt`).
     stop_upload: Option<CancellationToken>,
@@ -1707,10 +1711,13 @@ impl Session {
                 return Ok(None);
             }
         };
-        let (conns, grow) = opened;
+        let (conns, grow, pending) = opened;
+        // Only a transfer started early has any (RETR takes them).
+        self.pending_connects = pending;
         match crate::secure::secure_all(self.data_tls(sending).as_ref(), conns).await {
             Ok(c) => Ok(Some((c, grow))),
             Err(e) => {
+                self.pending_connects = None;
                 // RFC 4217: 522, TLS negotiation on the data connection failed.
                 self.reply(522, format!("Data connection refused: {e}"))
                     .await?;
@@ -1935,6 +1942,8 @@ impl Session {
     }
 
     async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
+        // Never a transfer's before (one that failed before taking them).
+        self.pending_connects = None;
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
         let Some((v, p)) = self.existing(arg).await? else {
@@ -2063,7 +2072,10 @@ impl Session {
             };
             let ctl = live::Ctl::Send(sender.control());
             let mut lv = self.live(meters, ctl, grow, started);
-            lv.join_late(n.saturating_sub(started) as u32);
+            match self.pending_connects.take() {
+                Some(p) => lv.adopt(p),
+                None => lv.join_late(n.saturating_sub(started) as u32),
+            }
             let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
             let out = match self.run_transfer(task, progress, Some(lv)).await? {
                 Outcome::Done((r, kept)) => {

@@ -1,0 +1,106 @@
+//! An active-mode download starts on the connections the server has
+//! opened and takes a late one when it comes: against a scripted server
+//! that opens three of four granted connections at once and the fourth
+//! only after two seconds (as a lost SYN would make it, a second later).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use xftp_client::{Client, ClientConfig, DataMode};
+use xftp_stripe::{MemFile, SendConfig, Sender};
+
+mod common;
+use common::pattern;
+
+/// A control connection answering what `download` sends; RETR is served
+/// by `serve_retr`.
+async fn scripted_server(l: TcpListener, data: Vec<u8>) {
+    let (s, _) = l.accept().await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut lines = BufReader::new(r).lines();
+    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut port = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let verb = line.split(' ').next().unwrap_or("").to_ascii_uppercase();
+        let reply = match verb.as_str() {
+            "USER" => "331 go on".to_string(),
+            "PASS" => "230 in".into(),
+            "MULT" => "200 MULT 4 granted (server maximum 4).".into(),
+            "SIZE" => format!("213 {}", data.len()),
+            "EPRT" => {
+                let a: Vec<&str> = line.split('|').collect();
+                port = a.get(3).and_then(|p| p.parse::<u16>().ok());
+                "200 ok".into()
+            }
+            "RETR" => {
+                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                let p = port.expect("EPRT before RETR");
+                serve_retr(p, &data).await;
+                "226 done".into()
+            }
+            "QUIT" => {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            }
+            "TYPE" | "OPTS" => "200 ok".into(),
+            _ => "502 not here".into(),
+        };
+        w.write_all(format!("{reply}\r\n").as_bytes())
+            .await
+            .unwrap();
+    }
+}
+
+/// Three connections at once and the transfer on them; the fourth two
+/// seconds later, added to the running transfer if it still runs.
+async fn serve_retr(port: u16, data: &[u8]) {
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let sender = Sender::file(
+        Arc::new(MemFile::from(data.to_vec())),
+        data.len() as u64,
+        conns,
+        &cfg,
+    );
+    let ctl = sender.control();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)).await {
+            let _ = ctl.add_connection(s);
+        }
+    });
+    sender.finish().await.unwrap();
+    late.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_download_does_not_wait_for_a_late_connection() {
+    let data = pattern(512 * 1024 + 7, 9);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(scripted_server(l, data.clone()));
+    let cfg = ClientConfig {
+        streams: 4,
+        data_mode: DataMode::Active,
+        ..ClientConfig::default()
+    };
+    let out = tempfile::tempdir().unwrap();
+    let dst = out.path().join("f");
+    let t = Instant::now();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    let r = c.download("f", &dst).await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(std::fs::read(&dst).unwrap(), data);
+    assert_eq!(r.per_stream_bytes.len(), 3, "{:?}", r.per_stream_bytes);
+    // Waiting for the fourth would take its two seconds.
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+}
