@@ -2555,14 +2555,7 @@ impl Client {
                         },
                     }
                 };
-                let late = Late((!set.is_empty()).then_some(set));
-                if late.len() > 0 {
-                    tracing::debug!(
-                        late = late.len(),
-                        "starting before every data connection is open"
-                    );
-                }
-                Ok((conns, Grow::Passive(target), late))
+                Ok((conns, Grow::Passive(target), Late::from_set(set)))
             }
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
@@ -2591,14 +2584,7 @@ impl Client {
                     let (l, tls) = (listener.clone(), tls.clone());
                     set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
                 }
-                let late = Late((!set.is_empty()).then_some(set));
-                if late.len() > 0 {
-                    tracing::debug!(
-                        late = late.len(),
-                        "starting before every data connection is open"
-                    );
-                }
-                Ok((conns, Grow::Active(listener), late))
+                Ok((conns, Grow::Active(listener), Late::from_set(set)))
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;
@@ -2870,6 +2856,17 @@ const EARLY_START: Duration = Duration::from_millis(250);
 struct Late(Option<tokio::task::JoinSet<Result<Stream>>>);
 
 impl Late {
+    /// The connections of `set` still opening when the transfer starts.
+    fn from_set(set: tokio::task::JoinSet<Result<Stream>>) -> Late {
+        if !set.is_empty() {
+            tracing::debug!(
+                late = set.len(),
+                "starting before every data connection is open"
+            );
+        }
+        Late((!set.is_empty()).then_some(set))
+    }
+
     fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |s| s.len())
     }
