@@ -2500,30 +2500,17 @@ impl Client {
                 target,
                 answered,
             } => {
-                let early_for = early.then_some(EARLY_START);
                 // In a block of its own: `connects` borrows `set`, whose
                 // connections still opening are `Late` after it.
                 let conns = {
                     let connects = async {
                         let mut conns = Vec::with_capacity(set.len());
-                        let mut until = None;
-                        loop {
-                            let next = match until {
-                                Some(at) => {
-                                    match tokio::time::timeout_at(at, set.join_next()).await {
-                                        Ok(next) => next,
-                                        Err(_) => break,
-                                    }
-                                }
-                                None => set.join_next().await,
-                            };
-                            let Some(r) = next else { break };
+                        let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
+                        while let Some(Some(r)) = wait.next(set.join_next()).await {
                             conns.push(
                                 r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??,
                             );
-                            if until.is_none() {
-                                until = early_for.map(|g| tokio::time::Instant::now() + g);
-                            }
+                            wait.got_one();
                         }
                         Ok(conns)
                     };
@@ -2561,22 +2548,15 @@ impl Client {
                 self.expect_preliminary(c).await?;
                 let listener = Arc::new(listener);
                 let mut tcp = Vec::with_capacity(n);
-                let mut until = None;
+                // As for passive connections: once the first is in, the
+                // others have EARLY_START, and the rest join later.
+                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
                 while tcp.len() < n {
-                    // As for passive connections: once the first is in, the
-                    // others have EARLY_START, and the rest join later.
-                    let accept = accept_tcp_from(&listener, peer, t);
-                    let s = match until {
-                        Some(at) => match tokio::time::timeout_at(at, accept).await {
-                            Ok(r) => r?,
-                            Err(_) => break,
-                        },
-                        None => accept.await?,
+                    let Some(s) = wait.next(accept_tcp_from(&listener, peer, t)).await else {
+                        break;
                     };
-                    tcp.push(s);
-                    if until.is_none() && early {
-                        until = Some(tokio::time::Instant::now() + EARLY_START);
-                    }
+                    tcp.push(s?);
+                    wait.got_one();
                 }
                 let conns = secure_each(tcp, tls.as_ref(), t).await?;
                 let mut set = tokio::task::JoinSet::new();

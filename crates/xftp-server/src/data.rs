@@ -137,20 +137,13 @@ pub async fn open(
             DataPlan::None => Err(DataError::NoPlan),
             DataPlan::Passive(listener) => {
                 let mut conns = Vec::with_capacity(n);
-                let mut until = None;
+                let mut wait = xftp_stripe::EarlyStart::new(early);
                 while conns.len() < n {
-                    let accept = accept_from_peer(&listener, peer);
-                    let s = match until {
-                        Some(t) => match tokio::time::timeout_at(t, accept).await {
-                            Ok(r) => r?,
-                            Err(_) => break,
-                        },
-                        None => accept.await?,
+                    let Some(s) = wait.next(accept_from_peer(&listener, peer)).await else {
+                        break;
                     };
-                    conns.push(s);
-                    if let (None, Some(e)) = (until, early) {
-                        until = Some(tokio::time::Instant::now() + e);
-                    }
+                    conns.push(s?);
+                    wait.got_one();
                 }
                 if conns.len() < n {
                     tracing::debug!(
@@ -228,20 +221,10 @@ async fn connect_early(
         });
     }
     let mut conns = Vec::with_capacity(n);
-    let mut until = None;
-    loop {
-        let next = match until {
-            Some(t) => match tokio::time::timeout_at(t, set.join_next()).await {
-                Ok(next) => next,
-                Err(_) => break,
-            },
-            None => set.join_next().await,
-        };
-        let Some(r) = next else { break };
+    let mut wait = xftp_stripe::EarlyStart::new(Some(early));
+    while let Some(Some(r)) = wait.next(set.join_next()).await {
         conns.push(r.map_err(std::io::Error::other)??);
-        if until.is_none() {
-            until = Some(tokio::time::Instant::now() + early);
-        }
+        wait.got_one();
     }
     if !set.is_empty() {
         tracing::debug!(

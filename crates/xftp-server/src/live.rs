@@ -89,16 +89,10 @@ impl Live {
     /// block, so keep accepting (from the client's address, up to the
     /// server's maximum) while the upload runs.
     pub fn accept_any(&mut self) {
-        let (Some(Grow::Passive(l)), Ctl::Recv(ctl)) = (&self.grow, &self.ctl) else {
+        let (Some(Grow::Passive(l)), Ctl::Recv(_)) = (&self.grow, &self.ctl) else {
             return;
         };
-        let (l, ctl, meters, active, tls) = (
-            l.clone(),
-            ctl.clone(),
-            self.meters.clone(),
-            self.active.clone(),
-            self.tls.clone(),
-        );
+        let (l, adder) = (l.clone(), self.adder());
         let (peer, room) = (self.peer, self.max.saturating_sub(self.granted) as usize);
         self.tasks.spawn(async move {
             let mut added = 0;
@@ -106,18 +100,10 @@ impl Live {
                 let Ok(s) = crate::data::accept_from_peer(&l, peer).await else {
                     return;
                 };
-                let _ = s.set_nodelay(true);
-                let Ok(s) = crate::secure::secure_one(tls.as_ref(), s).await else {
-                    continue;
-                };
-                match ctl.add_connection(meters.wrap(s).bound_backlog()) {
-                    Ok(i) => {
-                        added += 1;
-                        if let Ok(mut a) = active.lock() {
-                            a.push(i);
-                        }
-                    }
-                    Err(_) => return,
+                match adder.add(s).await {
+                    Added::Yes => added += 1,
+                    Added::NotSecured => continue,
+                    Added::Over => return,
                 }
             }
         });
@@ -179,9 +165,10 @@ impl Live {
         let adder = self.adder();
         self.tasks.spawn(async move {
             while let Some(r) = pending.join_next().await {
-                match r {
-                    Ok(Ok(conn)) => adder.add(conn).await,
-                    Ok(Err(e)) => tracing::warn!("a late data connection failed: {e}"),
+                match r.map_err(std::io::Error::other).and_then(|c| c) {
+                    Ok(conn) => {
+                        adder.add(conn).await;
+                    }
                     Err(e) => tracing::warn!("a late data connection failed: {e}"),
                 }
             }
@@ -241,11 +228,20 @@ struct Adder {
     tls: Option<DataTls>,
 }
 
+/// What became of a connection given to [`Adder::add`].
+enum Added {
+    Yes,
+    /// Its TLS handshake failed; the transfer goes on without it.
+    NotSecured,
+    /// The transfer is over and takes no more.
+    Over,
+}
+
 impl Adder {
-    async fn add(&self, conn: tokio::net::TcpStream) {
+    async fn add(&self, conn: tokio::net::TcpStream) -> Added {
         let _ = conn.set_nodelay(true);
         let Ok(conn) = crate::secure::secure_one(self.tls.as_ref(), conn).await else {
-            return;
+            return Added::NotSecured;
         };
         let conn = self.meters.wrap(conn).bound_backlog();
         let idx = match &self.ctl {
@@ -257,8 +253,12 @@ impl Adder {
                 if let Ok(mut a) = self.active.lock() {
                     a.push(i);
                 }
+                Added::Yes
             }
-            Err(e) => tracing::info!("connection not added: {e}"),
+            Err(e) => {
+                tracing::info!("connection not added: {e}");
+                Added::Over
+            }
         }
     }
 }

@@ -100,7 +100,6 @@ pub async fn run(
         mode_e: false,
         endgame: false,
         mult_set: false,
-        pending_connects: None,
         shutdown,
         stop_upload: None,
         upload_limit: None,
@@ -217,9 +216,6 @@ struct Session {
     endgame: bool,
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
-    /// Active connects still under way when a download started early
-    /// (`data::open`), for the transfer's `Live` to take.
-    pending_connects: Option<data::Pending>,
     shutdown: CancellationToken,
     /// The running stream-mode upload's stop signal (see `halt`).
     stop_upload: Option<CancellationToken>,
@@ -1685,7 +1681,7 @@ impl Session {
         n: usize,
         sending: bool,
         early: bool,
-    ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>)>> {
+    ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>, Option<data::Pending>)>> {
         // The client may need a reply still kept to open them.
         self.flush_replies().await?;
         let plan = std::mem::take(&mut self.data);
@@ -1712,12 +1708,9 @@ impl Session {
             }
         };
         let (conns, grow, pending) = opened;
-        // Only a transfer started early has any (RETR takes them).
-        self.pending_connects = pending;
         match crate::secure::secure_all(self.data_tls(sending).as_ref(), conns).await {
-            Ok(c) => Ok(Some((c, grow))),
+            Ok(c) => Ok(Some((c, grow, pending))),
             Err(e) => {
-                self.pending_connects = None;
                 // RFC 4217: 522, TLS negotiation on the data connection failed.
                 self.reply(522, format!("Data connection refused: {e}"))
                     .await?;
@@ -1942,8 +1935,6 @@ impl Session {
     }
 
     async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
-        // Never a transfer's before (one that failed before taking them).
-        self.pending_connects = None;
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
         let Some((v, p)) = self.existing(arg).await? else {
@@ -2021,8 +2012,8 @@ impl Session {
             ),
         )
         .await?;
-        let (conns, grow) = match cached {
-            Some(c) => (c, None),
+        let (conns, grow, pending) = match cached {
+            Some(c) => (c, None, None),
             // A download on several connections starts once most are in
             // (the schedule can take the others later; a static split
             // cannot).
@@ -2072,7 +2063,7 @@ impl Session {
             };
             let ctl = live::Ctl::Send(sender.control());
             let mut lv = self.live(meters, ctl, grow, started);
-            match self.pending_connects.take() {
+            match pending {
                 Some(p) => lv.adopt(p),
                 None => lv.join_late(n.saturating_sub(started) as u32),
             }
@@ -2249,7 +2240,7 @@ impl Session {
         let (conns, grow) = match cached {
             Some(c) => (c, None),
             None => match self.open_data(n, false, false).await? {
-                Some(opened) => opened,
+                Some((conns, grow, _)) => (conns, grow),
                 None => return Ok(()),
             },
         };
@@ -2465,7 +2456,7 @@ impl Session {
             ),
         )
         .await?;
-        let Some((conns, grow)) = self.open_data(n, false, false).await? else {
+        let Some((conns, grow, _)) = self.open_data(n, false, false).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));
@@ -2569,7 +2560,7 @@ impl Session {
             return Ok(());
         }
         self.reply(150, "Here comes the directory listing.").await?;
-        let Some((conns, _)) = self.open_data(1, true, false).await? else {
+        let Some((conns, _, _)) = self.open_data(1, true, false).await? else {
             return Ok(());
         };
         let progress: Progress = Arc::new(AtomicU64::new(0));

@@ -48,6 +48,7 @@
 
 pub mod block;
 mod driver;
+mod early;
 pub mod endgame;
 mod io;
 mod pipe;
@@ -58,6 +59,7 @@ pub mod sched;
 mod send;
 mod sock;
 
+pub use early::EarlyStart;
 pub use io::{
     names_out_of_space, open_regular, read_regular, remove_stale_temps, write_atomic,
     write_atomic_mode, MemFile, ReadAt, RecordedFile, WriteAt,
