@@ -101,6 +101,10 @@ mod tests {
     proptest! {
         #[test]
         fn any_bytes_round_trip(b in proptest::collection::vec(any::<u8>(), 0..64)) {
+            // Except a name holding an escape character itself (U+F780..
+            // U+F7FF: EF 9E/9F xx), the one case the module's doc leaves
+            // out; replies rely on an escape decoding as itself.
+            prop_assume!(!b.windows(2).any(|w| w[0] == 0xEF && (w[1] == 0x9E || w[1] == 0x9F)));
             prop_assert_eq!(encode(&decode(&b)), b);
         }
     }
