@@ -419,10 +419,16 @@ async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
             Err(e) => break Err(e),
         }
     };
-    // Kept connections: every one has read its EOD once the transfer is
-    // complete (each carried one), so their tasks are ending; collect them.
+    // Kept connections: every one that carried an EOD has read it once
+    // the transfer is complete, so its task is ending; collect them. One
+    // that carried nothing may never end: added as the sender finished,
+    // it can sit open and unused (queued on the sender's listener), and is
+    // dropped with the rest of `set` below.
     let result = match result {
         Ok(r) if shared.keep_open => loop {
+            if kept.len() as u64 >= shared.lock().reasm.eod_progress().0 {
+                break Ok(r);
+            }
             match set.join_next().await {
                 None => break Ok(r),
                 Some(Ok(Ok(Some(s)))) => kept.push(s),

@@ -453,7 +453,11 @@ async fn data_beyond_the_announced_size_is_refused_before_writing() {
 async fn late_unused_connection_is_ignored() {
     use std::sync::Arc;
     use xftp_stripe::{MemFile, Receiver, SendConfig};
-    for close_it in [false, true] {
+    // Also when the receiver keeps its connections for the next file
+    // (`file_kept`): it hands back those that carried an EOD, and does not
+    // wait for one that carried nothing and stays open (an xftp server's
+    // connect that the client, done, left queued on its listener).
+    for (close_it, kept) in [(false, false), (true, false), (false, true), (true, true)] {
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
         let (mut tx, mut rx) = (Vec::new(), Vec::new());
         for _ in 0..2 {
@@ -464,9 +468,14 @@ async fn late_unused_connection_is_ignored() {
         let (late_far, late_near) = tokio::io::duplex(1024);
         rx.push(late_near);
         let dst = Arc::new(MemFile::default());
-        let recv = Receiver::file(dst.clone(), Some(data.len() as u64), rx);
+        let recv = if kept {
+            Receiver::file_kept(dst.clone(), Some(data.len() as u64), rx)
+        } else {
+            Receiver::file(dst.clone(), Some(data.len() as u64), rx)
+        };
         let cfg = SendConfig {
             record_size: 8192,
+            keep_open: kept,
             ..SendConfig::default()
         };
         let src = Arc::new(MemFile::from(data.clone()));
@@ -479,12 +488,14 @@ async fn late_unused_connection_is_ignored() {
         } else {
             Some(late_far)
         };
-        let rep = tokio::time::timeout(std::time::Duration::from_secs(10), recv.finish())
-            .await
-            .expect("receiver must not hang")
-            .unwrap();
+        let (rep, back) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), recv.finish_kept())
+                .await
+                .expect("receiver must not hang")
+                .unwrap();
         assert_eq!(rep.bytes, sent.bytes);
         assert_eq!(dst.to_vec(), data);
+        assert_eq!(back.len(), if kept { 2 } else { 0 }, "kept: {kept}");
         drop(keep);
     }
 }
