@@ -1378,9 +1378,15 @@ impl Client {
         self.progress_begin(remote, Some(len - already));
         let c_stor = Cmd::with("STOR", remote);
         self.ctl.send(&[&c_stor]).await?;
-        let (conns, grow) = self.start_transfer(&c_stor, setup).await?;
+        // As for a download: an xftp server takes the connections of a
+        // framed upload as they come, so the upload starts once most are
+        // open (not a static split, whose records are dealt out at the
+        // start; not a GridFTP server, which has no MULT).
+        let early = self.mult_ok && self.granted > 1 && !self.cfg.static_split;
+        let (conns, grow, late) = self.start_transfer_early(&c_stor, setup, early).await?;
         self.note_buffers(&conns);
-        let n = conns.len() as u32;
+        let started = conns.len();
+        let n = (started + late.len()) as u32;
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
             let dog = self.watchdog();
@@ -1395,6 +1401,14 @@ impl Client {
                 Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
                 None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
             };
+            let more = {
+                let (ctl, meters, dog, socks) =
+                    (tx.control(), meters.clone(), dog.clone(), socks.clone());
+                late.feed(move |s| {
+                    ctl.add_connection(adaptive::wrap(&meters, &dog, Some(&socks), s))
+                        .is_ok()
+                })
+            };
             let live = Live {
                 ctl: EngineCtl::Send(tx.control()),
                 socks: Some(socks),
@@ -1402,11 +1416,14 @@ impl Client {
                 dog,
                 grow,
                 total: Some(len),
-                live_idx: (0..n as usize).collect(),
+                live_idx: (0..started).collect(),
                 current: n,
             };
             let ctlr = self.new_controller(n);
-            let rep = self.adapt(&c_stor, tx.finish(), live, ctlr).await?;
+            let rep = tokio::select! {
+                r = self.adapt(&c_stor, tx.finish(), live, ctlr) => r?,
+                never = more => match never {},
+            };
             rep.streams.iter().map(|s| s.bytes).collect()
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
@@ -1421,7 +1438,7 @@ impl Client {
             self.expect_complete(&c_stor).await?;
             v
         } else {
-            let v = match self.send_striped(conns, file, len, have).await {
+            let v = match self.send_striped(conns, late, file, len, have).await {
                 Ok(v) => v,
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
@@ -2481,8 +2498,8 @@ impl Client {
         Ok((conns, grow))
     }
 
-    /// [`start_transfer`](Self::start_transfer); with `early` (passive
-    /// only), the connections not yet open [`EARLY_START`] after the first
+    /// [`start_transfer`](Self::start_transfer); with `early` (not for
+    /// MPRT), the connections not yet open [`EARLY_START`] after the first
     /// one opened are left to open in `Late`, for a transfer that can take
     /// them as they come.
     async fn start_transfer_early(
@@ -2797,6 +2814,7 @@ impl Client {
     async fn send_striped(
         &mut self,
         conns: Vec<Stream>,
+        late: Late,
         file: std::fs::File,
         len: u64,
         have: Option<&xftp_stripe::ranges::RangeSet>,
@@ -2815,16 +2833,20 @@ impl Client {
             Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
             None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
         };
-        let report = sender
-            .finish()
-            .await
-            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        let more = {
+            let ctl = sender.control();
+            late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
+        };
+        let report = tokio::select! {
+            r = sender.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
+            never = more => match never {},
+        };
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 }
 
-/// How long a download on several passive connections waits for the
-/// others once the first is open. Connections opened together open
+/// How long a transfer on several connections waits for the others once
+/// the first is open. Connections opened together open
 /// within milliseconds of each other; one whose SYN or SYN-ACK was lost
 /// waits a second (Linux's first retransmission timeout) and joins the
 /// running transfer then. The server waits as long on its side.

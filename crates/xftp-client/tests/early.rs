@@ -1,22 +1,24 @@
-//! An active-mode download starts on the connections the server has
-//! opened and takes a late one when it comes: against a scripted server
-//! that opens three of four granted connections at once and the fourth
-//! only after three seconds (as a lost SYN makes it a second or more later).
+//! An active-mode download (and upload) starts on the connections the
+//! server has opened and takes a late one when it comes: against a
+//! scripted server that opens three of four granted connections at once
+//! and the fourth only after three seconds (as a lost SYN makes it a
+//! second or more later).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use xftp_client::{Client, ClientConfig, DataMode};
-use xftp_stripe::{MemFile, SendConfig, Sender};
+use xftp_stripe::{MemFile, Receiver, SendConfig, Sender};
 
 mod common;
 use common::pattern;
 
-/// A control connection answering what `download` sends; RETR is served
-/// by `serve_retr`.
-async fn scripted_server(l: TcpListener, data: Vec<u8>) {
+/// A control connection answering what `download` and `upload` send;
+/// RETR is served by `serve_retr`, STOR by `serve_stor`, which keeps what
+/// it received in `data` and in `got`.
+async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u8>>>) {
     let (s, _) = l.accept().await.unwrap();
     let (r, mut w) = s.into_split();
     let mut lines = BufReader::new(r).lines();
@@ -40,11 +42,18 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
                 serve_retr(p, &data).await;
                 "226 done".into()
             }
+            "STOR" => {
+                w.write_all(b"150 send it\r\n").await.unwrap();
+                let p = port.expect("EPRT before STOR");
+                data = serve_stor(p).await;
+                got.lock().unwrap().clone_from(&data);
+                "226 done".into()
+            }
             "QUIT" => {
                 let _ = w.write_all(b"221 bye\r\n").await;
                 return;
             }
-            "TYPE" | "OPTS" => "200 ok".into(),
+            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
             _ => "502 not here".into(),
         };
         w.write_all(format!("{reply}\r\n").as_bytes())
@@ -81,12 +90,64 @@ async fn serve_retr(port: u16, data: &[u8]) {
     late.abort();
 }
 
+/// The upload's receiving end: three connections at once, the fourth
+/// three seconds later, added to the running receive if it still runs.
+async fn serve_stor(port: u16) -> Vec<u8> {
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    let dst = Arc::new(MemFile::default());
+    let receiver = Receiver::file(dst.clone(), None, conns);
+    let ctl = receiver.control();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)).await {
+            let _ = ctl.add_connection(s);
+        }
+    });
+    receiver.finish().await.unwrap();
+    late.abort();
+    dst.to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_upload_does_not_wait_for_a_late_connection() {
+    // Large enough for four connections of 256 KiB records.
+    let data = pattern(2 * 1024 * 1024 + 7, 5);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    tokio::spawn(scripted_server(l, Vec::new(), got.clone()));
+    let cfg = ClientConfig {
+        streams: 4,
+        data_mode: DataMode::Active,
+        ..ClientConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    std::fs::write(&src, &data).unwrap();
+    let t = Instant::now();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    let r = c.upload(&src, "f").await.unwrap();
+    let took = t.elapsed();
+    assert_eq!(r.bytes, data.len() as u64);
+    assert_eq!(r.per_stream_bytes.len(), 3, "{:?}", r.per_stream_bytes);
+    // Waiting for the fourth would take its three seconds.
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(
+        *got.lock().unwrap() == data,
+        "the server received other bytes"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_active_download_does_not_wait_for_a_late_connection() {
     let data = pattern(512 * 1024 + 7, 9);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
-    tokio::spawn(scripted_server(l, data.clone()));
+    tokio::spawn(scripted_server(l, data.clone(), Arc::default()));
     let cfg = ClientConfig {
         streams: 4,
         data_mode: DataMode::Active,

@@ -113,14 +113,13 @@ pub fn passive_listener(
 ///
 /// With `early` (passive and active), return once the first connection
 /// is in and the others have had `early` more to arrive: the caller starts
-/// with those and takes the rest as they come (passive:
-/// [`Live::join_late`] accepts them; active: the connects still under way
-/// come back as [`Pending`], for [`Live::adopt`]). A lost SYN costs its
+/// with those and takes the rest as they come ([`Live::join_rest`]:
+/// passive, it accepts them; active, the connects still under way come
+/// back as [`Pending`] and it adopts them). A lost SYN costs its
 /// connection a second (Linux's first retransmission timeout), and the
 /// transfer need not wait for it.
 ///
-/// [`Live::join_late`]: crate::live::Live::join_late
-/// [`Live::adopt`]: crate::live::Live::adopt
+/// [`Live::join_rest`]: crate::live::Live::join_rest
 #[allow(clippy::too_many_arguments)]
 pub async fn open(
     plan: DataPlan,

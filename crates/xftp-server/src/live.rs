@@ -148,10 +148,20 @@ impl Live {
         )
     }
 
+    /// The connections a transfer started without (`data::open`'s
+    /// `early`): the active connects still under way (`pending`), or else
+    /// `more` the client is still opening.
+    pub fn join_rest(&mut self, pending: Option<crate::data::Pending>, more: usize) {
+        match pending {
+            Some(p) => self.adopt(p),
+            None => self.join_late(more as u32),
+        }
+    }
+
     /// `more` connections the client was granted and is still opening
     /// (the transfer started without them, `data::open`'s `early`): they
     /// join as they arrive.
-    pub fn join_late(&mut self, more: u32) {
+    fn join_late(&mut self, more: u32) {
         if more > 0 {
             self.spawn_adds(more);
             self.granted += more;
@@ -160,7 +170,7 @@ impl Live {
 
     /// The connects of an active transfer that started without them
     /// (`data::open`'s `early`): each joins when it is open.
-    pub fn adopt(&mut self, mut pending: crate::data::Pending) {
+    fn adopt(&mut self, mut pending: crate::data::Pending) {
         self.granted += pending.len() as u32;
         let adder = self.adder();
         self.tasks.spawn(async move {

@@ -2063,10 +2063,7 @@ impl Session {
             };
             let ctl = live::Ctl::Send(sender.control());
             let mut lv = self.live(meters, ctl, grow, started);
-            match pending {
-                Some(p) => lv.adopt(p),
-                None => lv.join_late(n.saturating_sub(started) as u32),
-            }
+            lv.join_rest(pending, n.saturating_sub(started));
             let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
             let out = match self.run_transfer(task, progress, Some(lv)).await? {
                 Outcome::Done((r, kept)) => {
@@ -2237,13 +2234,19 @@ impl Session {
             )
         };
         self.reply(150, text).await?;
-        let (conns, grow) = match cached {
-            Some(c) => (c, None),
-            None => match self.open_data(n, false, false).await? {
-                Some((conns, grow, _)) => (conns, grow),
+        // A framed upload on several connections negotiated with MULT
+        // starts once most are in, as a download does: the receiver takes
+        // the others as they come (a lost SYN costs its connection a
+        // second). Without MULT the client's count is not known here.
+        let early = framed && n > 1 && self.mult_set;
+        let (conns, grow, pending) = match cached {
+            Some(c) => (c, None, None),
+            None => match self.open_data(n, false, early).await? {
+                Some(opened) => opened,
                 None => return Ok(()),
             },
         };
+        let started = conns.len();
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
         let limit = self.cfg.max_upload_size;
@@ -2268,7 +2271,8 @@ impl Session {
             // may send the next file on them (data channel caching).
             let receiver = Receiver::file_kept(Arc::new(file), None, conns);
             let ctl = live::Ctl::Recv(receiver.control());
-            let mut lv = self.live(meters, ctl, grow, n);
+            let mut lv = self.live(meters, ctl, grow, started);
+            lv.join_rest(pending, n - started);
             if !self.mult_set {
                 // A GridFTP client opens as many connections as it likes:
                 // more than we take (`accept_any` stops at the maximum)
@@ -2456,16 +2460,20 @@ impl Session {
             ),
         )
         .await?;
-        let Some((conns, grow, _)) = self.open_data(n, false, false).await? else {
+        // Early, as in `receive`.
+        let early = n > 1 && self.mult_set;
+        let Some((conns, grow, pending)) = self.open_data(n, false, early).await? else {
             return Ok(());
         };
+        let started = conns.len();
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let meters = MeterSet::new();
         let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
         let dst: Arc<dyn xftp_stripe::WriteAt> = rec.clone();
         let receiver = Receiver::file_resume(dst, Some(meta.size), have, conns);
         let ctl = live::Ctl::Recv(receiver.control());
-        let mut lv = self.live(meters, ctl, grow, n);
+        let mut lv = self.live(meters, ctl, grow, started);
+        lv.join_rest(pending, n - started);
         if !self.mult_set {
             receiver
                 .control()

@@ -545,6 +545,63 @@ async fn a_late_connection_joins_the_running_download() {
     assert!(rep.streams[3].bytes > 0, "{:?}", rep.streams);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_does_not_wait_for_a_connection_that_is_late() {
+    // As for a download: MULT 4 granted, three connections open; the
+    // server takes the upload on the three, and the session goes on.
+    let srv = start(|_| {}).await;
+    let data = pattern(3 * 1024 * 1024 + 5, 16);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    let conns = c.epsv_connect(3).await;
+    c.cmd("STOR up", 150).await;
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    send_file(src, data.len() as u64, conns, &cfg)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), c.expect(226))
+        .await
+        .expect("the server waited for the missing connection");
+    assert!(r.text().contains("on 3 connection"), "{r}");
+    assert!(std::fs::read(srv.dir.path().join("up")).unwrap() == data);
+    c.cmd("NOOP", 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_connection_joins_the_running_upload() {
+    let srv = start(|_| {}).await;
+    let data = pattern(8 * 1024 * 1024 + 9, 17);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    let r = c.cmd("EPSV", 229).await;
+    let port = xftp_proto::hostport::parse_epsv_reply(&r.text()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    c.cmd("STOR up", 150).await;
+    // The server has started on the three (it waits 250 ms for the rest);
+    // the fourth comes now, and every connection carries records.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    let cfg = SendConfig {
+        record_size: 64 * 1024,
+        ..SendConfig::default()
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    let rep = send_file(src, data.len() as u64, conns, &cfg)
+        .await
+        .unwrap();
+    assert!(rep.streams.iter().all(|s| s.bytes > 0), "{:?}", rep.streams);
+    let r = c.expect(226).await;
+    assert!(r.text().contains("on 4 connection"), "{r}");
+    assert!(std::fs::read(srv.dir.path().join("up")).unwrap() == data);
+}
+
 #[tokio::test]
 async fn replies_to_a_pipelined_flight_go_out_together() {
     // A login flight sent in one write is answered in one write (one
