@@ -273,6 +273,9 @@ pub struct Client {
     inline_digest: Option<(xftp_proto::cksum::Digest, u64)>,
     /// The last striped receive's copies (`TransferReport::received_twice`).
     received_twice: u64,
+    /// Entries the server's listings said they left out, since the last
+    /// [`Client::take_unlisted`].
+    unlisted: usize,
     /// The algorithm of the upload being verified, for `inline_digest`.
     verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
@@ -456,6 +459,7 @@ impl Client {
             last_controller: None,
             inline_digest: None,
             received_twice: 0,
+            unlisted: 0,
             verify_alg: None,
             mult_refused: None,
             mult_ok: false,
@@ -1664,8 +1668,20 @@ impl Client {
         };
         self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
             .await?;
-        self.expect_complete(&c).await?;
+        let done = self.expect_complete_reply(&c).await?;
+        let left_out = negotiate::unlisted(&done);
+        if left_out > 0 {
+            tracing::info!("{}: {}", c.display(), reply_text(&done));
+            self.unlisted += left_out;
+        }
         Ok(out)
+    }
+
+    /// How many entries the server's listings have said they left out
+    /// since the last call (`xftp serve`: names with a line break, links
+    /// leading outside its root): a tree copied from them lacks these.
+    pub fn take_unlisted(&mut self) -> usize {
+        std::mem::take(&mut self.unlisted)
     }
 
     /// The entries of a remote directory (MLSD, RFC 3659), without `.`
@@ -2634,6 +2650,11 @@ impl Client {
     /// performance markers (112) and restart markers (111) during MODE E
     /// transfers.
     async fn expect_complete(&mut self, c: &Cmd) -> Result<()> {
+        self.expect_complete_reply(c).await.map(drop)
+    }
+
+    /// [`expect_complete`](Self::expect_complete), returning the reply.
+    async fn expect_complete_reply(&mut self, c: &Cmd) -> Result<Reply> {
         loop {
             let r = self.ctl.read_reply().await?;
             if r.is_preliminary() {
@@ -2641,7 +2662,7 @@ impl Client {
                 continue;
             }
             return match r.code {
-                226 | 250 => Ok(()),
+                226 | 250 => Ok(r),
                 _ => Err(unexpected(c, &r)),
             };
         }

@@ -92,6 +92,22 @@ pub fn size_value(reply: &Reply) -> Option<u64> {
     reply.lines.first()?.trim().parse().ok()
 }
 
+/// How many entries a listing's final reply says were left out
+/// (`xftp serve`: `226 Directory send OK; 2 entries not listed (...)`,
+/// docs/protocol.md "Listings"); 0 for any other reply.
+pub fn unlisted(reply: &Reply) -> usize {
+    reply
+        .lines
+        .iter()
+        .filter_map(|l| {
+            let at = l
+                .find(" entries not listed")
+                .or_else(|| l.find(" entry not listed"))?;
+            l[..at].rsplit(' ').next()?.parse::<usize>().ok()
+        })
+        .sum()
+}
+
 /// Where to connect for a 227 reply. Servers behind NAT often announce a
 /// private or unusable address; like most clients we then connect to the
 /// control connection's peer with the announced port. We do so whenever the
@@ -109,6 +125,23 @@ pub fn pasv_rewritten(announced: SocketAddrV4, control_peer: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_reply_says_how_many_entries_it_left_out() {
+        let r = |t: &str| Reply::new(226, t);
+        assert_eq!(unlisted(&r("Directory send OK.")), 0);
+        assert_eq!(
+            unlisted(&r(
+                "Directory send OK; 1 entry not listed (1 with a line break in the name)."
+            )),
+            1
+        );
+        assert_eq!(
+            unlisted(&r("Directory send OK; 12 entries not listed (10 with a line break in the name, 2 symbolic link(s) leading outside the root or to nothing).")),
+            12
+        );
+        assert_eq!(unlisted(&r("Transfer complete; entries not listed.")), 0);
+    }
 
     fn r(code: u16, t: &str) -> Reply {
         Reply::new(code, t)

@@ -85,6 +85,10 @@ pub struct TreeReport {
     /// Entries neither file nor directory (symbolic links, devices):
     /// left out.
     pub other: usize,
+    /// Entries the server said it left out of its listings (`xftp serve`:
+    /// names with a line break, links leading outside its root or to
+    /// nothing): not copied.
+    pub unlisted: usize,
     /// Files that failed: (path, why).
     pub failed: Vec<(String, String)>,
     /// Wall time.
@@ -238,6 +242,7 @@ pub async fn get_tree(
     let walked = walk(first, &connect, remote, local, opt.concurrency).await?;
     report.dirs = walked.dirs;
     report.other = walked.other;
+    report.unlisted = walked.unlisted;
     let (sessions, jobs) = (walked.sessions, walked.jobs);
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
@@ -303,6 +308,7 @@ struct Walked {
     jobs: Vec<Job>,
     dirs: usize,
     other: usize,
+    unlisted: usize,
 }
 
 /// List the tree under `remote` (MLSD gives sizes, times, modes; LIST
@@ -330,6 +336,7 @@ async fn walk(
         jobs: Vec<Job>,
         ndirs: usize,
         other: usize,
+        unlisted: usize,
         failed: Option<ClientError>,
     }
     fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, WalkState> {
@@ -343,8 +350,12 @@ async fn walk(
         local: &Path,
         d: &str,
     ) -> Result<()> {
+        // Counted for this listing only (a shell session may have listed
+        // before).
+        c.take_unlisted();
         let entries = c.entries(&join(remote, d)).await?;
         let mut st = lock(sh);
+        st.unlisted += c.take_unlisted();
         for e in entries {
             let rel = if d.is_empty() {
                 e.name.clone()
@@ -454,6 +465,7 @@ async fn walk(
         jobs: st.jobs,
         dirs: st.ndirs,
         other: st.other,
+        unlisted: st.unlisted,
     })
 }
 
@@ -880,6 +892,7 @@ impl TreeReport {
             self.bytes += p.bytes;
             self.skipped += p.skipped;
             self.other += p.other;
+            self.unlisted += p.unlisted;
             self.failed.extend(p.failed);
             self.sessions = self.sessions.max(p.sessions);
             self.large.merge(&p.large);

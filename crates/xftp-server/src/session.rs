@@ -1119,7 +1119,7 @@ impl Session {
 
     async fn stat_path(&mut self, arg: &[u8]) -> std::io::Result<()> {
         match self.build_listing(ListKind::List, Some(arg.to_vec())).await {
-            Ok(bytes) => {
+            Ok((bytes, unlisted)) => {
                 let mut lines = vec![format!("Status of {}:", String::from_utf8_lossy(arg))];
                 for l in bytes.split(|b| *b == b'\n') {
                     let l = String::from_utf8_lossy(l)
@@ -1128,6 +1128,9 @@ impl Session {
                     if !l.is_empty() {
                         lines.push(l);
                     }
+                }
+                if let Some(u) = unlisted.describe() {
+                    lines.push(u);
                 }
                 lines.push("End of status".into());
                 self.send(&Reply::multi(213, lines)).await
@@ -2526,7 +2529,7 @@ impl Session {
         &self,
         kind: ListKind,
         arg: Option<Vec<u8>>,
-    ) -> Result<Vec<u8>, (u16, String)> {
+    ) -> Result<(Vec<u8>, Unlisted), (u16, String)> {
         // `ls` options (`LIST -la`) are accepted and ignored.
         let arg = arg.map(|a| {
             let mut a: &[u8] = &a;
@@ -2556,7 +2559,7 @@ impl Session {
     }
 
     async fn listing(&mut self, kind: ListKind, arg: Option<Vec<u8>>) -> std::io::Result<()> {
-        let body = match self.build_listing(kind, arg).await {
+        let (body, unlisted) = match self.build_listing(kind, arg).await {
             Ok(b) => b,
             Err((code, text)) => {
                 // A directory that cannot be listed also uses up the data plan.
@@ -2586,7 +2589,11 @@ impl Session {
             Ok(())
         });
         let out = self.run_transfer(task, progress, None).await?;
-        self.finish(out, |_| "Directory send OK.".to_string()).await
+        self.finish(out, |_| match unlisted.describe() {
+            Some(u) => format!("Directory send OK; {u}"),
+            None => "Directory send OK.".to_string(),
+        })
+        .await
     }
 
     async fn mlst(&mut self, arg: Option<Vec<u8>>) -> std::io::Result<()> {
@@ -2620,6 +2627,39 @@ impl Session {
 
 /// See [`record_size_for`].
 const GROWTH_ROOM: usize = 8;
+
+/// Entries a listing leaves out, counted so that its final reply can say
+/// so (docs/protocol.md, "Listings"): a client copying a tree learns that
+/// its copy lacks them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Unlisted {
+    /// Names holding CR or LF, which a CRLF listing cannot carry.
+    line_break: usize,
+    /// Symbolic links leading outside the root, or to nothing.
+    links: usize,
+}
+
+impl Unlisted {
+    /// `N entries not listed (...).`, or nothing when none were.
+    fn describe(&self) -> Option<String> {
+        let n = self.line_break + self.links;
+        if n == 0 {
+            return None;
+        }
+        let mut why = Vec::new();
+        if self.line_break > 0 {
+            why.push(format!("{} with a line break in the name", self.line_break));
+        }
+        if self.links > 0 {
+            why.push(format!(
+                "{} symbolic link(s) leading outside the root or to nothing",
+                self.links
+            ));
+        }
+        let entries = if n == 1 { "entry" } else { "entries" };
+        Some(format!("{n} {entries} not listed ({}).", why.join(", ")))
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 enum ListKind {
@@ -2664,10 +2704,11 @@ fn listing(
     real: &std::path::Path,
     kind: ListKind,
     writable: bool,
-) -> std::io::Result<Vec<u8>> {
+) -> std::io::Result<(Vec<u8>, Unlisted)> {
     use std::os::unix::ffi::OsStrExt;
     let md = std::fs::metadata(real)?;
     let mut out = Vec::new();
+    let mut unlisted = Unlisted::default();
     let mut push = |name: &[u8], md: &std::fs::Metadata| {
         match kind {
             ListKind::List => out.extend_from_slice(&fs::list_line(name, md)),
@@ -2688,15 +2729,19 @@ fn listing(
             .map(|n| n.as_bytes().to_vec())
             .unwrap_or_default();
         push(&name, &md);
-        return Ok(out);
+        return Ok((out, unlisted));
     }
     let mut entries: Vec<_> = std::fs::read_dir(real)?.filter_map(Result::ok).collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let name = e.file_name();
         let name = name.as_bytes();
-        if name.contains(&b'\n') || name.contains(&b'\r') || is_part_file(name) {
+        if is_part_file(name) {
+            continue;
+        }
+        if name.contains(&b'\n') || name.contains(&b'\r') {
             // Cannot be represented in a CRLF listing.
+            unlisted.line_break += 1;
             continue;
         }
         let Ok(lmd) = std::fs::symlink_metadata(e.path()) else {
@@ -2708,16 +2753,22 @@ fn listing(
             match std::fs::canonicalize(e.path()) {
                 Ok(t) if t.starts_with(root.path()) => match std::fs::metadata(&t) {
                     Ok(m) => m,
-                    Err(_) => continue,
+                    Err(_) => {
+                        unlisted.links += 1;
+                        continue;
+                    }
                 },
-                _ => continue,
+                _ => {
+                    unlisted.links += 1;
+                    continue;
+                }
             }
         } else {
             lmd
         };
         push(name, &md);
     }
-    Ok(out)
+    Ok((out, unlisted))
 }
 
 #[cfg(test)]

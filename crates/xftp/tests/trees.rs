@@ -548,3 +548,49 @@ fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
         "{listing}"
     );
 }
+
+#[test]
+fn entries_the_server_cannot_list_are_reported_not_dropped_silently() {
+    // A name with a line break cannot go in a CRLF listing, and a link
+    // leading outside the served root is not served: `xftp serve` leaves
+    // both out of its listings and says so in the final reply, and
+    // `get -r` tells the user that its copy lacks them, even with -q.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(root.join("src/sub")).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(root.join("src/plain"), b"one").unwrap();
+    std::fs::write(root.join("src/sub/two\nlines"), b"two").unwrap();
+    std::os::unix::fs::symlink(dir.path(), root.join("src/out")).unwrap();
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/src/", srv.port);
+    let out = xftp(&["get", "-r", &url, "copy", "--json"], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    assert_eq!(j["unlisted"], 2, "{j}");
+    assert_eq!(j["files"], 1, "{j}");
+    assert_eq!(std::fs::read(work.join("copy/plain")).unwrap(), b"one");
+    let out = xftp(&["get", "-r", "-q", &url, "again"], &work);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 entries the server did not list"), "{err}");
+    // The listing itself says so, for any client.
+    let out = xftp(
+        &[
+            "ls",
+            "-v",
+            &format!("ftp://127.0.0.1:{}/src/sub/", srv.port),
+        ],
+        &work,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 entry not listed (1 with a line break"),
+        "{err}"
+    );
+}

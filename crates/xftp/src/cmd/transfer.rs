@@ -863,6 +863,9 @@ struct TreeSummary {
     skipped: usize,
     /// Entries that are neither files nor directories: left out.
     other: usize,
+    /// Entries the server said it left out of its listings (names with a
+    /// line break, links leading outside its root): not copied.
+    unlisted: usize,
     seconds: f64,
     throughput_bps: f64,
     sessions: usize,
@@ -895,6 +898,7 @@ fn tree_finish(
         bytes: r.bytes,
         skipped: r.skipped,
         other: r.other,
+        unlisted: r.unlisted,
         seconds: secs,
         throughput_bps: if secs > 0.0 {
             r.bytes as f64 / secs
@@ -913,9 +917,11 @@ fn tree_finish(
         for (p, why) in &s.failed {
             eprintln!("xftp {what}: {p}: {why}");
         }
-        if !quiet || !s.failed.is_empty() {
+        // Entries the server did not list are not copied: said even with
+        // -q, as a failure is.
+        if !quiet || !s.failed.is_empty() || s.unlisted > 0 {
             eprintln!(
-                "xftp {what}: {} files ({} bytes) and {} directories in {secs:.3} s ({:.1} MB/s, {} sessions){}{}{}",
+                "xftp {what}: {} files ({} bytes) and {} directories in {secs:.3} s ({:.1} MB/s, {} sessions){}{}{}{}",
                 s.files,
                 s.bytes,
                 s.dirs,
@@ -923,6 +929,7 @@ fn tree_finish(
                 s.sessions,
                 if s.skipped > 0 { format!(", {} already complete", s.skipped) } else { String::new() },
                 if s.other > 0 { format!(", {} links or special files left out", s.other) } else { String::new() },
+                if s.unlisted > 0 { format!(", {} entries the server did not list (names with a line break, links outside its root: not copied; -v shows the server's reply)", s.unlisted) } else { String::new() },
                 if s.failed.is_empty() { String::new() } else { format!(", {} FAILED", s.failed.len()) },
             );
         }
