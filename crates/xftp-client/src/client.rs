@@ -900,13 +900,13 @@ impl Client {
         // The controller judges the payload of this transfer.
         let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
         let rx = framed_receiver(dst, expected, have, conns);
-        let more = {
+        let add = {
             let (ctl, meters, dog, socks) =
                 (rx.control(), meters.clone(), dog.clone(), socks.clone());
-            late.feed(move |s| {
+            move |s: Stream| {
                 ctl.add_connection(adaptive::wrap(&meters, &dog, Some(&socks), s))
                     .is_ok()
-            })
+            }
         };
         let live = Live {
             ctl: EngineCtl::Recv(rx.control()),
@@ -919,10 +919,9 @@ impl Client {
             current: n,
         };
         let ctlr = self.new_controller(n);
-        let rep = tokio::select! {
-            r = self.adapt(c_retr, rx.finish(), live, ctlr) => r?,
-            never = more => match never {},
-        };
+        let rep = late
+            .beside(self.adapt(c_retr, rx.finish(), live, ctlr), add)
+            .await?;
         self.received_twice += rep.duplicate_bytes;
         Ok(rep.streams.iter().map(|s| s.bytes).collect())
     }
@@ -1405,13 +1404,13 @@ impl Client {
                 Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
                 None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
             };
-            let more = {
+            let add = {
                 let (ctl, meters, dog, socks) =
                     (tx.control(), meters.clone(), dog.clone(), socks.clone());
-                late.feed(move |s| {
+                move |s: Stream| {
                     ctl.add_connection(adaptive::wrap(&meters, &dog, Some(&socks), s))
                         .is_ok()
-                })
+                }
             };
             let live = Live {
                 ctl: EngineCtl::Send(tx.control()),
@@ -1424,10 +1423,9 @@ impl Client {
                 current: n,
             };
             let ctlr = self.new_controller(n);
-            let rep = tokio::select! {
-                r = self.adapt(&c_stor, tx.finish(), live, ctlr) => r?,
-                never = more => match never {},
-            };
+            let rep = late
+                .beside(self.adapt(&c_stor, tx.finish(), live, ctlr), add)
+                .await?;
             rep.streams.iter().map(|s| s.bytes).collect()
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
@@ -2819,14 +2817,13 @@ impl Client {
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
         let rx = framed_receiver(dst, expected, have, conns);
-        let more = {
-            let ctl = rx.control();
-            late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
-        };
-        let report = tokio::select! {
-            r = rx.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
-            never = more => match never {},
-        };
+        let ctl = rx.control();
+        let report = late
+            .beside(rx.finish(), move |s| {
+                ctl.add_connection(dog.guard(s)).is_ok()
+            })
+            .await
+            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         self.received_twice += report.duplicate_bytes;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
@@ -2854,14 +2851,13 @@ impl Client {
             Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
             None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
         };
-        let more = {
-            let ctl = sender.control();
-            late.feed(move |s| ctl.add_connection(dog.guard(s)).is_ok())
-        };
-        let report = tokio::select! {
-            r = sender.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
-            never = more => match never {},
-        };
+        let ctl = sender.control();
+        let report = late
+            .beside(sender.finish(), move |s| {
+                ctl.add_connection(dog.guard(s)).is_ok()
+            })
+            .await
+            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 }
@@ -2904,6 +2900,20 @@ impl Late {
             }
         }
         Ok(conns)
+    }
+
+    /// Run `transfer`, handing each late connection to `add` meanwhile
+    /// (see [`feed`](Self::feed)); those not open when it ends are dropped.
+    async fn beside<T>(
+        self,
+        transfer: impl std::future::Future<Output = T>,
+        add: impl FnMut(Stream) -> bool,
+    ) -> T {
+        let more = self.feed(add);
+        tokio::select! {
+            r = transfer => r,
+            never = more => match never {},
+        }
     }
 
     /// Hand each connection to `add` as it opens, until `add` says the
