@@ -45,7 +45,8 @@ pub(crate) async fn secure_one(
 }
 
 /// Wrap every connection: TLS handshakes all at once under `tls`, plain
-/// connections as they are without it. Order is kept.
+/// connections as they are without it. Order is kept. Connections whose
+/// handshake fails are left out; it is an error only if every one fails.
 pub(crate) async fn secure_all(
     tls: Option<&DataTls>,
     conns: Vec<TcpStream>,
@@ -60,9 +61,30 @@ pub(crate) async fn secure_all(
         set.spawn(async move { (i, tls.wrap(c).await) });
     }
     let mut out: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
+    let mut failed = None;
     while let Some(r) = set.join_next().await {
         let (i, s) = r.map_err(|e| DataTlsError::Handshake(std::io::Error::other(e)))?;
-        out[i] = Some(s?);
+        match s {
+            Ok(s) => out[i] = Some(s),
+            // One of several that fails its handshake carried nothing:
+            // the transfer goes on without it, as without a connection
+            // that never came. A client that started on the connections
+            // whose handshakes were done drops a slow one when its
+            // transfer is over (a small upload), and that must not fail
+            // what the others carried.
+            Err(e) => failed = Some(e),
+        }
     }
-    Ok(out.into_iter().flatten().collect())
+    let secured: Vec<Stream> = out.into_iter().flatten().collect();
+    match failed {
+        Some(e) if secured.is_empty() => Err(e),
+        Some(e) => {
+            tracing::info!(
+                left = n - secured.len(),
+                "going on without data connections whose TLS handshake failed: {e}"
+            );
+            Ok(secured)
+        }
+        None => Ok(secured),
+    }
 }

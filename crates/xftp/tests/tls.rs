@@ -814,3 +814,55 @@ fn concurrent_tls_uploads_all_complete() {
         assert_eq!(sha256_file(&p), want, "{}", p.display());
     }
 }
+
+/// MULT 2 under TLS: one data connection shakes hands and carries the
+/// file (MODE E blocks), the other closes before its handshake.
+const ONE_OF_TWO: &str = r#"
+import ftplib, socket, ssl, struct, sys
+port, ca = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=ca)
+f = ftplib.FTP_TLS(context=ctx, timeout=20)
+f.connect("localhost", port)
+f.login()
+f.prot_p()
+f.voidcmd("TYPE I")
+print(f.sendcmd("MULT 2"))
+host, p = f.makepasv()
+good = socket.create_connection(("127.0.0.1", p))
+bad = socket.create_connection(("127.0.0.1", p))
+f.putcmd("STOR two.bin")
+print(f.getresp())
+bad.close()
+good = ctx.wrap_socket(good, server_hostname="localhost", session=f.sock.session)
+data = bytes(range(256)) * 400
+good.sendall(struct.pack(">BQQ", 0, len(data), 0) + data + struct.pack(">BQQ", 0x48, 0, 1))
+try:
+    print(f.voidresp())
+except ftplib.all_errors as e:
+    print("FAILED", e)
+good.close()
+f.quit()
+"#;
+
+#[test]
+fn a_data_connection_that_fails_its_handshake_leaves_the_others_the_transfer() {
+    if !have("python3") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    let out = Command::new(PYTHON)
+        .args(["-c", ONE_OF_TWO, &srv.port.to_string(), s(&pki.cert)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("226"), "{text}");
+    let want: Vec<u8> = (0..400).flat_map(|_| 0..=255u8).collect();
+    assert!(std::fs::read(root.path().join("two.bin")).unwrap() == want);
+}
