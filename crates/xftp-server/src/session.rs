@@ -2053,7 +2053,13 @@ impl Session {
             // The endgame's extra round trip at the end (every byte
             // acknowledged before the last EOD) pays only on files that
             // take many round trips; its connections are not kept.
-            let endgame = self.endgame && len >= ENDGAME_MIN;
+            // Not under TLS: the endgame reads what a connection has
+            // delivered from its kernel socket (bytes written less those
+            // still queued), and TLS writes ciphertext of another length,
+            // part of it still in the TLS layer's buffer: records read as
+            // delivered when they were not, and the connection holding
+            // them was reset under a download that then lacked them.
+            let endgame = self.endgame && len >= ENDGAME_MIN && self.data_tls(true).is_none();
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,

@@ -163,6 +163,17 @@ impl xftp_stripe::DataSocket for Stream {
         Some(std::os::fd::AsFd::as_fd(self.tcp()))
     }
 
+    /// Under TLS the kernel's queue holds ciphertext, of another length
+    /// than the payload written, and part of what was written may still
+    /// wait in the TLS layer: what the socket acknowledged does not say
+    /// which records were delivered, so no answer is given.
+    fn probe(&self) -> Option<Box<dyn xftp_stripe::Probe>> {
+        match self {
+            Stream::Plain(s) => s.probe(),
+            _ => None,
+        }
+    }
+
     fn can_splice_in(&self) -> bool {
         match self {
             Stream::Plain(s) => s.can_splice_in(),
