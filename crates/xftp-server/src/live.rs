@@ -35,6 +35,18 @@ pub enum Ctl {
     Recv(RecvControl<Conn>),
 }
 
+/// The data connections a transfer started without (see
+/// [`Live::join_rest`]).
+#[derive(Default)]
+pub struct Joining {
+    /// Active connects still under way.
+    pub connects: Option<crate::data::Pending>,
+    /// TLS handshakes still under way.
+    pub handshakes: Option<crate::secure::Handshakes>,
+    /// Connections whose TLS handshake failed: they will not join.
+    pub failed: usize,
+}
+
 /// A running framed transfer.
 pub struct Live {
     /// Meters of every connection.
@@ -149,13 +161,38 @@ impl Live {
     }
 
     /// The connections a transfer started without (`data::open`'s
-    /// `early`): the active connects still under way (`pending`), or else
-    /// `more` the client is still opening.
-    pub fn join_rest(&mut self, pending: Option<crate::data::Pending>, more: usize) {
-        match pending {
+    /// `early`, `secure_early`'s): the TLS handshakes still under way, the
+    /// active connects still under way, or else those the client is
+    /// still opening. `more` counts them all (granted less started).
+    pub fn join_rest(&mut self, joining: Joining, more: usize) {
+        let mut more = more.saturating_sub(joining.failed);
+        if let Some(h) = joining.handshakes {
+            more = more.saturating_sub(h.len());
+            self.adopt_secured(h);
+        }
+        match joining.connects {
             Some(p) => self.adopt(p),
             None => self.join_late(more as u32),
         }
+    }
+
+    /// Connections whose TLS handshake was still under way at the start:
+    /// each joins when it is secured.
+    fn adopt_secured(&mut self, mut handshakes: crate::secure::Handshakes) {
+        self.granted += handshakes.len() as u32;
+        let adder = self.adder();
+        self.tasks.spawn(async move {
+            while let Some(r) = handshakes.join_next().await {
+                match r {
+                    Ok((_, Ok(conn))) => {
+                        adder.add_secured(conn);
+                    }
+                    // `DataTls::wrap` has said why.
+                    Ok((_, Err(_))) => {}
+                    Err(e) => tracing::warn!("a data connection's TLS handshake failed: {e}"),
+                }
+            }
+        });
     }
 
     /// `more` connections the client was granted and is still opening
@@ -253,6 +290,11 @@ impl Adder {
         let Ok(conn) = crate::secure::secure_one(self.tls.as_ref(), conn).await else {
             return Added::NotSecured;
         };
+        self.add_secured(conn)
+    }
+
+    /// Add a connection whose TLS (if any) is in place.
+    fn add_secured(&self, conn: Stream) -> Added {
         let conn = self.meters.wrap(conn).bound_backlog();
         let idx = match &self.ctl {
             Ctl::Send(c) => c.add_connection(conn),

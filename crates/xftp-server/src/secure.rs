@@ -44,47 +44,88 @@ pub(crate) async fn secure_one(
     }
 }
 
+/// TLS handshakes of data connections still under way when their
+/// transfer started (see [`secure_early`]); the transfer adopts each as it
+/// is done ([`Live::join_rest`](crate::live::Live::join_rest)).
+pub(crate) type Handshakes = tokio::task::JoinSet<(usize, Result<Stream, DataTlsError>)>;
+
+/// What [`secure_early`] returns.
+pub(crate) struct Secured {
+    /// The connections secured before the start, in the order given.
+    pub conns: Vec<Stream>,
+    /// The handshakes still under way.
+    pub handshakes: Option<Handshakes>,
+    /// Connections whose handshake failed (left out).
+    pub failed: usize,
+}
+
 /// Wrap every connection: TLS handshakes all at once under `tls`, plain
-/// connections as they are without it. Order is kept. Connections whose
-/// handshake fails are left out; it is an error only if every one fails.
-pub(crate) async fn secure_all(
+/// connections as they are without it. Connections whose handshake fails
+/// are left out; it is an error only if every one fails.
+///
+/// With `early`, return once the first handshake is done and the others
+/// have had `early` more; the rest go on as [`Handshakes`]. One handshake
+/// that loses a segment waits a retransmission timeout (a second at the
+/// start of a connection), and the transfer need not wait with it.
+pub(crate) async fn secure_early(
     tls: Option<&DataTls>,
     conns: Vec<TcpStream>,
-) -> Result<Vec<Stream>, DataTlsError> {
+    early: Option<Duration>,
+) -> Result<Secured, DataTlsError> {
     let Some(tls) = tls else {
-        return Ok(conns.into_iter().map(Stream::Plain).collect());
+        return Ok(Secured {
+            conns: conns.into_iter().map(Stream::Plain).collect(),
+            handshakes: None,
+            failed: 0,
+        });
     };
     let mut set = tokio::task::JoinSet::new();
-    let n = conns.len();
     for (i, c) in conns.into_iter().enumerate() {
         let tls = tls.clone();
         set.spawn(async move { (i, tls.wrap(c).await) });
     }
-    let mut out: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
-    let mut failed = None;
-    while let Some(r) = set.join_next().await {
+    let mut out: Vec<(usize, Stream)> = Vec::new();
+    let (mut failed, mut last_error) = (0, None);
+    let mut wait = xftp_stripe::EarlyStart::new(early);
+    while let Some(Some(r)) = wait.next(set.join_next()).await {
         let (i, s) = r.map_err(|e| DataTlsError::Handshake(std::io::Error::other(e)))?;
         match s {
-            Ok(s) => out[i] = Some(s),
+            Ok(s) => {
+                out.push((i, s));
+                wait.got_one();
+            }
             // One of several that fails its handshake carried nothing:
             // the transfer goes on without it, as without a connection
             // that never came. A client that started on the connections
             // whose handshakes were done drops a slow one when its
             // transfer is over (a small upload), and that must not fail
             // what the others carried.
-            Err(e) => failed = Some(e),
+            Err(e) => {
+                failed += 1;
+                last_error = Some(e);
+            }
         }
     }
-    let secured: Vec<Stream> = out.into_iter().flatten().collect();
-    match failed {
-        Some(e) if secured.is_empty() => Err(e),
-        Some(e) => {
-            tracing::info!(
-                left = n - secured.len(),
-                "going on without data connections whose TLS handshake failed: {e}"
-            );
-            Ok(secured)
+    out.sort_by_key(|(i, _)| *i);
+    let conns: Vec<Stream> = out.into_iter().map(|(_, s)| s).collect();
+    if let Some(e) = last_error {
+        if conns.is_empty() {
+            return Err(e);
         }
-        None => Ok(secured),
+        tracing::info!(
+            left = failed,
+            "going on without data connections whose TLS handshake failed: {e}"
+        );
     }
+    if !set.is_empty() {
+        tracing::debug!(
+            late = set.len(),
+            "starting before every data connection's TLS handshake is done"
+        );
+    }
+    Ok(Secured {
+        conns,
+        handshakes: (!set.is_empty()).then_some(set),
+        failed,
+    })
 }

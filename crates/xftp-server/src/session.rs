@@ -1684,7 +1684,7 @@ impl Session {
         n: usize,
         sending: bool,
         early: bool,
-    ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>, Option<data::Pending>)>> {
+    ) -> std::io::Result<Option<(Vec<Stream>, Option<Grow>, live::Joining)>> {
         // The client may need a reply still kept to open them.
         self.flush_replies().await?;
         let plan = std::mem::take(&mut self.data);
@@ -1710,9 +1710,20 @@ impl Session {
                 return Ok(None);
             }
         };
-        let (conns, grow, pending) = opened;
-        match crate::secure::secure_all(self.data_tls(sending).as_ref(), conns).await {
-            Ok(c) => Ok(Some((c, grow, pending))),
+        let (conns, grow, connects) = opened;
+        // Under TLS the start waits for the first handshake, and the
+        // others for `EARLY_START` more, as it waits for connections.
+        let tls = self.data_tls(sending);
+        match crate::secure::secure_early(tls.as_ref(), conns, early.then_some(EARLY_START)).await {
+            Ok(s) => Ok(Some((
+                s.conns,
+                grow,
+                live::Joining {
+                    connects,
+                    handshakes: s.handshakes,
+                    failed: s.failed,
+                },
+            ))),
             Err(e) => {
                 // RFC 4217: 522, TLS negotiation on the data connection failed.
                 self.reply(522, format!("Data connection refused: {e}"))
@@ -2015,8 +2026,8 @@ impl Session {
             ),
         )
         .await?;
-        let (conns, grow, pending) = match cached {
-            Some(c) => (c, None, None),
+        let (conns, grow, joining) = match cached {
+            Some(c) => (c, None, live::Joining::default()),
             // A download on several connections starts once most are in
             // (the schedule can take the others later; a static split
             // cannot).
@@ -2072,7 +2083,7 @@ impl Session {
             };
             let ctl = live::Ctl::Send(sender.control());
             let mut lv = self.live(meters, ctl, grow, started);
-            lv.join_rest(pending, n.saturating_sub(started));
+            lv.join_rest(joining, n.saturating_sub(started));
             let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
             let out = match self.run_transfer(task, progress, Some(lv)).await? {
                 Outcome::Done((r, kept)) => {
@@ -2248,8 +2259,8 @@ impl Session {
         // the others as they come (a lost SYN costs its connection a
         // second). Without MULT the client's count is not known here.
         let early = framed && n > 1 && self.mult_set;
-        let (conns, grow, pending) = match cached {
-            Some(c) => (c, None, None),
+        let (conns, grow, joining) = match cached {
+            Some(c) => (c, None, live::Joining::default()),
             None => match self.open_data(n, false, early).await? {
                 Some(opened) => opened,
                 None => return Ok(()),
@@ -2281,7 +2292,7 @@ impl Session {
             let receiver = Receiver::file_kept(Arc::new(file), None, conns);
             let ctl = live::Ctl::Recv(receiver.control());
             let mut lv = self.live(meters, ctl, grow, started);
-            lv.join_rest(pending, n - started);
+            lv.join_rest(joining, n - started);
             if !self.mult_set {
                 // A GridFTP client opens as many connections as it likes:
                 // more than we take (`accept_any` stops at the maximum)
@@ -2471,7 +2482,7 @@ impl Session {
         .await?;
         // Early, as in `receive`.
         let early = n > 1 && self.mult_set;
-        let Some((conns, grow, pending)) = self.open_data(n, false, early).await? else {
+        let Some((conns, grow, joining)) = self.open_data(n, false, early).await? else {
             return Ok(());
         };
         let started = conns.len();
@@ -2482,7 +2493,7 @@ impl Session {
         let receiver = Receiver::file_resume(dst, Some(meta.size), have, conns);
         let ctl = live::Ctl::Recv(receiver.control());
         let mut lv = self.live(meters, ctl, grow, started);
-        lv.join_rest(pending, n - started);
+        lv.join_rest(joining, n - started);
         if !self.mult_set {
             receiver
                 .control()

@@ -866,3 +866,92 @@ fn a_data_connection_that_fails_its_handshake_leaves_the_others_the_transfer() {
     let want: Vec<u8> = (0..400).flat_map(|_| 0..=255u8).collect();
     assert!(std::fs::read(root.path().join("two.bin")).unwrap() == want);
 }
+
+/// MULT 2 under TLS, a download: one data connection shakes hands at
+/// once, the other only after 3 s. Prints when the first block came on
+/// the first, and the bytes of both.
+const SLOW_HANDSHAKE: &str = r#"
+import ftplib, socket, ssl, struct, sys, time
+port, ca = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=ca)
+f = ftplib.FTP_TLS(context=ctx, timeout=20)
+f.connect("localhost", port)
+f.login()
+f.prot_p()
+f.voidcmd("TYPE I")
+f.voidcmd("MODE E")
+print(f.sendcmd("MULT 2"))
+host, p = f.makepasv()
+good = socket.create_connection(("127.0.0.1", p))
+slow = socket.create_connection(("127.0.0.1", p))
+f.putcmd("RETR big.bin")
+print(f.getresp())
+t0 = time.monotonic()
+good = ctx.wrap_socket(good, server_hostname="localhost", session=f.sock.session)
+def exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise EOFError("closed inside a block")
+        b += c
+    return b
+out, first, eods = {}, None, None
+def blocks(s):
+    global first, eods
+    while True:
+        flags, count, off = struct.unpack(">BQQ", exact(s, 17))
+        if count:
+            out[off] = exact(s, count)
+            if first is None:
+                first = time.monotonic() - t0
+        if flags & 0x40:
+            eods = off
+        if flags & 0x08:
+            return
+blocks(good)
+time.sleep(max(0.0, 3.0 - (time.monotonic() - t0)))
+try:
+    slow = ctx.wrap_socket(slow, server_hostname="localhost", session=f.sock.session)
+    if eods is None or eods > 1:
+        blocks(slow)
+except (OSError, EOFError) as e:
+    print("slow connection:", e)
+print(f.voidresp())
+print("FIRST", first)
+data = b"".join(out[k] for k in sorted(out))
+print("BYTES", len(data), data == bytes(range(256)) * 4096)
+f.quit()
+"#;
+
+#[test]
+fn a_download_does_not_wait_for_a_slow_tls_handshake() {
+    if !have("python3") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let want: Vec<u8> = (0..4096).flat_map(|_| 0..=255u8).collect();
+    std::fs::write(root.path().join("big.bin"), &want).unwrap();
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    let out = Command::new(PYTHON)
+        .args(["-c", SLOW_HANDSHAKE, &srv.port.to_string(), s(&pki.cert)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("226"), "{text}");
+    assert!(text.contains("BYTES 1048576 True"), "{text}");
+    // The first block comes once the first handshake is done and the
+    // other has had its 250 ms, not after the slow one's 3 s.
+    let first: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("FIRST "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no first block: {text}"));
+    assert!(first < 2.0, "first block after {first:.2} s: {text}");
+}
