@@ -915,7 +915,7 @@ impl Client {
             dog,
             grow,
             total,
-            live_idx: (0..started).collect(),
+            live_idx: Live::started_with(started),
             current: n,
         };
         let ctlr = self.new_controller(n);
@@ -1404,12 +1404,25 @@ impl Client {
                 Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
                 None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
             };
+            let live_idx = Live::started_with(started);
             let add = {
                 let (ctl, meters, dog, socks) =
                     (tx.control(), meters.clone(), dog.clone(), socks.clone());
-                move |s: Stream| {
-                    ctl.add_connection(adaptive::wrap(&meters, &dog, Some(&socks), s))
-                        .is_ok()
+                let idx = live_idx.clone();
+                move |s: Stream| match ctl.add_connection(adaptive::wrap(
+                    &meters,
+                    &dog,
+                    Some(&socks),
+                    s,
+                )) {
+                    // A late connection can be retired like the others.
+                    Ok(i) => {
+                        if let Ok(mut l) = idx.lock() {
+                            l.push(i);
+                        }
+                        true
+                    }
+                    Err(_) => false,
                 }
             };
             let live = Live {
@@ -1419,7 +1432,7 @@ impl Client {
                 dog,
                 grow,
                 total: Some(len),
-                live_idx: (0..started).collect(),
+                live_idx,
                 current: n,
             };
             let ctlr = self.new_controller(n);

@@ -191,12 +191,36 @@ pub(crate) struct Live {
     /// Payload to move, when known (`remaining` in samples).
     pub total: Option<u64>,
     /// Connection indexes not retired, oldest first (we retire the newest).
-    pub live_idx: Vec<usize>,
+    /// Shared with what adds the connections that were late at the start.
+    pub live_idx: LiveIdx,
     /// Connections granted now.
     pub current: u32,
 }
 
+/// Connection indexes of a running transfer not retired, oldest first.
+pub(crate) type LiveIdx = Arc<std::sync::Mutex<Vec<usize>>>;
+
 impl Live {
+    /// The list for a transfer that started on connections `0..started`.
+    pub fn started_with(started: usize) -> LiveIdx {
+        Arc::new(std::sync::Mutex::new((0..started).collect()))
+    }
+
+    fn push_idx(&self, idx: usize) {
+        if let Ok(mut l) = self.live_idx.lock() {
+            l.push(idx);
+        }
+    }
+
+    /// The newest connection not retired, unless it is the last one.
+    fn pop_idx(&self) -> Option<usize> {
+        let mut l = self.live_idx.lock().ok()?;
+        if l.len() <= 1 {
+            return None;
+        }
+        l.pop()
+    }
+
     pub fn sending(&self) -> bool {
         matches!(self.ctl, EngineCtl::Send(_))
     }
@@ -420,7 +444,7 @@ impl Client {
                 }
                 Some(r) = adds.join_next(), if !adds.is_empty() => {
                     match r {
-                        Ok(Ok(Some(idx))) => live.live_idx.push(idx),
+                        Ok(Ok(Some(idx))) => live.push_idx(idx),
                         Ok(Ok(None)) => {}
                         Ok(Err(e)) => tracing::warn!("an added data connection failed: {e}"),
                         Err(e) => tracing::debug!("adding a data connection: {e}"),
@@ -566,13 +590,11 @@ impl Client {
         } else if g < live.current {
             if let EngineCtl::Send(s) = &live.ctl {
                 for _ in g..live.current {
-                    if live.live_idx.len() <= 1 {
+                    let Some(idx) = live.pop_idx() else {
                         break;
-                    }
-                    if let Some(idx) = live.live_idx.pop() {
-                        if let Err(e) = s.retire(idx) {
-                            tracing::debug!("retiring data connection {idx}: {e}");
-                        }
+                    };
+                    if let Err(e) = s.retire(idx) {
+                        tracing::debug!("retiring data connection {idx}: {e}");
                     }
                 }
             }
