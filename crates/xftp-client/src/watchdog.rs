@@ -227,6 +227,10 @@ impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Guarded<S> 
         self.inner.tcp_socket()
     }
 
+    fn probe(&self) -> Option<Box<dyn xftp_stripe::Probe>> {
+        self.inner.probe()
+    }
+
     fn can_splice_in(&self) -> bool {
         // The rate limit paces reads by their size (see poll_read).
         self.dog.rate.is_none() && self.inner.can_splice_in()

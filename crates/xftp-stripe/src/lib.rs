@@ -68,7 +68,7 @@ pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};
-pub use sock::{DataSocket, Delivery, Probe};
+pub use sock::{socket_bytes, DataSocket, Delivery, Probe, SocketBytes};
 
 /// Default record size: 256 KiB. See docs/framing.md for the reasoning.
 pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;

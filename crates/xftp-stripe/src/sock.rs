@@ -74,7 +74,10 @@ pub trait DataSocket {
 
     /// A handle that tells, from any task, what this connection has
     /// delivered (the endgame's question). By default the kernel's answer
-    /// for [`tcp_socket`](Self::tcp_socket), through a duplicate of it.
+    /// for [`tcp_socket`](Self::tcp_socket), through a duplicate of it:
+    /// right where the bytes written are the bytes the socket carries.
+    /// A stream that changes them (TLS) answers itself, and wrappers must
+    /// pass its answer on, not the socket's.
     fn probe(&self) -> Option<Box<dyn Probe>> {
         let fd = self.tcp_socket()?.try_clone_to_owned().ok()?;
         Some(Box::new(FdProbe(fd)))
@@ -214,6 +217,10 @@ impl<T: DataSocket + ?Sized + Unpin> DataSocket for Box<T> {
         (**self).can_send_file()
     }
 
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        (**self).probe()
+    }
+
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         (**self).tcp_socket()
     }
@@ -298,6 +305,66 @@ pub struct Delivery {
     /// The connection has retransmitted at least once: loss is about, and
     /// with it the timeouts the endgame is for.
     pub lossy: bool,
+}
+
+/// What the kernel has taken from the application on a TCP socket, and
+/// how much of it the peer acknowledged ([`socket_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketBytes {
+    /// Bytes written to the socket since it opened (acknowledged or still
+    /// queued); never less than the truth, possibly more by what was
+    /// acknowledged while it was read.
+    pub taken: u64,
+    /// Of those, bytes the peer acknowledged in order (`tcpi_bytes_acked`;
+    /// after a FIN, one more).
+    pub acked: u64,
+}
+
+/// [`SocketBytes`] of the TCP socket `fd`; `None` where the kernel cannot
+/// tell (not Linux, or a kernel without `tcpi_bytes_acked`, 4.2).
+pub fn socket_bytes(fd: std::os::fd::BorrowedFd<'_>) -> Option<SocketBytes> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // The queue first, then the acknowledged bytes: an ACK between
+        // the two calls makes `taken` read high, never low (low, a
+        // ledger mark would claim ciphertext the peer has not
+        // acknowledged).
+        let mut outq: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
+            return None;
+        }
+        let mut info = [0u8; 136];
+        let mut len = info.len() as libc::socklen_t;
+        // SAFETY: a writable buffer of `len` bytes and its length.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r != 0 || len < 128 {
+            return None;
+        }
+        // u64 tcpi_bytes_acked at byte 120 (include/uapi/linux/tcp.h).
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&info[120..128]);
+        let acked = u64::from_ne_bytes(b);
+        let outq = u64::try_from(outq).ok()?;
+        Some(SocketBytes {
+            taken: acked + outq,
+            acked,
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        None
+    }
 }
 
 /// Ask the kernel about the TCP socket `fd`; `None` where it cannot tell.

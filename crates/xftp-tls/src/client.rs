@@ -17,7 +17,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, NamedGroup, RootCertStore, Sig
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::{provider, Stream, TlsError};
+use crate::{provider, Ledger, Stream, TlsError};
 
 /// How the client checks the server.
 #[derive(Clone, Debug, Default)]
@@ -147,7 +147,7 @@ impl ClientTls {
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
             })??;
-        Ok(Stream::Client(Box::new(s)))
+        Ok(Stream::Client(Box::new(s), Ledger::default()))
     }
 
     /// Send `token` first on every data connection from now on (the

@@ -30,7 +30,7 @@ pub mod client;
 pub mod server;
 mod stream;
 
-pub use stream::{Stream, TlsInfo};
+pub use stream::{Ledger, Stream, TlsInfo};
 
 /// Length of a data-connection binding token.
 pub const TOKEN_LEN: usize = 32;
@@ -47,12 +47,12 @@ pub fn binding_token(control: &Stream) -> Option<[u8; TOKEN_LEN]> {
     let out = [0u8; TOKEN_LEN];
     match control {
         Stream::Plain(_) => None,
-        Stream::Server(s) => s
+        Stream::Server(s, _) => s
             .get_ref()
             .1
             .export_keying_material(out, TOKEN_LABEL, None)
             .ok(),
-        Stream::Client(s) => s
+        Stream::Client(s, _) => s
             .get_ref()
             .1
             .export_keying_material(out, TOKEN_LABEL, None)

@@ -14,7 +14,7 @@ use rustls::ServerConfig;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::{provider, Stream, TlsError};
+use crate::{provider, Ledger, Stream, TlsError};
 
 /// Load a certificate chain and its private key (PEM) and check that they
 /// belong together.
@@ -195,7 +195,7 @@ impl SessionTls {
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
             })??;
-        Ok(Stream::Server(Box::new(s)))
+        Ok(Stream::Server(Box::new(s), Ledger::default()))
     }
 
     /// The handshake on a data connection (the FTP server is the TLS
@@ -242,9 +242,9 @@ impl SessionTls {
                 if !matches!(read, Ok(Ok(_))) || diff != 0 {
                     return Err(DataTlsError::BadToken);
                 }
-                return Ok(Stream::Server(Box::new(s)));
+                return Ok(Stream::Server(Box::new(s), Ledger::default()));
             }
         }
-        Ok(Stream::Server(Box::new(s)))
+        Ok(Stream::Server(Box::new(s), Ledger::default()))
     }
 }

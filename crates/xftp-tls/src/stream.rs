@@ -1,8 +1,10 @@
 //! One connection type for plain TCP and TLS.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -18,9 +20,134 @@ pub enum Stream {
     /// No TLS.
     Plain(TcpStream),
     /// TLS, this end the server.
-    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>, Ledger),
     /// TLS, this end the client.
-    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>, Ledger),
+}
+
+/// Which plaintext bytes written to a TLS stream its peer has
+/// acknowledged: the endgame's question ([`xftp_stripe::Probe`]).
+///
+/// The kernel counts ciphertext, of another length than the plaintext
+/// (record headers and tags), and part of what was written may still wait
+/// in rustls's buffer. So the ledger keeps *marks*: after a write that
+/// left rustls nothing to send, every ciphertext byte of the plaintext so
+/// far is in the kernel, and the pair (plaintext written, ciphertext the
+/// socket has taken) is exact. The plaintext of a mark whose ciphertext
+/// the peer acknowledged is delivered. Anything else the TLS layer sent
+/// in between (a key update, an alert) only makes a mark's ciphertext
+/// larger, so a mark never claims more than was delivered. Marks are kept
+/// only once a probe has been asked for.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger(Arc<Mutex<Book>>);
+
+#[derive(Debug, Default)]
+struct Book {
+    /// Ciphertext the socket had taken before the first plaintext byte
+    /// (the handshake, session tickets).
+    base: Option<u64>,
+    /// Plaintext written.
+    plain: u64,
+    /// Plaintext known delivered.
+    delivered: u64,
+    /// (plaintext, ciphertext since `base`), oldest first.
+    marks: VecDeque<(u64, u64)>,
+    /// A probe was handed out: keep marks.
+    tracking: bool,
+    /// The kernel could not tell: no answers.
+    blind: bool,
+}
+
+/// Marks kept at most; past that every other one goes (coarser, still
+/// never more than was delivered).
+const MAX_MARKS: usize = 4096;
+
+impl Ledger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before plaintext goes in: the ciphertext already taken is the base.
+    fn start(&self, tcp: &TcpStream) {
+        let mut b = self.lock();
+        if b.base.is_none() && !b.blind {
+            match xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(tcp)) {
+                Some(k) => b.base = Some(k.taken),
+                None => b.blind = true,
+            }
+        }
+    }
+
+    /// `n` plaintext bytes went in; `flushed`: rustls holds no ciphertext.
+    fn wrote(&self, tcp: &TcpStream, n: usize, flushed: bool) {
+        let mut b = self.lock();
+        b.plain += n as u64;
+        if flushed {
+            b.mark(tcp);
+        }
+    }
+
+    /// Everything written is in the kernel (a flush completed).
+    fn flushed(&self, tcp: &TcpStream) {
+        self.lock().mark(tcp);
+    }
+}
+
+impl Book {
+    fn mark(&mut self, tcp: &TcpStream) {
+        let (true, Some(base)) = (self.tracking, self.base) else {
+            return;
+        };
+        if self.marks.back().is_some_and(|m| m.0 == self.plain) {
+            return;
+        }
+        let Some(k) = xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(tcp)) else {
+            self.blind = true;
+            return;
+        };
+        self.marks
+            .push_back((self.plain, k.taken.saturating_sub(base)));
+        if self.marks.len() > MAX_MARKS {
+            let thinned = self.marks.iter().copied().skip(1).step_by(2).collect();
+            self.marks = thinned;
+        }
+    }
+}
+
+/// The endgame's probe of a TLS connection: the kernel's answers for its
+/// socket, with the bytes not yet acknowledged counted in plaintext
+/// through the [`Ledger`].
+struct TlsProbe {
+    tcp: Box<dyn xftp_stripe::Probe>,
+    fd: std::os::fd::OwnedFd,
+    ledger: Ledger,
+}
+
+impl xftp_stripe::Probe for TlsProbe {
+    fn delivery(&self) -> Option<xftp_stripe::Delivery> {
+        let mut d = self.tcp.delivery()?;
+        let k = xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(&self.fd))?;
+        let mut b = self.ledger.lock();
+        if b.blind {
+            return None;
+        }
+        if let Some(base) = b.base {
+            let acked = k.acked.saturating_sub(base);
+            while let Some(&(plain, ct)) = b.marks.front() {
+                if ct > acked {
+                    break;
+                }
+                b.delivered = plain;
+                b.marks.pop_front();
+            }
+        }
+        d.outq = b.plain - b.delivered;
+        Some(d)
+    }
+
+    fn reset_on_close(&self) {
+        self.tcp.reset_on_close();
+    }
 }
 
 /// What a TLS connection negotiated.
@@ -57,8 +184,8 @@ impl Stream {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             Stream::Plain(s) => s,
-            Stream::Server(s) => s.get_ref().0,
-            Stream::Client(s) => s.get_ref().0,
+            Stream::Server(s, _) => s.get_ref().0,
+            Stream::Client(s, _) => s.get_ref().0,
         }
     }
 
@@ -71,8 +198,8 @@ impl Stream {
     pub fn tls_info(&self) -> Option<TlsInfo> {
         match self {
             Stream::Plain(_) => None,
-            Stream::Server(s) => Some(info_of(s.get_ref().1)),
-            Stream::Client(s) => Some(info_of(s.get_ref().1)),
+            Stream::Server(s, _) => Some(info_of(s.get_ref().1)),
+            Stream::Client(s, _) => Some(info_of(s.get_ref().1)),
         }
     }
 
@@ -90,7 +217,7 @@ impl Stream {
     /// handshake; doing this before closing keeps them for the next data
     /// connections (see [`crate::client::ClientTls`]).
     fn absorb_pending(&mut self) {
-        let Stream::Client(s) = self else { return };
+        let Stream::Client(s, _) = self else { return };
         let (tcp, conn) = s.get_mut();
         let mut buf = [0u8; 4096];
         for _ in 0..16 {
@@ -132,8 +259,8 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Server(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Client(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Server(s, _) => Pin::new(s).poll_read(cx, buf),
+            Stream::Client(s, _) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -163,15 +290,26 @@ impl xftp_stripe::DataSocket for Stream {
         Some(std::os::fd::AsFd::as_fd(self.tcp()))
     }
 
-    /// Under TLS the kernel's queue holds ciphertext, of another length
-    /// than the payload written, and part of what was written may still
-    /// wait in the TLS layer: what the socket acknowledged does not say
-    /// which records were delivered, so no answer is given.
+    /// Under TLS the kernel's queue holds ciphertext: the [`Ledger`] turns
+    /// it into plaintext.
     fn probe(&self) -> Option<Box<dyn xftp_stripe::Probe>> {
-        match self {
-            Stream::Plain(s) => s.probe(),
-            _ => None,
+        let ledger = match self {
+            Stream::Plain(s) => return s.probe(),
+            Stream::Server(_, l) | Stream::Client(_, l) => l,
+        };
+        let tcp = self.tcp();
+        let probe = TlsProbe {
+            tcp: tcp.probe()?,
+            fd: std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned().ok()?,
+            ledger: ledger.clone(),
+        };
+        let mut b = ledger.lock();
+        if b.blind {
+            return None;
         }
+        b.tracking = true;
+        drop(b);
+        Some(Box::new(probe))
     }
 
     fn can_splice_in(&self) -> bool {
@@ -202,8 +340,8 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Server(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Client(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Server(s, l) => ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf)),
+            Stream::Client(s, l) => ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf)),
         }
     }
 
@@ -214,24 +352,36 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Server(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Client(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Server(s, l) => {
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, bufs))
+            }
+            Stream::Client(s, l) => {
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, bufs))
+            }
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Server(s) => s.is_write_vectored(),
-            Stream::Client(s) => s.is_write_vectored(),
+            Stream::Server(s, _) => s.is_write_vectored(),
+            Stream::Client(s, _) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Server(s) => Pin::new(s).poll_flush(cx),
-            Stream::Client(s) => Pin::new(s).poll_flush(cx),
+            Stream::Server(s, l) => {
+                std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
+                l.flushed(s.get_ref().0);
+                Poll::Ready(Ok(()))
+            }
+            Stream::Client(s, l) => {
+                std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
+                l.flushed(s.get_ref().0);
+                Poll::Ready(Ok(()))
+            }
         }
     }
 
@@ -240,10 +390,57 @@ impl AsyncWrite for Stream {
         this.absorb_pending();
         match this {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Server(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Client(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Server(s, _) => Pin::new(s).poll_shutdown(cx),
+            Stream::Client(s, _) => Pin::new(s).poll_shutdown(cx),
         }
     }
+}
+
+/// A TLS stream of either side, as [`ledgered`] needs it.
+trait TlsSide: AsyncWrite + Unpin {
+    fn tcp(&self) -> &TcpStream;
+    /// rustls holds ciphertext not yet written to the socket.
+    fn wants_write(&self) -> bool;
+}
+
+impl TlsSide for Box<tokio_rustls::server::TlsStream<TcpStream>> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+    fn wants_write(&self) -> bool {
+        self.get_ref().1.wants_write()
+    }
+}
+
+impl TlsSide for Box<tokio_rustls::client::TlsStream<TcpStream>> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+    fn wants_write(&self) -> bool {
+        self.get_ref().1.wants_write()
+    }
+}
+
+/// A plaintext write through TLS, entered in the ledger. The first one
+/// waits until the handshake's last ciphertext is in the kernel (a
+/// flush), so that the ledger's base is exact.
+fn ledgered<S: TlsSide>(
+    s: &mut S,
+    l: &Ledger,
+    cx: &mut Context<'_>,
+    write: impl FnOnce(&mut S, &mut Context<'_>) -> Poll<io::Result<usize>>,
+) -> Poll<io::Result<usize>> {
+    let unstarted = {
+        let b = l.lock();
+        b.base.is_none() && !b.blind
+    };
+    if unstarted {
+        std::task::ready!(Pin::new(&mut *s).poll_flush(cx))?;
+        l.start(s.tcp());
+    }
+    let n = std::task::ready!(write(s, cx))?;
+    l.wrote(s.tcp(), n, !s.wants_write());
+    Poll::Ready(Ok(n))
 }
 
 impl std::os::fd::AsFd for Stream {

@@ -230,6 +230,10 @@ impl<S: xftp_stripe::DataSocket + Unpin> xftp_stripe::DataSocket for Metered<S> 
         self.inner.can_send_file()
     }
 
+    fn probe(&self) -> Option<Box<dyn xftp_stripe::Probe>> {
+        self.inner.probe()
+    }
+
     fn can_splice_in(&self) -> bool {
         self.inner.can_splice_in()
     }
