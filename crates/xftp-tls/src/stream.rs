@@ -30,12 +30,14 @@ pub enum Stream {
 ///
 /// The kernel counts ciphertext, of another length than the plaintext
 /// (record headers and tags), and part of what was written may still wait
-/// in rustls's buffer. So the ledger keeps *marks*: after a write that
-/// left rustls nothing to send, every ciphertext byte of the plaintext so
-/// far is in the kernel, and the pair (plaintext written, ciphertext the
-/// socket has taken) is exact. The plaintext of a mark whose ciphertext
-/// the peer acknowledged is delivered. Anything else the TLS layer sent
-/// in between (a key update, an alert) only makes a mark's ciphertext
+/// in rustls's buffer. So the ledger keeps *marks*, after every write:
+/// (plaintext written, ciphertext the socket has taken, plus what rustls
+/// may still hold). After a write that left rustls nothing to send the
+/// pair is exact; otherwise rustls holds at most its buffer limit
+/// (64 KiB, set on the stream) and the overhead of the records in it, and the mark
+/// counts that much more. The plaintext of a mark whose ciphertext the
+/// peer acknowledged is delivered. Anything else the TLS layer sent in
+/// between (a key update, an alert) only makes a mark's ciphertext
 /// larger, so a mark never claims more than was delivered. Marks are kept
 /// only once a probe has been asked for.
 #[derive(Clone, Debug, Default)]
@@ -62,6 +64,16 @@ struct Book {
 /// never more than was delivered).
 const MAX_MARKS: usize = 4096;
 
+/// The TLS layer's send buffer limit, set on every stream that keeps a
+/// ledger (rustls's default).
+const TLS_BUFFER: usize = 64 * 1024;
+
+/// What rustls may hold beyond its limit: it limits the plaintext it
+/// takes, and each record of it grows by at most 29 bytes (TLS 1.2
+/// AES-GCM: header, explicit nonce, tag), at most five records of 16 KiB
+/// for one write that fills the buffer; rounded up.
+const TLS_BUFFER_SLACK: u64 = 1024;
+
 impl Ledger {
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -82,31 +94,41 @@ impl Ledger {
     fn wrote(&self, tcp: &TcpStream, n: usize, flushed: bool) {
         let mut b = self.lock();
         b.plain += n as u64;
-        if flushed {
-            b.mark(tcp);
-        }
+        let held = if flushed {
+            0
+        } else {
+            TLS_BUFFER as u64 + TLS_BUFFER_SLACK
+        };
+        b.mark(tcp, held);
     }
 
     /// Everything written is in the kernel (a flush completed).
     fn flushed(&self, tcp: &TcpStream) {
-        self.lock().mark(tcp);
+        self.lock().mark(tcp, 0);
     }
 }
 
 impl Book {
-    fn mark(&mut self, tcp: &TcpStream) {
+    /// A mark for the plaintext so far: the ciphertext the socket has
+    /// taken and `held`, at most what rustls still holds.
+    fn mark(&mut self, tcp: &TcpStream, held: u64) {
         let (true, Some(base)) = (self.tracking, self.base) else {
             return;
         };
-        if self.marks.back().is_some_and(|m| m.0 == self.plain) {
-            return;
-        }
         let Some(k) = xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(tcp)) else {
             self.blind = true;
             return;
         };
-        self.marks
-            .push_back((self.plain, k.taken.saturating_sub(base)));
+        let ct = (k.taken + held).saturating_sub(base);
+        // A mark for more plaintext at no more ciphertext makes the
+        // earlier ones useless (an exact mark after bounded ones).
+        while self.marks.back().is_some_and(|m| m.1 >= ct) {
+            self.marks.pop_back();
+        }
+        if self.marks.back().is_some_and(|m| m.0 >= self.plain) {
+            return;
+        }
+        self.marks.push_back((self.plain, ct));
         if self.marks.len() > MAX_MARKS {
             let thinned = self.marks.iter().copied().skip(1).step_by(2).collect();
             self.marks = thinned;
@@ -399,6 +421,8 @@ impl AsyncWrite for Stream {
 /// A TLS stream of either side, as [`ledgered`] needs it.
 trait TlsSide: AsyncWrite + Unpin {
     fn tcp(&self) -> &TcpStream;
+    /// Hold at most `bytes` of ciphertext not yet written.
+    fn limit_buffer(&mut self, bytes: usize);
     /// rustls holds ciphertext not yet written to the socket.
     fn wants_write(&self) -> bool;
 }
@@ -406,6 +430,9 @@ trait TlsSide: AsyncWrite + Unpin {
 impl TlsSide for Box<tokio_rustls::server::TlsStream<TcpStream>> {
     fn tcp(&self) -> &TcpStream {
         self.get_ref().0
+    }
+    fn limit_buffer(&mut self, bytes: usize) {
+        self.get_mut().1.set_buffer_limit(Some(bytes));
     }
     fn wants_write(&self) -> bool {
         self.get_ref().1.wants_write()
@@ -415,6 +442,9 @@ impl TlsSide for Box<tokio_rustls::server::TlsStream<TcpStream>> {
 impl TlsSide for Box<tokio_rustls::client::TlsStream<TcpStream>> {
     fn tcp(&self) -> &TcpStream {
         self.get_ref().0
+    }
+    fn limit_buffer(&mut self, bytes: usize) {
+        self.get_mut().1.set_buffer_limit(Some(bytes));
     }
     fn wants_write(&self) -> bool {
         self.get_ref().1.wants_write()
@@ -436,6 +466,7 @@ fn ledgered<S: TlsSide>(
     };
     if unstarted {
         std::task::ready!(Pin::new(&mut *s).poll_flush(cx))?;
+        s.limit_buffer(TLS_BUFFER);
         l.start(s.tcp());
     }
     let n = std::task::ready!(write(s, cx))?;
