@@ -2064,13 +2064,10 @@ impl Session {
             // The endgame's extra round trip at the end (every byte
             // acknowledged before the last EOD) pays only on files that
             // take many round trips; its connections are not kept.
-            // Not under TLS: the endgame reads what a connection has
-            // delivered from its kernel socket (bytes written less those
-            // still queued), and TLS writes ciphertext of another length,
-            // part of it still in the TLS layer's buffer: records read as
-            // delivered when they were not, and the connection holding
-            // them was reset under a download that then lacked them.
-            let endgame = self.endgame && len >= ENDGAME_MIN && self.data_tls(true).is_none();
+            // Under TLS too: `xftp_tls::Ledger` tells the plaintext a
+            // connection delivered from the ciphertext its kernel socket
+            // had acknowledged.
+            let endgame = self.endgame && len >= ENDGAME_MIN;
             let cfg = SendConfig {
                 record_size: record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
