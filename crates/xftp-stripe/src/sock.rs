@@ -325,36 +325,14 @@ pub struct SocketBytes {
 pub fn socket_bytes(fd: std::os::fd::BorrowedFd<'_>) -> Option<SocketBytes> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
-        // The queue first, then the acknowledged bytes: an ACK between
-        // the two calls makes `taken` read high, never low (low, a
-        // ledger mark would claim ciphertext the peer has not
-        // acknowledged).
-        let mut outq: libc::c_int = 0;
-        // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
-            return None;
-        }
-        let mut info = [0u8; 136];
-        let mut len = info.len() as libc::socklen_t;
-        // SAFETY: a writable buffer of `len` bytes and its length.
-        let r = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                info.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if r != 0 || len < 128 {
+        let (outq, info, len) = outq_then_info(fd)?;
+        if len < 128 {
             return None;
         }
         // u64 tcpi_bytes_acked at byte 120 (include/uapi/linux/tcp.h).
         let mut b = [0u8; 8];
         b.copy_from_slice(&info[120..128]);
         let acked = u64::from_ne_bytes(b);
-        let outq = u64::try_from(outq).ok()?;
         Some(SocketBytes {
             taken: acked + outq,
             acked,
@@ -367,29 +345,43 @@ pub fn socket_bytes(fd: std::os::fd::BorrowedFd<'_>) -> Option<SocketBytes> {
     }
 }
 
+/// The bytes still in the socket's send queue (`SIOCOUTQ`), then its
+/// `struct tcp_info` and the length the kernel filled. In that order: an
+/// ACK between the two calls makes queued + acknowledged read high, never
+/// low (low, a TLS ledger mark would claim ciphertext the peer has not
+/// acknowledged).
+#[cfg(target_os = "linux")]
+fn outq_then_info(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, [u8; 136], usize)> {
+    use std::os::fd::AsRawFd;
+    let mut outq: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
+        return None;
+    }
+    let mut info = [0u8; 136];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: a writable buffer of `len` bytes and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    Some((u64::try_from(outq).ok()?, info, len as usize))
+}
+
 /// Ask the kernel about the TCP socket `fd`; `None` where it cannot tell.
 fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
-        let mut outq: libc::c_int = 0;
-        // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
-            return None;
-        }
-        let mut info = [0u8; 104];
-        let mut len = info.len() as libc::socklen_t;
-        // SAFETY: a writable buffer of `len` bytes and its length.
-        let r = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                info.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
-        if r != 0 || len < 12 {
+        let (outq, info, len) = outq_then_info(fd)?;
+        if len < 12 {
             return None;
         }
         // struct tcp_info: u8 state, ca_state, retransmits, probes,
@@ -401,7 +393,7 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
             .get(100..104)
             .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
         Some(Delivery {
-            outq: u64::try_from(outq).unwrap_or(0),
+            outq,
             timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
             rto: std::time::Duration::from_micros(u64::from(rto)),
             lossy: retrans > 0 || info[1] == TCP_CA_LOSS,
