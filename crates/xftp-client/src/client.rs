@@ -2591,22 +2591,21 @@ impl Client {
             Setup::Listen { listener, n } => {
                 self.expect_preliminary(c).await?;
                 let listener = Arc::new(listener);
-                let mut tcp = Vec::with_capacity(n);
-                // As for passive connections: once the first is in, the
-                // others have EARLY_START, and the rest join later.
-                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
-                while tcp.len() < n {
-                    let Some(s) = wait.next(accept_tcp_from(&listener, peer, t)).await else {
-                        break;
-                    };
-                    tcp.push(s?);
-                    wait.got_one();
-                }
-                let conns = secure_each(tcp, tls.as_ref(), t).await?;
+                // As for passive connections: each is accepted and
+                // secured (TLS) on its own; once the first is ready, the
+                // others have EARLY_START, and the rest join later. A
+                // handshake that loses a segment holds back its own
+                // connection, not the transfer.
                 let mut set = tokio::task::JoinSet::new();
-                for _ in conns.len()..n {
+                for _ in 0..n {
                     let (l, tls) = (listener.clone(), tls.clone());
                     set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
+                }
+                let mut conns = Vec::with_capacity(n);
+                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
+                while let Some(Some(r)) = wait.next(set.join_next()).await {
+                    conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
+                    wait.got_one();
                 }
                 Ok((conns, Grow::Active(listener), Late::from_set(set)))
             }
