@@ -73,14 +73,14 @@ pub trait DataSocket {
     }
 
     /// A handle that tells, from any task, what this connection has
-    /// delivered (the endgame's question). By default the kernel's answer
-    /// for [`tcp_socket`](Self::tcp_socket), through a duplicate of it:
-    /// right where the bytes written are the bytes the socket carries.
-    /// A stream that changes them (TLS) answers itself, and wrappers must
-    /// pass its answer on, not the socket's.
+    /// delivered (the endgame's question); `None` turns the endgame off
+    /// for it. A plain TCP socket answers with the kernel's counts; a
+    /// stream that changes the bytes (TLS) answers itself, and wrappers
+    /// pass the inner answer on. `None` is the default on purpose: a
+    /// wrapper that forgets to delegate loses the endgame instead of
+    /// answering with the socket's counts, which are ciphertext under TLS.
     fn probe(&self) -> Option<Box<dyn Probe>> {
-        let fd = self.tcp_socket()?.try_clone_to_owned().ok()?;
-        Some(Box::new(FdProbe(fd)))
+        None
     }
 }
 
@@ -179,6 +179,11 @@ impl DataSocket for tokio::net::TcpStream {
 
     fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(std::os::fd::AsFd::as_fd(self))
+    }
+
+    fn probe(&self) -> Option<Box<dyn Probe>> {
+        let fd = std::os::fd::AsFd::as_fd(self).try_clone_to_owned().ok()?;
+        Some(Box::new(FdProbe(fd)))
     }
 
     fn can_splice_in(&self) -> bool {
@@ -474,6 +479,37 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::{AsFd, AsRawFd};
+
+    /// A wrapper that passes everything on but the probe.
+    struct Forgetful(tokio::net::TcpStream);
+
+    impl DataSocket for Forgetful {
+        fn tcp_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+            self.0.tcp_socket()
+        }
+    }
+
+    /// The endgame trusts a probe to count the bytes the stripe engine
+    /// wrote. A wrapper that does not pass `probe()` on must give none,
+    /// not one of the socket under it (whose counts may be of other bytes,
+    /// as under TLS); a TCP socket, and a box of one, give theirs.
+    #[tokio::test]
+    async fn only_a_tcp_socket_or_a_delegating_wrapper_gives_a_probe() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a listener");
+        let addr = l.local_addr().expect("its address");
+        let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        let a = a.expect("connected");
+        let _b = b.expect("accepted");
+        assert!(a.probe().is_some(), "a TCP socket answers");
+        let boxed: Box<dyn DataSocket + Send + Unpin> = Box::new(a);
+        assert!(boxed.probe().is_some(), "a box passes it on");
+        let a = tokio::net::TcpStream::connect(addr).await.expect("again");
+        let w = Forgetful(a);
+        assert!(w.tcp_socket().is_some(), "the socket is reachable");
+        assert!(w.probe().is_none(), "but no probe is made of it");
+    }
 
     #[test]
     fn the_page_cache_is_asked_before_a_read() {
