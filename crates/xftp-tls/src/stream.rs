@@ -427,29 +427,28 @@ trait TlsSide: AsyncWrite + Unpin {
     fn wants_write(&self) -> bool;
 }
 
-impl TlsSide for Box<tokio_rustls::server::TlsStream<TcpStream>> {
-    fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
-    }
-    fn limit_buffer(&mut self, bytes: usize) {
-        self.get_mut().1.set_buffer_limit(Some(bytes));
-    }
-    fn wants_write(&self) -> bool {
-        self.get_ref().1.wants_write()
-    }
+/// The same for both rustls stream types (their connection types differ,
+/// their methods do not).
+macro_rules! tls_side {
+    ($($side:ty),*) => {$(
+        impl TlsSide for Box<$side> {
+            fn tcp(&self) -> &TcpStream {
+                self.get_ref().0
+            }
+            fn limit_buffer(&mut self, bytes: usize) {
+                self.get_mut().1.set_buffer_limit(Some(bytes));
+            }
+            fn wants_write(&self) -> bool {
+                self.get_ref().1.wants_write()
+            }
+        }
+    )*};
 }
 
-impl TlsSide for Box<tokio_rustls::client::TlsStream<TcpStream>> {
-    fn tcp(&self) -> &TcpStream {
-        self.get_ref().0
-    }
-    fn limit_buffer(&mut self, bytes: usize) {
-        self.get_mut().1.set_buffer_limit(Some(bytes));
-    }
-    fn wants_write(&self) -> bool {
-        self.get_ref().1.wants_write()
-    }
-}
+tls_side!(
+    tokio_rustls::server::TlsStream<TcpStream>,
+    tokio_rustls::client::TlsStream<TcpStream>
+);
 
 /// A plaintext write through TLS, entered in the ledger. The first one
 /// waits until the handshake's last ciphertext is in the kernel (a
