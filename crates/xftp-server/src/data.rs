@@ -158,8 +158,8 @@ pub async fn open(
             }
             DataPlan::Active(addr) => match early {
                 Some(e) if n > 1 => {
-                    let (conns, pending) =
-                        connect_early(local, addr, n, bufsize, e, timeout).await?;
+                    let to = vec![addr; n];
+                    let (conns, pending) = connect_early(local, to, bufsize, e, timeout).await?;
                     Ok((conns, Some(Grow::Active(addr)), pending))
                 }
                 _ => {
@@ -178,7 +178,14 @@ pub async fn open(
                         needed: n,
                     });
                 }
-                Ok((connect_all(local, addrs, bufsize).await?, None, None))
+                match early {
+                    Some(e) if n > 1 => {
+                        let (conns, pending) =
+                            connect_early(local, addrs, bufsize, e, timeout).await?;
+                        Ok((conns, None, pending))
+                    }
+                    _ => Ok((connect_all(local, addrs, bufsize).await?, None, None)),
+                }
             }
         }
     };
@@ -195,19 +202,20 @@ pub async fn open(
 /// [`open`]'s `early`); each ends within the data timeout.
 pub type Pending = tokio::task::JoinSet<std::io::Result<TcpStream>>;
 
-/// [`connect_all`] to one address `n` times, returning once the first is
-/// open and the others have had `early` more; the rest are [`Pending`].
-/// A refusal before the start fails the transfer, as there.
+/// [`connect_all`] to every address of `to` (active mode: one address
+/// `n` times; MPRT: one each), returning once the first is open and the
+/// others have had `early` more; the rest are [`Pending`]. A refusal
+/// before the start fails the transfer, as there.
 async fn connect_early(
     local: IpAddr,
-    to: SocketAddr,
-    n: usize,
+    to: Vec<SocketAddr>,
     bufsize: Option<u64>,
     early: Duration,
     timeout: Duration,
 ) -> std::io::Result<(Vec<TcpStream>, Option<Pending>)> {
+    let n = to.len();
     let mut set = Pending::new();
-    for _ in 0..n {
+    for to in to {
         set.spawn(async move {
             tokio::time::timeout(timeout, connect_from(local, to, bufsize))
                 .await

@@ -517,6 +517,76 @@ async fn a_download_does_not_wait_for_a_connection_that_is_late() {
     c.cmd("NOOP", 200).await;
 }
 
+/// A port on loopback whose connects hang: its listener's accept queue
+/// is full and nothing accepts, so the kernel drops further SYNs (as a
+/// lossy path loses one). The fillers are returned to keep it full.
+fn black_hole() -> (
+    socket2::Socket,
+    Vec<std::net::TcpStream>,
+    std::net::SocketAddr,
+) {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(
+        &"127.0.0.1:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    s.listen(0).unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)) {
+            Ok(f) => fillers.push(f),
+            Err(_) => return (s, fillers, addr),
+        }
+    }
+    panic!("the accept queue of {addr} never filled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mprt_download_does_not_wait_for_a_connect_that_hangs() {
+    // MPRT with four addresses, one of which does not answer: the server
+    // starts on the three that connected, as in active mode, instead of
+    // waiting for the fourth until its data timeout (30 s).
+    let srv = start(|_| {}).await;
+    let data = pattern(3 * 1024 * 1024 + 5, 18);
+    write(srv.dir.path(), "f", &data);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MULT 4", 200).await;
+    let mut ls = Vec::new();
+    for _ in 0..3 {
+        ls.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let mut addrs: Vec<_> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let (_hole, _fillers, hole) = black_hole();
+    addrs.push(hole);
+    c.cmd(
+        &format!("MPRT {}", xftp_proto::hostport::format_mprt_arg(&addrs)),
+        200,
+    )
+    .await;
+    c.cmd("RETR f", 150).await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut conns = Vec::new();
+        for l in &ls {
+            conns.push(l.accept().await.unwrap().0);
+        }
+        let dst = Arc::new(MemFile::default());
+        recv_file(dst.clone(), conns, Some(data.len() as u64))
+            .await
+            .unwrap();
+        c.expect(226).await;
+        dst
+    })
+    .await
+    .expect("the server waited for the connect that hangs");
+    assert!(got.to_vec() == data, "content");
+    c.cmd("NOOP", 200).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_connection_joins_the_running_download() {
     let srv = start(|cfg| cfg.record_size = 64 * 1024).await;
