@@ -2525,8 +2525,7 @@ impl Client {
         Ok((conns, grow))
     }
 
-    /// [`start_transfer`](Self::start_transfer); with `early` (not for
-    /// MPRT), the connections not yet open [`EARLY_START`] after the first
+    /// [`start_transfer`](Self::start_transfer); with `early`, the connections not yet open [`EARLY_START`] after the first
     /// one opened are left to open in `Late`, for a transfer that can take
     /// them as they come.
     async fn start_transfer_early(
@@ -2611,12 +2610,23 @@ impl Client {
             }
             Setup::ListenEach(ls) => {
                 self.expect_preliminary(c).await?;
-                let mut tcp = Vec::with_capacity(ls.len());
-                for l in &ls {
-                    tcp.push(accept_tcp_from(l, peer, t).await?);
+                // One connection on each port MPRT announced, each
+                // accepted and secured on its own, started on as in
+                // active mode (the order does not matter: records carry
+                // their offsets).
+                let n = ls.len();
+                let mut set = tokio::task::JoinSet::new();
+                for l in ls {
+                    let tls = tls.clone();
+                    set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
                 }
-                let conns = secure_each(tcp, tls.as_ref(), t).await?;
-                Ok((conns, Grow::Fixed, Late::default()))
+                let mut conns = Vec::with_capacity(n);
+                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
+                while let Some(Some(r)) = wait.next(set.join_next()).await {
+                    conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
+                    wait.got_one();
+                }
+                Ok((conns, Grow::Fixed, Late::from_set(set)))
             }
         }
     }
@@ -3249,29 +3259,6 @@ async fn accept_tcp_from(l: &TcpListener, peer: IpAddr, limit: Duration) -> Resu
             }
         }
     }
-}
-
-/// [`secure_data`] on every connection at once: under TLS each handshake
-/// takes a round trip, and one after the other N connections would take
-/// N (the server waits for all of them before it sends). In `conns`'
-/// order; the first failure fails them all.
-async fn secure_each(
-    conns: Vec<TcpStream>,
-    tls: Option<&ClientTls>,
-    limit: Duration,
-) -> Result<Vec<Stream>> {
-    let mut set = tokio::task::JoinSet::new();
-    let n = conns.len();
-    for (i, s) in conns.into_iter().enumerate() {
-        let tls = tls.cloned();
-        set.spawn(async move { (i, secure_data(s, tls.as_ref(), limit).await) });
-    }
-    let mut out: Vec<Option<Stream>> = std::iter::repeat_with(|| None).take(n).collect();
-    while let Some(r) = set.join_next().await {
-        let (i, s) = r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))?;
-        out[i] = Some(s?);
-    }
-    Ok(out.into_iter().flatten().collect())
 }
 
 /// Where a download into `local` goes: `local` itself when it is a

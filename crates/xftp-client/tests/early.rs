@@ -2,7 +2,7 @@
 //! server has opened and takes a late one when it comes: against a
 //! scripted server that opens three of four granted connections at once
 //! and the fourth only after three seconds (as a lost SYN makes it a
-//! second or more later).
+//! second or more later). The same with MPRT, one port per connection.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +23,9 @@ async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u
     let (r, mut w) = s.into_split();
     let mut lines = BufReader::new(r).lines();
     w.write_all(b"220 scripted\r\n").await.unwrap();
-    let mut port = None;
+    // Where each connection goes: EPRT's one port four times, or MPRT's
+    // four ports.
+    let mut ports: Option<Vec<u16>> = None;
     while let Ok(Some(line)) = lines.next_line().await {
         let verb = line.split(' ').next().unwrap_or("").to_ascii_uppercase();
         let reply = match verb.as_str() {
@@ -33,19 +35,32 @@ async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u
             "SIZE" => format!("213 {}", data.len()),
             "EPRT" => {
                 let a: Vec<&str> = line.split('|').collect();
-                port = a.get(3).and_then(|p| p.parse::<u16>().ok());
+                ports = a
+                    .get(3)
+                    .and_then(|p| p.parse::<u16>().ok())
+                    .map(|p| vec![p; 4]);
+                "200 ok".into()
+            }
+            "MPRT" => {
+                let v: Vec<u16> = line
+                    .split_ascii_whitespace()
+                    .skip(1)
+                    .filter_map(|spec| spec.split('|').nth(3)?.parse().ok())
+                    .collect();
+                assert_eq!(v.len(), 4, "{line}");
+                ports = Some(v);
                 "200 ok".into()
             }
             "RETR" => {
                 w.write_all(b"150 here it comes\r\n").await.unwrap();
-                let p = port.expect("EPRT before RETR");
-                serve_retr(p, &data).await;
+                let p = ports.clone().expect("EPRT or MPRT before RETR");
+                serve_retr(&p, &data).await;
                 "226 done".into()
             }
             "STOR" => {
                 w.write_all(b"150 send it\r\n").await.unwrap();
-                let p = port.expect("EPRT before STOR");
-                data = serve_stor(p).await;
+                let p = ports.clone().expect("EPRT or MPRT before STOR");
+                data = serve_stor(&p).await;
                 got.lock().unwrap().clone_from(&data);
                 "226 done".into()
             }
@@ -64,11 +79,12 @@ async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u
 
 /// Three connections at once and the transfer on them; the fourth three
 /// seconds later, added to the running transfer if it still runs.
-async fn serve_retr(port: u16, data: &[u8]) {
+async fn serve_retr(ports: &[u16], data: &[u8]) {
     let mut conns = Vec::new();
-    for _ in 0..3 {
+    for &port in &ports[..3] {
         conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     }
+    let port = ports[3];
     let cfg = SendConfig {
         record_size: 64 * 1024,
         ..SendConfig::default()
@@ -92,11 +108,12 @@ async fn serve_retr(port: u16, data: &[u8]) {
 
 /// The upload's receiving end: three connections at once, the fourth
 /// three seconds later, added to the running receive if it still runs.
-async fn serve_stor(port: u16) -> Vec<u8> {
+async fn serve_stor(ports: &[u16]) -> Vec<u8> {
     let mut conns = Vec::new();
-    for _ in 0..3 {
+    for &port in &ports[..3] {
         conns.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     }
+    let port = ports[3];
     let dst = Arc::new(MemFile::default());
     let receiver = Receiver::file(dst.clone(), None, conns);
     let ctl = receiver.control();
@@ -113,6 +130,15 @@ async fn serve_stor(port: u16) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_active_upload_does_not_wait_for_a_late_connection() {
+    upload_without_the_late_one(DataMode::Active).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mprt_upload_does_not_wait_for_a_late_connection() {
+    upload_without_the_late_one(DataMode::Mprt).await;
+}
+
+async fn upload_without_the_late_one(data_mode: DataMode) {
     // Large enough for four connections of 256 KiB records.
     let data = pattern(2 * 1024 * 1024 + 7, 5);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -121,7 +147,7 @@ async fn an_active_upload_does_not_wait_for_a_late_connection() {
     tokio::spawn(scripted_server(l, Vec::new(), got.clone()));
     let cfg = ClientConfig {
         streams: 4,
-        data_mode: DataMode::Active,
+        data_mode,
         ..ClientConfig::default()
     };
     let dir = tempfile::tempdir().unwrap();
@@ -144,13 +170,22 @@ async fn an_active_upload_does_not_wait_for_a_late_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_active_download_does_not_wait_for_a_late_connection() {
+    download_without_the_late_one(DataMode::Active).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mprt_download_does_not_wait_for_a_late_connection() {
+    download_without_the_late_one(DataMode::Mprt).await;
+}
+
+async fn download_without_the_late_one(data_mode: DataMode) {
     let data = pattern(512 * 1024 + 7, 9);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     tokio::spawn(scripted_server(l, data.clone(), Arc::default()));
     let cfg = ClientConfig {
         streams: 4,
-        data_mode: DataMode::Active,
+        data_mode,
         ..ClientConfig::default()
     };
     let out = tempfile::tempdir().unwrap();
