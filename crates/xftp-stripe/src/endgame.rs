@@ -52,6 +52,8 @@ struct Book {
     stuck: bool,
     /// Bytes unacknowledged at the last observation.
     outq: u64,
+    /// The highest [`Observed::progress`] seen.
+    progress: Option<u64>,
 }
 
 /// What the kernel says of one connection (see `sock::delivery`).
@@ -65,6 +67,11 @@ pub struct Observed {
     pub rto: Duration,
     /// The connection has retransmitted (see `Books::lossy`).
     pub lossy: bool,
+    /// A count that grows whenever the peer acknowledges anything, in any
+    /// unit (see `sock::Delivery::progress`): acknowledgements that do
+    /// not yet show in `outq` (a TLS stream's, counted in steps) still
+    /// keep the connection from looking silent.
+    pub progress: Option<u64>,
 }
 
 /// A connection counts as stuck when nothing it holds was acknowledged
@@ -147,6 +154,13 @@ impl Books {
         if acked > b.acked {
             b.acked = acked;
             b.progress_at = now;
+        }
+        // The first count seen is a base, not progress.
+        if let Some(p) = o.progress {
+            if b.progress.is_some_and(|seen| p > seen) {
+                b.progress_at = now;
+            }
+            b.progress = Some(b.progress.map_or(p, |seen| seen.max(p)));
         }
         while let Some(s) = b.pending.front() {
             if s.end > b.acked {
@@ -231,6 +245,7 @@ mod tests {
             timed_out,
             rto: RTO,
             lossy: timed_out,
+            progress: None,
         }
     }
 
@@ -291,6 +306,38 @@ mod tests {
         b.observe(0, obs(H + 100, false), 100 * MS);
         assert_eq!(b.claim(1), None);
         b.observe(0, obs(H + 100, false), MS + RTO + MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
+    }
+
+    /// Under TLS `outq` counts plaintext and moves in steps, while the
+    /// socket's acknowledgements go on: those keep the connection from
+    /// reading as silent, but never count a record as delivered.
+    #[test]
+    fn acknowledgements_that_outq_does_not_show_yet_are_progress() {
+        let mut b = Books::new(100, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        let at = |outq, progress| Observed {
+            progress: Some(progress),
+            ..obs(outq, false)
+        };
+        // The first count is a base.
+        b.observe(0, at(H + 100, 5000), MS);
+        // The socket acknowledges more and more; outq stays.
+        let mut now = MS;
+        for i in 1..=5u64 {
+            now += RTO / 2;
+            b.observe(0, at(H + 100, 5000 + i * 1000), now);
+            assert_eq!(
+                b.claim(1),
+                None,
+                "acknowledgements at {now:?} are not silence"
+            );
+            assert!(b.holds_undelivered(0));
+        }
+        // Then they stop: silent after the RTO, as without the count.
+        b.observe(0, at(H + 100, 10_000), now + RTO / 2);
+        assert_eq!(b.claim(1), None);
+        b.observe(0, at(H + 100, 10_000), now + RTO + MS);
         assert_eq!(b.claim(1), Some((0, 100)));
     }
 

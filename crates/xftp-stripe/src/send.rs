@@ -1012,6 +1012,7 @@ fn observe(sh: &Shared, all: bool) {
             timed_out: d.timed_out,
             rto: d.rto,
             lossy: d.lossy,
+            progress: d.progress,
         };
         e.books.observe(i, o, at);
     }

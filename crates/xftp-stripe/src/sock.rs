@@ -310,6 +310,12 @@ pub struct Delivery {
     /// The connection has retransmitted at least once: loss is about, and
     /// with it the timeouts the endgame is for.
     pub lossy: bool,
+    /// A count that grows whenever the peer acknowledges anything on the
+    /// connection, in the socket's own units (`tcpi_bytes_acked`:
+    /// ciphertext under TLS, where `outq` counts plaintext and moves only
+    /// in steps). It tells a connection that makes progress from one that
+    /// waits, not what was delivered; `None`: only `outq` tells.
+    pub progress: Option<u64>,
 }
 
 /// What the kernel has taken from the application on a TCP socket, and
@@ -397,11 +403,18 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
         let retrans = info
             .get(100..104)
             .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        // u64 tcpi_bytes_acked at byte 120 (kernels since 4.2).
+        let progress = info
+            .get(120..128)
+            .filter(|_| len >= 128)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_ne_bytes);
         Some(Delivery {
             outq,
             timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
             rto: std::time::Duration::from_micros(u64::from(rto)),
             lossy: retrans > 0 || info[1] == TCP_CA_LOSS,
+            progress,
         })
     }
     #[cfg(not(target_os = "linux"))]

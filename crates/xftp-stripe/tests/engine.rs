@@ -1100,6 +1100,7 @@ impl xftp_stripe::Probe for WireProbe {
             timed_out: outq > 0 && stalled,
             rto: Duration::from_millis(200),
             lossy: stalled,
+            progress: None,
         })
     }
 }
