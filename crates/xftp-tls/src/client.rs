@@ -142,11 +142,15 @@ impl ClientTls {
     /// The handshake on a control or data connection. Data connections
     /// resume the control connection's session with one of its tickets.
     pub async fn connect(&self, tcp: TcpStream, limit: Duration) -> std::io::Result<Stream> {
-        let s = tokio::time::timeout(limit, self.connector.connect(self.name.clone(), tcp))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
-            })??;
+        let s = tokio::time::timeout(
+            limit,
+            self.connector
+                .connect(self.name.clone(), crate::Counted::new(tcp)),
+        )
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
+        })??;
         Ok(Stream::Client(Box::new(s), Ledger::default()))
     }
 

@@ -30,7 +30,7 @@ pub mod client;
 pub mod server;
 mod stream;
 
-pub use stream::{Ledger, Stream, TlsInfo};
+pub use stream::{Counted, Ledger, Stream, TlsInfo, TLS_WRITE};
 
 /// Length of a data-connection binding token.
 pub const TOKEN_LEN: usize = 32;

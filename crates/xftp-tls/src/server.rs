@@ -190,7 +190,7 @@ impl SessionTls {
         tcp: TcpStream,
         limit: Duration,
     ) -> Result<Stream, std::io::Error> {
-        let s = tokio::time::timeout(limit, self.control.accept(tcp))
+        let s = tokio::time::timeout(limit, self.control.accept(crate::Counted::new(tcp)))
             .await
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
@@ -213,7 +213,7 @@ impl SessionTls {
         tickets: bool,
     ) -> Result<Stream, DataTlsError> {
         let acceptor = if tickets { &self.data } else { &self.quiet };
-        let s = tokio::time::timeout(limit, acceptor.accept(tcp))
+        let s = tokio::time::timeout(limit, acceptor.accept(crate::Counted::new(tcp)))
             .await
             .map_err(|_| {
                 DataTlsError::Handshake(std::io::Error::new(

@@ -20,39 +20,159 @@ pub enum Stream {
     /// No TLS.
     Plain(TcpStream),
     /// TLS, this end the server.
-    Server(Box<tokio_rustls::server::TlsStream<TcpStream>>, Ledger),
+    Server(Box<tokio_rustls::server::TlsStream<Counted>>, Ledger),
     /// TLS, this end the client.
-    Client(Box<tokio_rustls::client::TlsStream<TcpStream>>, Ledger),
+    Client(Box<tokio_rustls::client::TlsStream<Counted>>, Ledger),
+}
+
+/// The TCP socket under a TLS stream. It counts every byte the TLS layer
+/// hands it, so the position in the socket's byte stream after each write
+/// is known exactly ([`Ledger`]), and it takes every byte: what the socket
+/// cannot take yet waits here, in order, rather than in rustls's buffer,
+/// which would hide how much it holds. A [`Stream`] write first drains
+/// what waits and then hands TLS at most [`TLS_WRITE`] bytes, so this
+/// holds at most one such write's ciphertext, as rustls's buffer did.
+#[derive(Debug)]
+pub struct Counted {
+    tcp: TcpStream,
+    /// Ciphertext handed over and not yet in the socket: `out[at..]`.
+    out: Vec<u8>,
+    at: usize,
+    /// Bytes handed over since the connection opened, the handshake's
+    /// included.
+    given: u64,
+}
+
+impl Counted {
+    /// Count what goes into `tcp`.
+    pub fn new(tcp: TcpStream) -> Self {
+        Counted {
+            tcp,
+            out: Vec::new(),
+            at: 0,
+            given: 0,
+        }
+    }
+
+    /// The socket.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn waiting(&self) -> bool {
+        self.at < self.out.len()
+    }
+
+    /// Write what waits into the socket; ready once nothing does.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.waiting() {
+            let n =
+                std::task::ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.at..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.at += n;
+        }
+        self.out.clear();
+        self.at = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    /// Always takes all of `buf`: into the socket as far as it takes it,
+    /// the rest after what already waits.
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        let mut taken = 0;
+        if !this.waiting() {
+            match Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs) {
+                Poll::Ready(Ok(n)) => taken = n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
+        let mut total = 0;
+        for b in bufs {
+            let skip = taken.min(b.len());
+            taken -= skip;
+            this.out.extend_from_slice(&b[skip..]);
+            total += b.len();
+        }
+        this.given += total as u64;
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
 }
 
 /// Which plaintext bytes written to a TLS stream its peer has
 /// acknowledged: the endgame's question ([`xftp_stripe::Probe`]).
 ///
 /// The kernel counts ciphertext, of another length than the plaintext
-/// (record headers and tags), and part of what was written may still wait
-/// in rustls's buffer. So the ledger keeps *marks*, after every write:
-/// (plaintext written, ciphertext the socket has taken, plus what rustls
-/// may still hold). After a write that left rustls nothing to send the
-/// pair is exact; otherwise rustls holds at most its buffer limit
-/// (64 KiB, set on the stream) and the overhead of the records in it, and the mark
-/// counts that much more. The plaintext of a mark whose ciphertext the
-/// peer acknowledged is delivered. Anything else the TLS layer sent in
-/// between (a key update, an alert) only makes a mark's ciphertext
-/// larger, so a mark never claims more than was delivered. Marks are kept
-/// only once a probe has been asked for.
+/// (record headers and tags). So the ledger keeps *marks*, after every
+/// write: (plaintext written, the socket's stream position at the end of
+/// its ciphertext). [`Counted`] takes every byte TLS produces, so that
+/// position is exact, and anything else the TLS layer sent (a key update)
+/// is counted where it went. The plaintext of a mark whose position the
+/// peer acknowledged (`tcpi_bytes_acked`) is delivered. The kernel's
+/// count and ours start apart by what the kernel counts of the handshake
+/// (the SYN); the offset is read once, at a write after which nothing
+/// waits in [`Counted`], with the socket's queue read first, so it can
+/// read high, never low: a mark never claims more than was delivered.
+/// Marks are kept only once a probe has been asked for, and cost no
+/// system call.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger(Arc<Mutex<Book>>);
 
 #[derive(Debug, Default)]
 struct Book {
-    /// Ciphertext the socket had taken before the first plaintext byte
-    /// (the handshake, session tickets).
-    base: Option<u64>,
+    /// What the kernel's count of bytes taken is ahead of [`Counted`]'s.
+    offset: Option<u64>,
     /// Plaintext written.
     plain: u64,
     /// Plaintext known delivered.
     delivered: u64,
-    /// (plaintext, ciphertext since `base`), oldest first.
+    /// (plaintext, position in the kernel's count), oldest first.
     marks: VecDeque<(u64, u64)>,
     /// A probe was handed out: keep marks.
     tracking: bool,
@@ -64,74 +184,46 @@ struct Book {
 /// never more than was delivered).
 const MAX_MARKS: usize = 4096;
 
-/// The TLS layer's send buffer limit, set on every stream that keeps a
-/// ledger (rustls's default).
-const TLS_BUFFER: usize = 64 * 1024;
-
-/// What rustls may hold beyond its limit: it limits the plaintext it
-/// takes, and each record of it grows by at most 29 bytes (TLS 1.2
-/// AES-GCM: header, explicit nonce, tag), at most five records of 16 KiB
-/// for one write that fills the buffer; rounded up.
-const TLS_BUFFER_SLACK: u64 = 1024;
+/// The most plaintext one [`Stream`] write hands TLS: what [`Counted`]
+/// may hold is one such write's ciphertext (rustls's own buffer limit).
+pub const TLS_WRITE: usize = 64 * 1024;
 
 impl Ledger {
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Before plaintext goes in: the ciphertext already taken is the base.
-    fn start(&self, tcp: &TcpStream) {
-        let mut b = self.lock();
-        if b.base.is_none() && !b.blind {
-            match xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(tcp)) {
-                Some(k) => b.base = Some(k.taken),
-                None => b.blind = true,
-            }
-        }
-    }
-
-    /// `n` plaintext bytes went in; `flushed`: rustls holds no ciphertext.
-    fn wrote(&self, tcp: &TcpStream, n: usize, flushed: bool) {
+    /// `n` plaintext bytes went in, and all their ciphertext is in `c`
+    /// (`exact`: rustls holds none).
+    fn wrote(&self, c: &Counted, n: usize, exact: bool) {
         let mut b = self.lock();
         b.plain += n as u64;
-        let held = if flushed {
-            0
-        } else {
-            TLS_BUFFER as u64 + TLS_BUFFER_SLACK
-        };
-        b.mark(tcp, held);
-    }
-
-    /// Everything written is in the kernel (a flush completed).
-    fn flushed(&self, tcp: &TcpStream) {
-        self.lock().mark(tcp, 0);
-    }
-}
-
-impl Book {
-    /// A mark for the plaintext so far: the ciphertext the socket has
-    /// taken and `held`, at most what rustls still holds.
-    fn mark(&mut self, tcp: &TcpStream, held: u64) {
-        let (true, Some(base)) = (self.tracking, self.base) else {
-            return;
-        };
-        let Some(k) = xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(tcp)) else {
-            self.blind = true;
-            return;
-        };
-        let ct = (k.taken + held).saturating_sub(base);
-        // A mark for more plaintext at no more ciphertext makes the
-        // earlier ones useless (an exact mark after bounded ones).
-        while self.marks.back().is_some_and(|m| m.1 >= ct) {
-            self.marks.pop_back();
-        }
-        if self.marks.back().is_some_and(|m| m.0 >= self.plain) {
+        if !b.tracking || !exact || b.blind {
             return;
         }
-        self.marks.push_back((self.plain, ct));
-        if self.marks.len() > MAX_MARKS {
-            let thinned = self.marks.iter().copied().skip(1).step_by(2).collect();
-            self.marks = thinned;
+        let offset = match b.offset {
+            Some(o) => o,
+            // With nothing waiting in `c`, the kernel has taken every
+            // byte `c` was given: the difference is the offset.
+            None if !c.waiting() => {
+                match xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(&c.tcp)) {
+                    Some(k) => *b.offset.insert(k.taken.saturating_sub(c.given)),
+                    None => {
+                        b.blind = true;
+                        return;
+                    }
+                }
+            }
+            None => return,
+        };
+        let mark = (b.plain, c.given + offset);
+        if b.marks.back().is_some_and(|m| m.0 >= mark.0) {
+            return;
+        }
+        b.marks.push_back(mark);
+        if b.marks.len() > MAX_MARKS {
+            let thinned = b.marks.iter().copied().skip(1).step_by(2).collect();
+            b.marks = thinned;
         }
     }
 }
@@ -141,27 +233,24 @@ impl Book {
 /// through the [`Ledger`].
 struct TlsProbe {
     tcp: Box<dyn xftp_stripe::Probe>,
-    fd: std::os::fd::OwnedFd,
     ledger: Ledger,
 }
 
 impl xftp_stripe::Probe for TlsProbe {
     fn delivery(&self) -> Option<xftp_stripe::Delivery> {
         let mut d = self.tcp.delivery()?;
-        let k = xftp_stripe::socket_bytes(std::os::fd::AsFd::as_fd(&self.fd))?;
+        // tcpi_bytes_acked: the kernel's count of bytes acknowledged.
+        let acked = d.progress?;
         let mut b = self.ledger.lock();
         if b.blind {
             return None;
         }
-        if let Some(base) = b.base {
-            let acked = k.acked.saturating_sub(base);
-            while let Some(&(plain, ct)) = b.marks.front() {
-                if ct > acked {
-                    break;
-                }
-                b.delivered = plain;
-                b.marks.pop_front();
+        while let Some(&(plain, at)) = b.marks.front() {
+            if at > acked {
+                break;
             }
+            b.delivered = plain;
+            b.marks.pop_front();
         }
         d.outq = b.plain - b.delivered;
         Some(d)
@@ -206,8 +295,8 @@ impl Stream {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             Stream::Plain(s) => s,
-            Stream::Server(s, _) => s.get_ref().0,
-            Stream::Client(s, _) => s.get_ref().0,
+            Stream::Server(s, _) => s.get_ref().0.tcp(),
+            Stream::Client(s, _) => s.get_ref().0.tcp(),
         }
     }
 
@@ -240,7 +329,8 @@ impl Stream {
     /// connections (see [`crate::client::ClientTls`]).
     fn absorb_pending(&mut self) {
         let Stream::Client(s, _) = self else { return };
-        let (tcp, conn) = s.get_mut();
+        let (io, conn) = s.get_mut();
+        let tcp = &io.tcp;
         let mut buf = [0u8; 4096];
         for _ in 0..16 {
             match tcp.try_read(&mut buf) {
@@ -322,7 +412,6 @@ impl xftp_stripe::DataSocket for Stream {
         let tcp = self.tcp();
         let probe = TlsProbe {
             tcp: tcp.probe()?,
-            fd: std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned().ok()?,
             ledger: ledger.clone(),
         };
         let mut b = ledger.lock();
@@ -362,8 +451,14 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Server(s, l) => ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf)),
-            Stream::Client(s, l) => ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf)),
+            Stream::Server(s, l) => {
+                let buf = &buf[..buf.len().min(TLS_WRITE)];
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf))
+            }
+            Stream::Client(s, l) => {
+                let buf = &buf[..buf.len().min(TLS_WRITE)];
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf))
+            }
         }
     }
 
@@ -375,10 +470,12 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Server(s, l) => {
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, bufs))
+                let bufs = at_most(bufs, TLS_WRITE);
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, &bufs))
             }
             Stream::Client(s, l) => {
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, bufs))
+                let bufs = at_most(bufs, TLS_WRITE);
+                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, &bufs))
             }
         }
     }
@@ -394,16 +491,8 @@ impl AsyncWrite for Stream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Server(s, l) => {
-                std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
-                l.flushed(s.get_ref().0);
-                Poll::Ready(Ok(()))
-            }
-            Stream::Client(s, l) => {
-                std::task::ready!(Pin::new(&mut **s).poll_flush(cx))?;
-                l.flushed(s.get_ref().0);
-                Poll::Ready(Ok(()))
-            }
+            Stream::Server(s, _) => Pin::new(s).poll_flush(cx),
+            Stream::Client(s, _) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -420,10 +509,9 @@ impl AsyncWrite for Stream {
 
 /// A TLS stream of either side, as [`ledgered`] needs it.
 trait TlsSide: AsyncWrite + Unpin {
-    fn tcp(&self) -> &TcpStream;
-    /// Hold at most `bytes` of ciphertext not yet written.
-    fn limit_buffer(&mut self, bytes: usize);
-    /// rustls holds ciphertext not yet written to the socket.
+    fn counted(&self) -> &Counted;
+    fn counted_mut(&mut self) -> &mut Counted;
+    /// rustls holds ciphertext not yet handed to [`Counted`].
     fn wants_write(&self) -> bool;
 }
 
@@ -432,11 +520,11 @@ trait TlsSide: AsyncWrite + Unpin {
 macro_rules! tls_side {
     ($($side:ty),*) => {$(
         impl TlsSide for Box<$side> {
-            fn tcp(&self) -> &TcpStream {
+            fn counted(&self) -> &Counted {
                 self.get_ref().0
             }
-            fn limit_buffer(&mut self, bytes: usize) {
-                self.get_mut().1.set_buffer_limit(Some(bytes));
+            fn counted_mut(&mut self) -> &mut Counted {
+                self.get_mut().0
             }
             fn wants_write(&self) -> bool {
                 self.get_ref().1.wants_write()
@@ -446,30 +534,37 @@ macro_rules! tls_side {
 }
 
 tls_side!(
-    tokio_rustls::server::TlsStream<TcpStream>,
-    tokio_rustls::client::TlsStream<TcpStream>
+    tokio_rustls::server::TlsStream<Counted>,
+    tokio_rustls::client::TlsStream<Counted>
 );
 
-/// A plaintext write through TLS, entered in the ledger. The first one
-/// waits until the handshake's last ciphertext is in the kernel (a
-/// flush), so that the ledger's base is exact.
+/// The first slices of `bufs` up to `max` bytes in all.
+fn at_most<'b>(bufs: &'b [io::IoSlice<'_>], max: usize) -> Vec<io::IoSlice<'b>> {
+    let mut left = max;
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if left == 0 {
+            break;
+        }
+        let k = b.len().min(left);
+        out.push(io::IoSlice::new(&b[..k]));
+        left -= k;
+    }
+    out
+}
+
+/// A plaintext write through TLS, entered in the ledger: what waits in
+/// [`Counted`] goes first, so that it holds at most one write's
+/// ciphertext.
 fn ledgered<S: TlsSide>(
     s: &mut S,
     l: &Ledger,
     cx: &mut Context<'_>,
     write: impl FnOnce(&mut S, &mut Context<'_>) -> Poll<io::Result<usize>>,
 ) -> Poll<io::Result<usize>> {
-    let unstarted = {
-        let b = l.lock();
-        b.base.is_none() && !b.blind
-    };
-    if unstarted {
-        std::task::ready!(Pin::new(&mut *s).poll_flush(cx))?;
-        s.limit_buffer(TLS_BUFFER);
-        l.start(s.tcp());
-    }
+    std::task::ready!(s.counted_mut().poll_drain(cx))?;
     let n = std::task::ready!(write(s, cx))?;
-    l.wrote(s.tcp(), n, !s.wants_write());
+    l.wrote(s.counted(), n, !s.wants_write());
     Poll::Ready(Ok(n))
 }
 

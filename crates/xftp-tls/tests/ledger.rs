@@ -92,6 +92,15 @@ async fn check<W: AsyncWrite + DataSocket + Unpin>(mut rd: xftp_tls::Stream, mut
     );
     assert!(delivered > 0, "nothing counted delivered of {written}");
     assert!(d.outq > 0);
+    // And exact to within one write: marks are taken at every write, at
+    // the ciphertext's exact position, so what was acknowledged and not
+    // yet counted is at most the last write's plaintext and the overhead
+    // of TLS records (22-29 bytes per 16 KiB).
+    let overhead = queued / 16384 * 29 + 29;
+    assert!(
+        queued - delivered <= chunk.len() as u64 + overhead,
+        "{delivered} counted delivered, {queued} bytes of ciphertext in the receiver's queue"
+    );
 
     // Read everything: once the last write is flushed and acknowledged,
     // all of it counts.
