@@ -2546,17 +2546,7 @@ impl Client {
                 // In a block of its own: `connects` borrows `set`, whose
                 // connections still opening are `Late` after it.
                 let conns = {
-                    let connects = async {
-                        let mut conns = Vec::with_capacity(set.len());
-                        let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
-                        while let Some(Some(r)) = wait.next(set.join_next()).await {
-                            conns.push(
-                                r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??,
-                            );
-                            wait.got_one();
-                        }
-                        Ok(conns)
-                    };
+                    let connects = early_ones(&mut set, early);
                     // A failed connect must not wait for a reply the server
                     // will only send after its own data timeout; but a server
                     // that refused the command (550 for LIST of a missing
@@ -2600,12 +2590,7 @@ impl Client {
                     let (l, tls) = (listener.clone(), tls.clone());
                     set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
                 }
-                let mut conns = Vec::with_capacity(n);
-                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
-                while let Some(Some(r)) = wait.next(set.join_next()).await {
-                    conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
-                    wait.got_one();
-                }
+                let conns = early_ones(&mut set, early).await?;
                 Ok((conns, Grow::Active(listener), Late::from_set(set)))
             }
             Setup::ListenEach(ls) => {
@@ -2614,18 +2599,12 @@ impl Client {
                 // accepted and secured on its own, started on as in
                 // active mode (the order does not matter: records carry
                 // their offsets).
-                let n = ls.len();
                 let mut set = tokio::task::JoinSet::new();
                 for l in ls {
                     let tls = tls.clone();
                     set.spawn(async move { accept_from(&l, peer, t, tls.as_ref()).await });
                 }
-                let mut conns = Vec::with_capacity(n);
-                let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
-                while let Some(Some(r)) = wait.next(set.join_next()).await {
-                    conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
-                    wait.got_one();
-                }
+                let conns = early_ones(&mut set, early).await?;
                 Ok((conns, Grow::Fixed, Late::from_set(set)))
             }
         }
@@ -2890,6 +2869,23 @@ impl Client {
 /// waits a second (Linux's first retransmission timeout) and joins the
 /// running transfer then. The server waits as long on its side.
 const EARLY_START: Duration = Duration::from_millis(250);
+
+/// The connections of `set` a transfer starts on: the first one ready,
+/// and those ready within [`EARLY_START`] after it (with `early`; else
+/// all of them). The rest stay in `set`, for [`Late`]. The first failure
+/// fails them all.
+async fn early_ones(
+    set: &mut tokio::task::JoinSet<Result<Stream>>,
+    early: bool,
+) -> Result<Vec<Stream>> {
+    let mut conns = Vec::with_capacity(set.len());
+    let mut wait = xftp_stripe::EarlyStart::new(early.then_some(EARLY_START));
+    while let Some(Some(r)) = wait.next(set.join_next()).await {
+        conns.push(r.map_err(|e| ClientError::DataIo(std::io::Error::other(e)))??);
+        wait.got_one();
+    }
+    Ok(conns)
+}
 
 /// Data connections still opening when a transfer starts
 /// ([`Client::start_transfer_early`]).
