@@ -573,3 +573,57 @@ impl std::os::fd::AsFd for Stream {
         self.tcp().as_fd()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Whatever the socket takes at each call, `Counted` takes every byte,
+    /// keeps them in order, and counts them all: the reader gets exactly
+    /// what was given, in order, once it reads.
+    #[tokio::test]
+    async fn counted_keeps_order_and_count_when_the_socket_is_full() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_send_buffer_size(8192).unwrap();
+        let a = sock.connect(l.local_addr().unwrap()).await.unwrap();
+        let (mut b, _) = l.accept().await.unwrap();
+        let mut c = Counted::new(a);
+        // Slices of varied sizes, several per call, far beyond what the
+        // socket and the unread peer hold.
+        let mut want = Vec::new();
+        let mut seed = 7u32;
+        for _ in 0..200 {
+            let mut parts = Vec::new();
+            for _ in 0..3 {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                let len = (seed >> 16) as usize % 9000;
+                parts.push(
+                    (0..len)
+                        .map(|i| (i as u32 ^ seed) as u8)
+                        .collect::<Vec<u8>>(),
+                );
+            }
+            let slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+            let n = std::future::poll_fn(|cx| Pin::new(&mut c).poll_write_vectored(cx, &slices))
+                .await
+                .unwrap();
+            assert_eq!(n, parts.iter().map(Vec::len).sum::<usize>(), "all taken");
+            parts.iter().for_each(|p| want.extend_from_slice(p));
+        }
+        assert_eq!(c.given, want.len() as u64);
+        assert!(c.waiting(), "the socket could not have taken it all");
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        c.shutdown().await.unwrap();
+        assert!(!c.waiting());
+        assert!(
+            reader.await.unwrap() == want,
+            "other bytes or another order"
+        );
+    }
+}
