@@ -204,6 +204,9 @@ pub struct TransferReport {
     /// Payload bytes that arrived twice (the endgame's copies of records
     /// a stuck connection held); not in `bytes`.
     pub received_twice: u64,
+    /// Payload bytes an upload sent twice (its endgame's copies of records
+    /// a stuck connection held); not in `bytes`, in `per_stream_bytes`.
+    pub sent_twice: u64,
 }
 
 impl TransferReport {
@@ -283,6 +286,10 @@ pub struct Client {
     /// The server granted a MULT (an xftp server): the count can be
     /// set for each transfer.
     mult_ok: bool,
+    /// The server accepted `OPTS MULT ENDGAME` (an xftp server): framed
+    /// uploads announce their size with ALLO, and where it answers 200
+    /// they run the endgame.
+    endgame_ok: bool,
     /// The session's count while a small transfer asked the server for
     /// fewer (see `fit_count`): what the next transfer goes back to.
     session_grant: Option<u32>,
@@ -463,6 +470,7 @@ impl Client {
             verify_alg: None,
             mult_refused: None,
             mult_ok: false,
+            endgame_ok: false,
             session_grant: None,
             gridftp: None,
             gridftp_retr_refused: false,
@@ -694,11 +702,12 @@ impl Client {
             }
         }
         if let Some(c) = &login.endgame {
-            // Accepted or not, nothing else changes.
+            // Refused, nothing else changes.
             let r = self.ctl.read_reply().await?;
             if r.is_preliminary() {
                 return Err(unexpected(c, &r));
             }
+            self.endgame_ok = r.is_success();
         }
         if login.feat.is_some() {
             let r = self.ctl.read_reply().await?;
@@ -1023,6 +1032,7 @@ impl Client {
             checksum,
             already,
             received_twice: std::mem::take(&mut self.received_twice),
+            sent_twice: 0,
         })
     }
 
@@ -1380,7 +1390,27 @@ impl Client {
         }
         self.progress_begin(remote, Some(len - already));
         let c_stor = Cmd::with("STOR", remote);
-        self.ctl.send(&[&c_stor]).await?;
+        // The endgame, as for downloads (docs/protocol.md): on a framed
+        // upload to a server that took `OPTS MULT ENDGAME`, ALLO announces
+        // the size, in the same flight as STOR; a 200 says the server
+        // takes copies of records and completes once every byte is in.
+        let framed = self.mode_e || self.granted > 1;
+        let c_allo = (self.endgame_ok && framed && len - already >= UPLOAD_ENDGAME_MIN)
+            .then(|| Cmd::with("ALLO", len.to_string()));
+        match &c_allo {
+            Some(a) => self.ctl.send(&[a, &c_stor]).await?,
+            None => self.ctl.send(&[&c_stor]).await?,
+        }
+        let endgame = match &c_allo {
+            Some(a) => {
+                let r = self.ctl.read_reply().await?;
+                if r.is_preliminary() {
+                    return Err(unexpected(a, &r));
+                }
+                r.code == 200
+            }
+            None => false,
+        };
         // As for a download: an xftp server takes the connections of a
         // framed upload as they come, so the upload starts once most are
         // open (not a static split, whose records are dealt out at the
@@ -1399,7 +1429,11 @@ impl Client {
                 .into_iter()
                 .map(|c| adaptive::wrap(&meters, &dog, Some(&socks), c))
                 .collect();
-            let cfg = xftp_stripe::SendConfig::default();
+            let cfg = xftp_stripe::SendConfig {
+                record_size: upload_record_size(len, have, n),
+                endgame,
+                ..xftp_stripe::SendConfig::default()
+            };
             let tx = match have {
                 Some(h) => xftp_stripe::Sender::file_except(Arc::new(file), len, h, conns, &cfg),
                 None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
@@ -1439,7 +1473,11 @@ impl Client {
             let rep = late
                 .beside(self.adapt(&c_stor, tx.finish(), live, ctlr), add)
                 .await?;
-            rep.streams.iter().map(|s| s.bytes).collect()
+            (
+                rep.streams.iter().map(|s| s.bytes).collect(),
+                rep.bytes,
+                rep.duplicate_bytes,
+            )
         } else if !self.mode_e && n == 1 {
             let mut file = tokio::fs::File::from_std(file);
             let count = self.progress_counter();
@@ -1451,16 +1489,21 @@ impl Client {
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
             self.expect_complete(&c_stor).await?;
-            v
+            let b = v[0];
+            (v, b, 0)
         } else {
-            let v = match self.send_striped(conns, late, file, len, have).await {
+            let v = match self
+                .send_striped(conns, late, file, len, have, endgame)
+                .await
+            {
                 Ok(v) => v,
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
             self.expect_complete(&c_stor).await?;
             v
         };
-        let sent: u64 = per_stream.iter().sum();
+        // The connections' counts hold the endgame's copies.
+        let (per_stream, sent, sent_twice) = per_stream;
         if sent + already != len {
             return Err(ClientError::UploadMismatch {
                 what: "bytes sent",
@@ -1486,6 +1529,7 @@ impl Client {
             checksum: None,
             already: 0,
             received_twice: 0,
+            sent_twice,
         })
     }
 
@@ -2260,6 +2304,7 @@ impl Client {
             checksum,
             already: 0,
             received_twice: std::mem::take(&mut self.received_twice),
+            sent_twice: 0,
         })
     }
 
@@ -2336,10 +2381,9 @@ impl Client {
             Fit::Resume(b) => Some(b),
             Fit::Session => None,
         };
-        let record = match fit {
-            Fit::Upload { .. } => xftp_stripe::DEFAULT_RECORD_SIZE,
-            _ => xftp_stripe::MIN_RECORD_SIZE,
-        };
+        // Both ends cut small files into records this small
+        // (`xftp_stripe::record_size_for`).
+        let record = xftp_stripe::MIN_RECORD_SIZE;
         let framed = matches!(
             fit,
             Fit::Resume(_)
@@ -2829,7 +2873,10 @@ impl Client {
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 
-    /// Multi-stream upload; the engine half-closes every connection at the end.
+    /// Multi-stream upload; the engine half-closes every connection at the
+    /// end (with `endgame`, once every byte is delivered). The bytes sent
+    /// on each connection (the endgame's copies included), the payload
+    /// (each byte once), and the copies.
     async fn send_striped(
         &mut self,
         conns: Vec<Stream>,
@@ -2837,15 +2884,28 @@ impl Client {
         file: std::fs::File,
         len: u64,
         have: Option<&xftp_stripe::ranges::RangeSet>,
-    ) -> Result<Vec<u64>> {
+        endgame: bool,
+    ) -> Result<(Vec<u64>, u64, u64)> {
         let dog = self.watchdog();
-        let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
+        // Each socket's unsent backlog bounded to about one window, as in
+        // the adaptive mode and on the server's sends: records wait in
+        // the engine, for whichever connection is free, not in the queue
+        // of a connection slowed by loss (where the endgame would count
+        // them as held by it).
+        let meters = MeterSet::new();
+        let conns: Vec<_> = conns
+            .into_iter()
+            .map(|c| dog.guard(meters.wrap(c).bound_backlog()))
+            .collect();
+        let n = (conns.len() + late.len()) as u32;
         let cfg = xftp_stripe::SendConfig {
+            record_size: upload_record_size(len, have, n),
             schedule: if self.cfg.static_split {
                 xftp_stripe::Schedule::Static
             } else {
                 xftp_stripe::Schedule::Dynamic
             },
+            endgame,
             ..xftp_stripe::SendConfig::default()
         };
         let sender = match have {
@@ -2855,11 +2915,16 @@ impl Client {
         let ctl = sender.control();
         let report = late
             .beside(sender.finish(), move |s| {
-                ctl.add_connection(dog.guard(s)).is_ok()
+                ctl.add_connection(dog.guard(meters.wrap(s).bound_backlog()))
+                    .is_ok()
             })
             .await
             .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
-        Ok(report.streams.iter().map(|s| s.bytes).collect())
+        Ok((
+            report.streams.iter().map(|s| s.bytes).collect(),
+            report.bytes,
+            report.duplicate_bytes,
+        ))
     }
 }
 
@@ -2985,6 +3050,19 @@ where
         (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
     }
 }
+
+/// Records for an upload of `len` bytes (less `have`, resumed) over `n`
+/// connections: as the server cuts them for a download, small enough that
+/// every connection gets about two.
+fn upload_record_size(len: u64, have: Option<&xftp_stripe::ranges::RangeSet>, n: u32) -> u32 {
+    let left = len - have.map_or(0, |h| h.covered().min(len));
+    xftp_stripe::record_size_for(left, n as usize, xftp_stripe::DEFAULT_RECORD_SIZE)
+}
+
+/// Smallest upload that runs the endgame, as `xftp serve` has it for
+/// downloads: on a smaller file the copies' extra round trip at the end
+/// would cost more than a timeout it saves.
+const UPLOAD_ENDGAME_MIN: u64 = 1 << 20;
 
 /// `XFTP_ENDGAME=off` in the environment: do not ask for the endgame
 /// (for measuring what it does: `bench/run endgame`).

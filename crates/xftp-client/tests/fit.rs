@@ -9,10 +9,8 @@ use xftp_client::{Client, ClientConfig, DataMode};
 mod common;
 use common::{pattern, server, server_with};
 
-/// The smallest record the server cuts (xftp_stripe::MIN_RECORD_SIZE) and
-/// the client's record for uploads (xftp_stripe::DEFAULT_RECORD_SIZE).
+/// The smallest record either end cuts (xftp_stripe::MIN_RECORD_SIZE).
 const MIN_RECORD: usize = 16 * 1024;
-const UP_RECORD: usize = 256 * 1024;
 
 async fn session(port: u16, streams: u32, mode: DataMode) -> Client {
     let cfg = ClientConfig {
@@ -65,8 +63,8 @@ async fn a_small_file_uses_one_connection_per_record_and_the_next_file_all() {
             );
             assert_eq!(c.streams(), 8, "the session's count stays");
         }
-        // Uploads: records of 256 KiB.
-        for (i, (len, conns)) in [(100_000, 1), (2 * UP_RECORD + 1, 3), (4_000_000, 8)]
+        // Uploads: records of 16 KiB at least, as downloads.
+        for (i, (len, conns)) in [(MIN_RECORD, 1), (3 * MIN_RECORD + 1, 4), (4_000_000, 8)]
             .into_iter()
             .enumerate()
         {
@@ -117,7 +115,8 @@ async fn a_resumable_transfer_of_a_small_file_stays_framed() {
     let out = tempfile::tempdir().unwrap();
     std::fs::write(srv.dir.path().join("small"), pattern(1000, 3)).unwrap();
     let src = out.path().join("src");
-    std::fs::write(&src, pattern(100_000, 4)).unwrap();
+    // One record's worth.
+    std::fs::write(&src, pattern(10_000, 4)).unwrap();
     let cfg = ClientConfig {
         streams: 8,
         resume: true,
@@ -129,7 +128,7 @@ async fn a_resumable_transfer_of_a_small_file_stays_framed() {
     assert_eq!(r.per_stream_bytes.len(), 2, "{:?}", r.per_stream_bytes);
     assert_eq!(
         std::fs::read(srv.dir.path().join("up")).unwrap(),
-        pattern(100_000, 4)
+        pattern(10_000, 4)
     );
     let dst = out.path().join("small");
     let r = c.download("small", &dst).await.unwrap();

@@ -127,6 +127,12 @@ pub enum Command {
     /// draft-bryan-ftpext-hash: HASH path — the file's hash in the
     /// algorithm chosen with OPTS HASH.
     Hash(Vec<u8>),
+    /// RFC 959: ALLO size [R record-size] — the size of the file the next
+    /// STOR sends; `None` when the argument is missing or not a byte count
+    /// (ALLO is a hint, so that is no error). xftp's server takes the
+    /// endgame's copies on an upload whose size ALLO announced
+    /// (docs/protocol.md).
+    Allo(Option<u64>),
     /// A verb we do not implement (upper-cased).
     Unknown(String),
 }
@@ -271,6 +277,14 @@ impl Command {
                 arg.ok_or(ProtoError::MissingArgument("CKSM"))?,
             )?),
             "HASH" => Command::Hash(path("HASH")?),
+            "ALLO" => Command::Allo(arg.and_then(|a| {
+                std::str::from_utf8(a)
+                    .ok()?
+                    .split_ascii_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })),
             _ => Command::Unknown(verb),
         })
     }
@@ -484,6 +498,16 @@ mod tests {
         let mut out = Vec::new();
         r.feed(data, &mut out);
         out
+    }
+
+    #[test]
+    fn allo_takes_a_size_and_is_lenient_about_the_rest() {
+        let p = |l: &[u8]| Command::parse(l).unwrap();
+        assert_eq!(p(b"ALLO 1048576"), Command::Allo(Some(1 << 20)));
+        assert_eq!(p(b"allo 10 R 512"), Command::Allo(Some(10)));
+        assert_eq!(p(b"ALLO"), Command::Allo(None));
+        assert_eq!(p(b"ALLO lots"), Command::Allo(None));
+        assert_eq!(p(b"ALLO -1"), Command::Allo(None));
     }
 
     #[test]

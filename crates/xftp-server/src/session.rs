@@ -99,6 +99,7 @@ pub async fn run(
         schedule: Schedule::Dynamic,
         mode_e: false,
         endgame: false,
+        allo: None,
         mult_set: false,
         shutdown,
         stop_upload: None,
@@ -214,6 +215,11 @@ struct Session {
     /// OPTS MULT ENDGAME: the client takes duplicate records, so large
     /// framed sends may use the endgame (stuck records sent again).
     endgame: bool,
+    /// ALLO n from a client that asked for the endgame: the size of the
+    /// next framed STOR, which then takes the endgame's copies of records
+    /// and completes once every byte is in (`Receiver::file_endgame`).
+    /// Taken by the next transfer command.
+    allo: Option<u64>,
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
     shutdown: CancellationToken,
@@ -601,6 +607,18 @@ impl Session {
             Command::Cksm(a) => self.cksm(a).await?,
             Command::Mfmt(t, p) => self.mfmt(t, &p).await?,
             Command::Hash(p) => self.hash(&p).await?,
+            Command::Allo(Some(n)) if self.endgame => {
+                self.allo = Some(n);
+                self.reply(
+                    200,
+                    format!("ALLO {n}: a framed STOR of {n} bytes next takes copies of records (endgame)."),
+                )
+                .await?
+            }
+            Command::Allo(_) => {
+                self.allo = None;
+                self.reply(202, "ALLO not needed.").await?
+            }
             Command::Retr(p) => self.retr(&p).await?,
             Command::Stor(p) => self.store(&p, false).await?,
             Command::Appe(p) => self.store(&p, true).await?,
@@ -675,7 +693,6 @@ impl Session {
             }
             Command::Sbuf(b) => self.set_bufsize(b).await?,
             Command::Unknown(v) => match v.as_str() {
-                "ALLO" => self.reply(202, "ALLO not needed.").await?,
                 "ACCT" | "SMNT" | "REIN" => {
                     self.reply(502, format!("{v} not implemented.")).await?
                 }
@@ -1951,6 +1968,7 @@ impl Session {
     async fn retr(&mut self, arg: &[u8]) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
+        self.allo = None;
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
@@ -2069,7 +2087,7 @@ impl Session {
             // had acknowledged.
             let endgame = self.endgame && len >= ENDGAME_MIN;
             let cfg = SendConfig {
-                record_size: record_size_for(len, n, self.cfg.record_size),
+                record_size: xftp_stripe::record_size_for(len, n, self.cfg.record_size),
                 schedule: self.schedule,
                 keep_open: !endgame,
                 endgame,
@@ -2106,6 +2124,7 @@ impl Session {
     async fn store(&mut self, arg: &[u8], append: bool) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
+        let allo = self.allo.take();
         if let Some(meta) = self.resumable.take() {
             if append || rest > 0 {
                 return self
@@ -2115,7 +2134,7 @@ impl Session {
                     )
                     .await;
             }
-            return self.store_resumable(arg, meta, have).await;
+            return self.store_resumable(arg, meta, have, allo).await;
         }
         if have.is_some() {
             return self
@@ -2141,7 +2160,7 @@ impl Session {
         let Some(target) = self.upload_target(&v, kind != UploadKind::Replace).await? else {
             return Ok(());
         };
-        self.receive(&v, &target, kind, rest).await
+        self.receive(&v, &target, kind, rest, allo).await
     }
 
     /// STOU [base]: a STOR under a name no file has: the base (from the
@@ -2152,6 +2171,7 @@ impl Session {
     async fn store_unique(&mut self, arg: Option<&[u8]>) -> std::io::Result<()> {
         let rest = std::mem::take(&mut self.rest);
         let ranges = self.rest_ranges.take();
+        let allo = self.allo.take();
         if rest > 0 || ranges.is_some() || self.resumable.take().is_some() {
             return self
                 .reply(504, "STOU writes a new file: no REST or SITE RESUMABLE.")
@@ -2184,7 +2204,7 @@ impl Session {
             match std::fs::symlink_metadata(&target) {
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return self.receive(&v, &target, UploadKind::Unique, 0).await;
+                    return self.receive(&v, &target, UploadKind::Unique, 0, allo).await;
                 }
                 Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
             }
@@ -2199,13 +2219,15 @@ impl Session {
         .await
     }
 
-    /// The data of an upload into `target` (`v` as the client names it).
+    /// The data of an upload into `target` (`v` as the client names it;
+    /// `allo`: its size, announced with ALLO for the endgame).
     async fn receive(
         &mut self,
         v: &VPath,
         target: &std::path::Path,
         kind: UploadKind,
         rest: u64,
+        allo: Option<u64>,
     ) -> std::io::Result<()> {
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
@@ -2216,6 +2238,20 @@ impl Session {
                     504,
                     "Framed (MULT > 1 or MODE E) uploads need TYPE I, STOR (or STOU) and no REST.",
                 )
+                .await;
+        }
+        // The client sends copies of the records a stuck connection holds
+        // (its endgame) and may reset that connection: the receiver takes
+        // identical copies and is done once every byte of the announced
+        // size is in. Its connections are not kept for the next transfer.
+        let endgame = allo.filter(|_| framed);
+        if let Some(max) = self
+            .cfg
+            .max_upload_size
+            .filter(|m| endgame.is_some_and(|s| s > *m))
+        {
+            return self
+                .reply(552, format!("Upload larger than the limit of {max} bytes."))
                 .await;
         }
         let reuse = framed && self.can_reuse(n);
@@ -2284,9 +2320,17 @@ impl Session {
         } else {
             let meters = MeterSet::new();
             let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
-            // Read to each connection's EOD and no further: the client
-            // may send the next file on them (data channel caching).
-            let receiver = Receiver::file_kept(Arc::new(file), None, conns);
+            let receiver = match endgame {
+                Some(size) => Receiver::file_endgame(
+                    Arc::new(file),
+                    size,
+                    xftp_stripe::ranges::RangeSet::new(),
+                    conns,
+                ),
+                // Read to each connection's EOD and no further: the client
+                // may send the next file on them (data channel caching).
+                None => Receiver::file_kept(Arc::new(file), None, conns),
+            };
             let ctl = live::Ctl::Recv(receiver.control());
             let mut lv = self.live(meters, ctl, grow, started);
             lv.join_rest(joining, n - started);
@@ -2402,6 +2446,7 @@ impl Session {
         arg: &[u8],
         meta: crate::resumable::Meta,
         have: Option<xftp_stripe::ranges::RangeSet>,
+        allo: Option<u64>,
     ) -> std::io::Result<()> {
         use crate::resumable;
         let Some(v) = self.write_target(arg).await? else {
@@ -2487,7 +2532,13 @@ impl Session {
         let meters = MeterSet::new();
         let conns: Vec<_> = conns.into_iter().map(|c| meters.wrap(c)).collect();
         let dst: Arc<dyn xftp_stripe::WriteAt> = rec.clone();
-        let receiver = Receiver::file_resume(dst, Some(meta.size), have, conns);
+        // With ALLO of the whole size, the client's endgame (see `receive`);
+        // the copies are checked against the partial's bytes.
+        let receiver = if allo == Some(meta.size) {
+            Receiver::file_endgame(dst, meta.size, have, conns)
+        } else {
+            Receiver::file_resume(dst, Some(meta.size), have, conns)
+        };
         let ctl = live::Ctl::Recv(receiver.control());
         let mut lv = self.live(meters, ctl, grow, started);
         lv.join_rest(joining, n - started);
@@ -2639,9 +2690,6 @@ impl Session {
     }
 }
 
-/// See [`record_size_for`].
-const GROWTH_ROOM: usize = 8;
-
 /// Entries a listing leaves out, counted so that its final reply can say
 /// so (docs/protocol.md, "Listings"): a client copying a tree learns that
 /// its copy lacks them.
@@ -2694,19 +2742,6 @@ const EARLY_START: Duration = Duration::from_millis(250);
 /// with the file's last records on it) and 7.8-11.2 s with it; a single
 /// file on clean paths paid nothing measurable (docs/tuning.md).
 const ENDGAME_MIN: u64 = 1 << 20;
-
-/// Record size for sending `len` bytes over `n` connections: the
-/// configured size, but small enough that every connection gets about two
-/// records (a 1 MB file over 16 connections would otherwise use only 4 of
-/// them), and never under 16 KiB, where headers and wake-ups start to cost.
-/// At least [`GROWTH_ROOM`] connections are assumed: a client choosing its
-/// count as it goes (`-p auto`) may raise it, and connections it adds
-/// help only while records are left to hand out.
-fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
-    let min = u64::from(xftp_stripe::MIN_RECORD_SIZE);
-    let per = len / (2 * n.max(GROWTH_ROOM) as u64);
-    per.clamp(min, u64::from(configured).max(min)) as u32
-}
 
 /// Uploads in progress (see `Upload`) are not listed.
 fn is_part_file(name: &[u8]) -> bool {
@@ -2783,20 +2818,4 @@ fn listing(
         push(name, &md);
     }
     Ok((out, unlisted))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_size_shrinks_for_small_files() {
-        assert_eq!(record_size_for(1 << 30, 4, 256 * 1024), 256 * 1024);
-        // Room for a client that grows to 8 connections.
-        assert_eq!(record_size_for(2 << 20, 4, 256 * 1024), 128 * 1024);
-        assert_eq!(record_size_for(2 << 20, 1, 256 * 1024), 128 * 1024);
-        assert_eq!(record_size_for(1_000_000, 16, 256 * 1024), 31_250);
-        assert_eq!(record_size_for(1000, 16, 256 * 1024), 16 * 1024);
-        assert_eq!(record_size_for(0, 0, 4096), 16 * 1024);
-    }
 }

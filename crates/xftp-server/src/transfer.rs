@@ -309,7 +309,10 @@ impl Upload {
                     temp.extend_from_slice(name);
                     temp.extend_from_slice(format!(".xftp-part-{tag:016x}").as_bytes());
                     let temp = dir.join(OsStr::from_bytes(&temp));
+                    // Readable too: a framed upload in the endgame reads
+                    // back the first copy of a range to compare a second.
                     match OpenOptions::new()
+                        .read(true)
                         .write(true)
                         .create_new(true)
                         .mode(keep.unwrap_or(0o644))
@@ -354,7 +357,9 @@ impl Upload {
             }
             UploadKind::Unique => {
                 // O_EXCL: fails on any existing name, a link included.
+                // Readable for the endgame, as above.
                 let f = OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(true)
                     .mode(0o644)

@@ -490,6 +490,94 @@ async fn a_large_file_after_opts_mult_endgame_reaches_an_endgame_receiver() {
     assert_eq!(rep.duplicate_bytes, 0, "nothing was stuck on loopback");
 }
 
+/// A MODE E block of `data[off..end]`.
+fn block_of(data: &[u8], off: usize, end: usize) -> Vec<u8> {
+    let h = xftp_stripe::block::BlockHeader::data(off as u64, (end - off) as u64);
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(&data[off..end]);
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_announced_with_allo_completes_past_a_stuck_connection() {
+    // A client in its endgame (ALLO after OPTS MULT ENDGAME) sends the
+    // records a stuck connection holds again on the others, and never
+    // ends that connection: the server stores the first copy of a range,
+    // checks the others against it, and completes once every byte of the
+    // announced size is in, with the stuck connection still open.
+    let srv = start(|_| {}).await;
+    let data = pattern(3 * 1024 * 1024 + 77, 31);
+    let len = data.len() as u64;
+    let mut c = Ctl::login(srv.addr).await;
+    // Nothing asked for: ALLO is superfluous, as RFC 959 allows.
+    c.cmd("ALLO 5", 202).await;
+    c.cmd("OPTS MULT ENDGAME", 200).await;
+    c.cmd("MULT 4", 200).await;
+    let mut conns = c.epsv_connect(4).await;
+    c.cmd(&format!("ALLO {len}"), 200).await;
+    c.cmd("STOR up", 150).await;
+    const R: usize = 256 * 1024;
+    // Connection 3 takes the first record and stalls in its middle.
+    let first = block_of(&data, 0, R);
+    conns[3].write_all(&first[..first.len() / 2]).await.unwrap();
+    // The others send every record, and the second one twice.
+    for (i, off) in (0..data.len()).step_by(R).enumerate() {
+        let b = block_of(&data, off, (off + R).min(data.len()));
+        conns[i % 3].write_all(&b).await.unwrap();
+        if i == 1 {
+            conns[2].write_all(&b).await.unwrap();
+        }
+    }
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), c.read_reply())
+        .await
+        .expect("the upload completes without the stuck connection")
+        .expect("control connection open");
+    assert_eq!(r.code, 226, "{r}");
+    assert!(std::fs::read(srv.dir.path().join("up")).unwrap() == data);
+    // The session goes on; the next ALLO needs asking again.
+    c.cmd("NOOP", 200).await;
+    drop(conns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_in_the_endgame_refuses_a_copy_that_differs() {
+    let srv = start(|_| {}).await;
+    let data = pattern(2 * 1024 * 1024 + 5, 32);
+    let len = data.len();
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("OPTS MULT ENDGAME", 200).await;
+    c.cmd("MULT 2", 200).await;
+    let mut conns = c.epsv_connect(2).await;
+    c.cmd(&format!("ALLO {len}"), 200).await;
+    c.cmd("STOR up", 150).await;
+    const R: usize = 256 * 1024;
+    // Every record but the last, the first one twice, the copy changed.
+    let first = block_of(&data, 0, R);
+    let mut bad = first.clone();
+    bad[xftp_stripe::block::HEADER_LEN + 100] ^= 1;
+    conns[0].write_all(&first).await.unwrap();
+    conns[1].write_all(&bad).await.unwrap();
+    let last = (len - 1) / R * R;
+    for off in (R..last).step_by(R) {
+        conns[0]
+            .write_all(&block_of(&data, off, off + R))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The last record: every byte is in now, one range in two versions.
+    let _ = conns[0].write_all(&block_of(&data, last, len)).await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), c.read_reply())
+        .await
+        .expect("a reply")
+        .expect("control connection open");
+    assert!(r.code >= 400, "two versions of one range were taken: {r}");
+    assert!(
+        !srv.dir.path().join("up").exists(),
+        "a file that is not what was sent was stored"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_does_not_wait_for_a_connection_that_is_late() {
     // MULT 4 granted, three connections open (the fourth's SYN lost, say):

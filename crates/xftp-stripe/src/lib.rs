@@ -78,6 +78,24 @@ pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
 /// headers and wake-ups start to cost).
 pub const MIN_RECORD_SIZE: u32 = 16 * 1024;
 
+/// Record size for sending `len` bytes over `n` connections: the
+/// configured size, but small enough that every connection gets about two
+/// records (a 1 MB file over 16 connections would otherwise use only 4 of
+/// them, and a 2 MiB file over 8 would give each connection one record,
+/// nothing left to balance, and a whole quarter MiB for the endgame to
+/// copy when one sits in a timeout), and never under [`MIN_RECORD_SIZE`].
+/// At least [`GROWTH_ROOM`] connections are assumed: a count chosen as
+/// the transfer goes (`-p auto`) may rise, and connections added help only
+/// while records are left to hand out. Used by both ends' senders.
+pub fn record_size_for(len: u64, n: usize, configured: u32) -> u32 {
+    let min = u64::from(MIN_RECORD_SIZE);
+    let per = len / (2 * n.max(GROWTH_ROOM) as u64);
+    per.clamp(min, u64::from(configured).max(min)) as u32
+}
+
+/// See [`record_size_for`].
+const GROWTH_ROOM: usize = 8;
+
 /// How many connections a transfer of `bytes` can keep busy when its
 /// records are at least `record` bytes (the last one shorter): one per
 /// record, and one for an empty file. A connection beyond that is sent
@@ -212,6 +230,15 @@ pub enum StripeError {
         /// Received size.
         got: u64,
     },
+    /// A block reaches past the size announced for a receiver that takes
+    /// copies (the endgame's): more bytes than the file has.
+    #[error("a block ends at byte {end}, past the announced size of {size}")]
+    PastSize {
+        /// End of the block.
+        end: u64,
+        /// Announced size.
+        size: u64,
+    },
     /// A block is larger than this receiver accepts.
     #[error("block of {count} bytes exceeds the limit of {max}")]
     BlockTooLarge {
@@ -274,6 +301,17 @@ impl StripeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_size_shrinks_for_small_files() {
+        assert_eq!(record_size_for(1 << 30, 4, 256 * 1024), 256 * 1024);
+        // Room for a count that grows to 8 connections.
+        assert_eq!(record_size_for(2 << 20, 4, 256 * 1024), 128 * 1024);
+        assert_eq!(record_size_for(2 << 20, 1, 256 * 1024), 128 * 1024);
+        assert_eq!(record_size_for(1_000_000, 16, 256 * 1024), 31_250);
+        assert_eq!(record_size_for(1000, 16, 256 * 1024), 16 * 1024);
+        assert_eq!(record_size_for(0, 0, 4096), 16 * 1024);
+    }
 
     #[test]
     fn one_connection_per_record_and_one_for_nothing() {

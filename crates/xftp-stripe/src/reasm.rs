@@ -158,8 +158,15 @@ impl Reassembly {
                 max: MAX_RECORD,
             });
         } else if h.count > 0 {
-            if self.dup.is_some() {
-                // A copy: checked against the first when stored.
+            if let Some(dup) = &self.dup {
+                // The size is known: nothing past it is taken (a copy
+                // is checked against the first when stored).
+                if h.end() > dup.size {
+                    return Err(StripeError::PastSize {
+                        end: h.end(),
+                        size: dup.size,
+                    });
+                }
                 self.ranges.union(h.offset, h.end());
             } else {
                 self.ranges
@@ -383,6 +390,22 @@ pub fn fuzz_reassembly(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_receiver_that_takes_copies_takes_nothing_past_the_size() {
+        let mut r = Reassembly::new();
+        r.take_duplicates(100);
+        let c = r.add_conn();
+        assert!(r.on_header(c, &BlockHeader::data(0, 100)).is_ok());
+        assert!(r.on_header(c, &BlockHeader::data(50, 50)).is_ok());
+        assert_eq!(
+            r.on_header(c, &BlockHeader::data(90, 11)).unwrap_err(),
+            StripeError::PastSize {
+                end: 101,
+                size: 100
+            }
+        );
+    }
 
     #[test]
     fn fuzz_entry_survives_random_operations() {

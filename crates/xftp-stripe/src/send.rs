@@ -132,8 +132,13 @@ struct EndgameState {
     /// Per connection: to be reset, its records delivered by others.
     abort: Vec<bool>,
     last_observed: Option<std::time::Instant>,
-    /// Payload bytes sent again, for the report.
+    /// Payload bytes sent again (whole copies), for the report.
     resent: u64,
+    /// Payload bytes to deliver (the file less what the receiver has):
+    /// the report's total once the transfer is over, each byte once. The
+    /// connections' counts cannot give it: they hold the copies, but not
+    /// a record a stuck connection was reset in the middle of.
+    payload: u64,
 }
 
 impl EndgameState {
@@ -232,6 +237,7 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             abort: Vec::new(),
             last_observed: None,
             resent: 0,
+            payload: len - have.covered().min(len),
         })
     }
 
@@ -545,8 +551,14 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
                 if resent > 0 {
                     tracing::debug!(bytes = resent, "endgame: bytes sent again");
                 }
+                // Over: every record was written whole (the EOF went out)
+                // or every byte was acknowledged.
+                let bytes = match &st.endgame {
+                    Some(e) => e.payload,
+                    None => streams.iter().map(|s| s.bytes).sum(),
+                };
                 break Ok(TransferReport {
-                    bytes: streams.iter().map(|s| s.bytes).sum(),
+                    bytes,
                     duplicate_bytes: resent,
                     streams,
                 });
@@ -750,9 +762,9 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
                     Some(b) => {
                         let hdr = BlockHeader::data(offset, len).encode();
                         write_block(s, &hdr, &b).await.map_err(ioerr)?;
-                        sent(sh, idx, len);
+                        sent(sh, idx, len, false);
                     }
-                    None => buf = send_file_record(s, sh, idx, buf, offset, len).await?,
+                    None => buf = send_file_record(s, sh, idx, buf, offset, len, false).await?,
                 }
                 // Records are read in place now: a connection whose socket
                 // takes everything at once (loopback, large buffers) would
@@ -781,7 +793,8 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
 }
 
 /// Send the record `[offset, offset + len)` of the source file on
-/// connection `idx`, with its books; returns `buf` for reuse.
+/// connection `idx`, with its books (`copy`: the endgame's); returns
+/// `buf` for reuse.
 async fn send_file_record<S: AsyncWrite + DataSocket + Unpin>(
     s: &mut S,
     sh: &Arc<Shared>,
@@ -789,6 +802,7 @@ async fn send_file_record<S: AsyncWrite + DataSocket + Unpin>(
     buf: Vec<u8>,
     offset: u64,
     len: u64,
+    copy: bool,
 ) -> Result<Vec<u8>, StripeError> {
     let hdr = BlockHeader::data(offset, len).encode();
     queued(sh, idx, hdr.len() as u64 + len, Some((offset, len)));
@@ -802,15 +816,19 @@ async fn send_file_record<S: AsyncWrite + DataSocket + Unpin>(
             RecordError::Net(e) => StripeError::io(Some(idx), &e),
             RecordError::Source(e) => e,
         })?;
-    sent(sh, idx, len);
+    sent(sh, idx, len, copy);
     Ok(buf)
 }
 
-/// A record of `len` payload bytes went out on `idx`.
-fn sent(sh: &Shared, idx: usize, len: u64) {
+/// A record of `len` payload bytes went out on `idx` (`copy`: one of the
+/// endgame's).
+fn sent(sh: &Shared, idx: usize, len: u64, copy: bool) {
     let mut st = sh.lock();
     if let Some(e) = st.endgame.as_mut() {
         e.books.written(idx, crate::block::HEADER_LEN as u64 + len);
+        if copy {
+            e.resent += len;
+        }
     }
     if let Some(stat) = st.stats.get_mut(idx) {
         stat.bytes += len;
@@ -965,18 +983,16 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
             // add copies while the others still have new records to send
             // (on a lossy path some connection is nearly always in a
             // timeout, and those copies took half the link).
-            let c = if sched.exhausted() {
+            if sched.exhausted() {
                 e.books.claim(idx)
             } else {
                 None
-            };
-            if let Some((_, len)) = c {
-                e.resent += len;
             }
-            c
         };
         match claim {
-            Some((offset, len)) => buf = send_file_record(s, sh, idx, buf, offset, len).await?,
+            Some((offset, len)) => {
+                buf = send_file_record(s, sh, idx, buf, offset, len, true).await?;
+            }
             None => tokio::time::sleep(ENDGAME_POLL).await,
         }
     }

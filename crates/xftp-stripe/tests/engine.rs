@@ -1199,6 +1199,9 @@ async fn the_endgame_delivers_a_stuck_connections_records_through_the_others() {
         let r = r.unwrap();
         assert!(dst.to_vec() == data, "content, stuck after {stuck_after}");
         assert_eq!(r.bytes, len, "each byte counted once");
+        assert_eq!(s.bytes, len, "each byte counted once by the sender");
+        // Whole records per connection: the copies, not a record cut short.
+        assert!(s.streams.iter().map(|c| c.bytes).sum::<u64>() >= len);
         // The sender sent again what the stuck one held, and only that
         // (a 64 KiB pipe holds less than a record).
         assert!(s.duplicate_bytes > 0, "nothing sent again");

@@ -589,6 +589,7 @@ impl Client {
                         checksum: None,
                         already: 0,
                         received_twice: 0,
+                        sent_twice: 0,
                     }),
                 }
             });

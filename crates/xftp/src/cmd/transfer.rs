@@ -353,6 +353,11 @@ struct Summary {
     /// `bytes`).
     #[serde(skip_serializing_if = "is_zero")]
     bytes_received_twice: u64,
+    /// Payload bytes an upload sent twice: its endgame's copies of
+    /// records a stuck connection held (not in `bytes`; in
+    /// `per_stream_bytes`).
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes_sent_twice: u64,
     /// `--verify`: the algorithm both ends used.
     #[serde(skip_serializing_if = "Option::is_none")]
     checksum_algorithm: Option<String>,
@@ -389,6 +394,7 @@ impl Summary {
             tls_cipher: None,
             bytes_already_present: r.already,
             bytes_received_twice: r.received_twice,
+            bytes_sent_twice: r.sent_twice,
             checksum_algorithm: r.checksum.as_ref().map(|c| c.algorithm.to_string()),
             checksum: r.checksum.as_ref().map(|c| c.value.clone()),
             error: None,
@@ -423,6 +429,7 @@ impl Summary {
             tls_cipher: None,
             bytes_already_present: 0,
             bytes_received_twice: 0,
+            bytes_sent_twice: 0,
             checksum_algorithm: None,
             checksum: None,
             error: Some(msg),
@@ -654,6 +661,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             checksum: None,
             already: 0,
             received_twice: 0,
+            sent_twice: 0,
         };
         let mut s = Summary::ok(&r, start.elapsed()).with_tls(tls);
         if json {
@@ -1232,6 +1240,7 @@ mod tests {
             }),
             already: 0,
             received_twice: 0,
+            sent_twice: 0,
         };
         let v: serde_json::Value =
             serde_json::to_value(Summary::ok(&r, Duration::from_secs(3))).unwrap();

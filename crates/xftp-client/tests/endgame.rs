@@ -1,0 +1,118 @@
+//! An upload's endgame: against a scripted server that takes the endgame
+//! (`OPTS MULT ENDGAME`, `ALLO` answered 200) and never reads one of the
+//! four connections, as if it sat in a retransmission timeout for good.
+//! The client sends that connection's records again on the others, the
+//! server completes once every byte is in, and the client resets the
+//! stuck connection instead of waiting on it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpSocket};
+use xftp_client::{Client, ClientConfig, DataMode};
+use xftp_stripe::{MemFile, Receiver};
+
+mod common;
+use common::pattern;
+
+/// Answers what `upload` sends; STOR's data arrives on four connections
+/// to the client's EPRT port, of which the last is never read.
+async fn scripted_server(l: TcpListener, got: Arc<Mutex<Option<Vec<u8>>>>) {
+    let (s, _) = l.accept().await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut lines = BufReader::new(r).lines();
+    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut port = None;
+    let mut allo = None;
+    let mut stuck = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut words = line.split_ascii_whitespace();
+        let verb = words.next().unwrap_or("").to_ascii_uppercase();
+        let reply = match verb.as_str() {
+            "USER" => "331 go on".to_string(),
+            "PASS" => "230 in".into(),
+            "MULT" => "200 MULT 4 granted (server maximum 4).".into(),
+            "EPRT" => {
+                port = line.split('|').nth(3).and_then(|p| p.parse::<u16>().ok());
+                "200 ok".into()
+            }
+            "ALLO" => {
+                allo = words.next().and_then(|n| n.parse::<u64>().ok());
+                "200 ALLO: copies taken".into()
+            }
+            "SIZE" => match got.lock().unwrap().as_ref() {
+                Some(d) => format!("213 {}", d.len()),
+                None => "550 no such file".into(),
+            },
+            "STOR" => {
+                w.write_all(b"150 send it\r\n").await.unwrap();
+                let size = allo.take().expect("ALLO before STOR");
+                let p = port.expect("EPRT before STOR");
+                let mut conns = Vec::new();
+                for i in 0..4 {
+                    let s = TcpSocket::new_v4().unwrap();
+                    if i == 3 {
+                        // Its window closes after a few KiB: nothing of
+                        // a record is acknowledged whole.
+                        s.set_recv_buffer_size(4096).unwrap();
+                    }
+                    conns.push(s.connect(([127, 0, 0, 1], p).into()).await.unwrap());
+                }
+                stuck = conns.pop();
+                let dst = Arc::new(MemFile::default());
+                Receiver::file_endgame(dst.clone(), size, Default::default(), conns)
+                    .finish()
+                    .await
+                    .unwrap();
+                *got.lock().unwrap() = Some(dst.to_vec());
+                "226 done".into()
+            }
+            "QUIT" => {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            }
+            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
+            _ => "502 not here".into(),
+        };
+        w.write_all(format!("{reply}\r\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_sends_a_stuck_connections_records_again_on_the_others() {
+    let data = pattern(6 * 1024 * 1024 + 11, 9);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got = Arc::new(Mutex::new(None));
+    let server = tokio::spawn(scripted_server(l, got.clone()));
+    let cfg = ClientConfig {
+        streams: 4,
+        data_mode: DataMode::Active,
+        ..ClientConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    std::fs::write(&src, &data).unwrap();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    // Without the endgame the upload waits on the stuck connection for
+    // good (the data timeout, a minute, then fails).
+    let r = tokio::time::timeout(Duration::from_secs(30), c.upload(&src, "f"))
+        .await
+        .expect("the upload ends without the stuck connection")
+        .unwrap();
+    assert_eq!(r.bytes, data.len() as u64);
+    assert!(r.sent_twice > 0, "nothing sent again");
+    // Whole records per connection: with the copies, every byte at least.
+    assert!(r.per_stream_bytes.iter().sum::<u64>() >= r.bytes, "{r:?}");
+    assert!(
+        got.lock().unwrap().as_deref() == Some(&data[..]),
+        "the server received other bytes"
+    );
+    c.quit().await;
+    server.abort();
+}
