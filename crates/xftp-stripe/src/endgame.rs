@@ -56,21 +56,27 @@ struct Book {
     progress: Option<u64>,
 }
 
-/// What the kernel says of one connection (see `sock::delivery`).
+/// What the kernel says of one sending connection: what it has
+/// delivered ([`crate::Probe::delivery`], re-exported as
+/// [`crate::Delivery`]), and what the books are told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
-    /// Bytes written and not yet acknowledged by the peer.
+    /// Bytes written to the socket and not yet acknowledged by the peer
+    /// (sent or not).
     pub outq: u64,
-    /// In a retransmission timeout or backing off after one.
+    /// In loss recovery by retransmission timeout, or backing off after
+    /// one: the bytes it holds wait a timeout at least.
     pub timed_out: bool,
     /// The connection's retransmission timeout.
     pub rto: Duration,
-    /// The connection has retransmitted (see `Books::lossy`).
+    /// The connection has retransmitted at least once: loss is about, and
+    /// with it the timeouts the endgame is for (see `Books::lossy`).
     pub lossy: bool,
-    /// A count that grows whenever the peer acknowledges anything, in any
-    /// unit (see `sock::Delivery::progress`): acknowledgements that do
-    /// not yet show in `outq` (a TLS stream's, counted in steps) still
-    /// keep the connection from looking silent.
+    /// A count that grows whenever the peer acknowledges anything on the
+    /// connection, in the socket's own units (`tcpi_bytes_acked`:
+    /// ciphertext under TLS, where `outq` counts plaintext and moves only
+    /// in steps). It tells a connection that makes progress from one that
+    /// waits, not what was delivered; `None`: only `outq` tells.
     pub progress: Option<u64>,
 }
 

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::block::BlockHeader;
 use crate::driver::{admit_or_reap, Tasks};
-use crate::endgame::{Books, Observed};
+use crate::endgame::Books;
 use crate::sched::{Next, Schedule, Scheduler};
 use crate::{DataSocket, ReadAt, StreamStats, StripeError, TransferReport, DEFAULT_RECORD_SIZE};
 
@@ -1023,14 +1023,7 @@ fn observe(sh: &Shared, all: bool) {
         let Some(d) = e.probes[i].as_ref().and_then(|p| p.delivery()) else {
             continue;
         };
-        let o = Observed {
-            outq: d.outq,
-            timed_out: d.timed_out,
-            rto: d.rto,
-            lossy: d.lossy,
-            progress: d.progress,
-        };
-        e.books.observe(i, o, at);
+        e.books.observe(i, d, at);
     }
 }
 

@@ -296,27 +296,10 @@ pub(crate) enum SentFrom {
     FileEnded(u64),
 }
 
-/// What a sending connection has delivered ([`Probe::delivery`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Delivery {
-    /// Bytes written to the socket and not yet acknowledged by the peer
-    /// (sent or not).
-    pub outq: u64,
-    /// In loss recovery by retransmission timeout, or backing off after
-    /// one: the bytes it holds wait a timeout at least.
-    pub timed_out: bool,
-    /// The retransmission timeout.
-    pub rto: std::time::Duration,
-    /// The connection has retransmitted at least once: loss is about, and
-    /// with it the timeouts the endgame is for.
-    pub lossy: bool,
-    /// A count that grows whenever the peer acknowledges anything on the
-    /// connection, in the socket's own units (`tcpi_bytes_acked`:
-    /// ciphertext under TLS, where `outq` counts plaintext and moves only
-    /// in steps). It tells a connection that makes progress from one that
-    /// waits, not what was delivered; `None`: only `outq` tells.
-    pub progress: Option<u64>,
-}
+/// What a sending connection has delivered ([`Probe::delivery`]): the
+/// endgame's [`Observed`](crate::endgame::Observed), under the name the
+/// socket side gives it.
+pub use crate::endgame::Observed as Delivery;
 
 /// What the kernel has taken from the application on a TCP socket, and
 /// how much of it the peer acknowledged ([`socket_bytes`]).
