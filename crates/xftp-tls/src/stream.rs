@@ -451,14 +451,8 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Server(s, l) => {
-                let buf = &buf[..buf.len().min(TLS_WRITE)];
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf))
-            }
-            Stream::Client(s, l) => {
-                let buf = &buf[..buf.len().min(TLS_WRITE)];
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf))
-            }
+            Stream::Server(s, l) => tls_write(s, l, cx, buf),
+            Stream::Client(s, l) => tls_write(s, l, cx, buf),
         }
     }
 
@@ -469,14 +463,8 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Server(s, l) => {
-                let bufs = at_most(bufs, TLS_WRITE);
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, &bufs))
-            }
-            Stream::Client(s, l) => {
-                let bufs = at_most(bufs, TLS_WRITE);
-                ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, &bufs))
-            }
+            Stream::Server(s, l) => tls_write_vectored(s, l, cx, bufs),
+            Stream::Client(s, l) => tls_write_vectored(s, l, cx, bufs),
         }
     }
 
@@ -551,6 +539,28 @@ fn at_most<'b>(bufs: &'b [io::IoSlice<'_>], max: usize) -> Vec<io::IoSlice<'b>> 
         left -= k;
     }
     out
+}
+
+/// A write through TLS of at most [`TLS_WRITE`] bytes of `buf`.
+fn tls_write<S: TlsSide>(
+    s: &mut S,
+    l: &Ledger,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    let buf = &buf[..buf.len().min(TLS_WRITE)];
+    ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write(cx, buf))
+}
+
+/// A vectored write through TLS of at most [`TLS_WRITE`] bytes of `bufs`.
+fn tls_write_vectored<S: TlsSide>(
+    s: &mut S,
+    l: &Ledger,
+    cx: &mut Context<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    let bufs = at_most(bufs, TLS_WRITE);
+    ledgered(s, l, cx, |s, cx| Pin::new(s).poll_write_vectored(cx, &bufs))
 }
 
 /// A plaintext write through TLS, entered in the ledger: what waits in
