@@ -499,8 +499,17 @@ impl Client {
                 continue;
             };
             let dog = self.watchdog();
-            let cs: Vec<_> = cs.into_iter().map(|s| dog.guard(s)).collect();
+            // As a single upload: each socket's unsent backlog bounded to
+            // about a window, and a small file cut so that every
+            // connection gets records (`Client::send_striped`).
+            let meters = xftp_tune::meter::MeterSet::new();
+            let n = cs.len();
+            let cs: Vec<_> = cs
+                .into_iter()
+                .map(|s| dog.guard(meters.wrap(s).bound_backlog()))
+                .collect();
             let cfg = xftp_stripe::SendConfig {
+                record_size: xftp_stripe::record_size_for(len, n, xftp_stripe::DEFAULT_RECORD_SIZE),
                 keep_open: true,
                 ..xftp_stripe::SendConfig::default()
             };
@@ -528,7 +537,11 @@ impl Client {
                     continue;
                 }
             };
-            conns = Some(back.into_iter().map(|g| g.into_inner()).collect());
+            conns = Some(
+                back.into_iter()
+                    .map(|g| g.into_inner().into_inner())
+                    .collect(),
+            );
             // The follow-ups of this file and the next file's STOR, in one
             // write: the server reads them after this upload's 226.
             let after = After {
