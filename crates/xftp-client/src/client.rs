@@ -1397,10 +1397,9 @@ impl Client {
         let framed = self.mode_e || self.granted > 1;
         let c_allo = (self.endgame_ok && framed && len - already >= UPLOAD_ENDGAME_MIN)
             .then(|| Cmd::with("ALLO", len.to_string()));
-        match &c_allo {
-            Some(a) => self.ctl.send(&[a, &c_stor]).await?,
-            None => self.ctl.send(&[&c_stor]).await?,
-        }
+        let mut flight: Vec<&Cmd> = c_allo.iter().collect();
+        flight.push(&c_stor);
+        self.ctl.send(&flight).await?;
         let endgame = match &c_allo {
             Some(a) => {
                 let r = self.ctl.read_reply().await?;
@@ -2887,15 +2886,10 @@ impl Client {
         endgame: bool,
     ) -> Result<(Vec<u64>, u64, u64)> {
         let dog = self.watchdog();
-        // Each socket's unsent backlog bounded to about one window, as in
-        // the adaptive mode and on the server's sends: records wait in
-        // the engine, for whichever connection is free, not in the queue
-        // of a connection slowed by loss (where the endgame would count
-        // them as held by it).
         let meters = MeterSet::new();
         let conns: Vec<_> = conns
             .into_iter()
-            .map(|c| dog.guard(meters.wrap(c).bound_backlog()))
+            .map(|c| adaptive::sending(&meters, &dog, c))
             .collect();
         let n = (conns.len() + late.len()) as u32;
         let cfg = xftp_stripe::SendConfig {
@@ -2915,7 +2909,7 @@ impl Client {
         let ctl = sender.control();
         let report = late
             .beside(sender.finish(), move |s| {
-                ctl.add_connection(dog.guard(meters.wrap(s).bound_backlog()))
+                ctl.add_connection(adaptive::sending(&meters, &dog, s))
                     .is_ok()
             })
             .await

@@ -171,10 +171,18 @@ pub(crate) fn wrap(
     match socks {
         Some(k) => {
             k.keep(&s);
-            dog.guard(meters.wrap(s).bound_backlog())
+            sending(meters, dog, s)
         }
         None => dog.guard(meters.wrap(s)),
     }
+}
+
+/// Meter and guard one sending connection, its unsent backlog bounded to
+/// about one window: records wait in the engine for whichever connection
+/// is free, not in the queue of one slowed by loss (where the endgame
+/// would count them as held by it). Every framed send of the client.
+pub(crate) fn sending(meters: &MeterSet, dog: &Arc<Watchdog>, s: Stream) -> Conn {
+    dog.guard(meters.wrap(s).bound_backlog())
 }
 
 /// A running adaptive transfer.

@@ -499,14 +499,14 @@ impl Client {
                 continue;
             };
             let dog = self.watchdog();
-            // As a single upload: each socket's unsent backlog bounded to
-            // about a window, and a small file cut so that every
-            // connection gets records (`Client::send_striped`).
+            // As a single upload (`Client::send_striped`): the backlog
+            // bounded, a small file cut so that every connection gets
+            // records.
             let meters = xftp_tune::meter::MeterSet::new();
             let n = cs.len();
             let cs: Vec<_> = cs
                 .into_iter()
-                .map(|s| dog.guard(meters.wrap(s).bound_backlog()))
+                .map(|s| super::adaptive::sending(&meters, &dog, s))
                 .collect();
             let cfg = xftp_stripe::SendConfig {
                 record_size: xftp_stripe::record_size_for(len, n, xftp_stripe::DEFAULT_RECORD_SIZE),
