@@ -276,6 +276,9 @@ pub struct Client {
     inline_digest: Option<(xftp_proto::cksum::Digest, u64)>,
     /// The last striped receive's copies (`TransferReport::received_twice`).
     received_twice: u64,
+    /// A failed exchange left replies unread that did not come in time:
+    /// the next reply read may not be the next command's.
+    out_of_step: bool,
     /// Entries the server's listings said they left out, since the last
     /// [`Client::take_unlisted`].
     unlisted: usize,
@@ -466,6 +469,7 @@ impl Client {
             last_controller: None,
             inline_digest: None,
             received_twice: 0,
+            out_of_step: false,
             unlisted: 0,
             verify_alg: None,
             mult_refused: None,
@@ -787,6 +791,13 @@ impl Client {
     /// With [`ClientConfig::resume`], the download is resumable instead:
     /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+        match self.download_inner(remote, local).await {
+            Err(e) => Err(self.in_step_after(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn download_inner(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         let local = &local_target(local)?;
         self.inline_digest = None;
         self.received_twice = 0;
@@ -1182,6 +1193,13 @@ impl Client {
     /// checksum, and only then renamed over `remote`; on a mismatch the
     /// temporary is deleted.
     pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
+        match self.upload_inner(local, remote).await {
+            Err(e) => Err(self.in_step_after(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn upload_inner(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
         self.inline_digest = None;
         if self.cfg.resume {
             return self.upload_resumable(local, remote).await;
@@ -1712,6 +1730,13 @@ impl Client {
     /// A listing command over one plain data connection, at most
     /// [`MAX_LISTING`] bytes kept.
     async fn listing(&mut self, c: Cmd) -> Result<Vec<u8>> {
+        match self.listing_inner(c).await {
+            Err(e) => Err(self.in_step_after(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn listing_inner(&mut self, c: Cmd) -> Result<Vec<u8>> {
         let (_, setup) = self.prepare_data(true, None, Fit::Session).await?;
         self.ctl.send(&[&c]).await?;
         let (conns, _) = self.start_transfer(&c, setup).await?;
@@ -2675,6 +2700,38 @@ impl Client {
             }
         }
         e
+    }
+
+    /// A transfer or listing failed with `e` part-way, perhaps after its
+    /// 150 (a data connection reset, a local write error): the replies
+    /// the server still owes for it are skipped, so that the session's
+    /// next command reads its own reply, not the 426 of this one. If they
+    /// do not come within a moment the session is marked out of step
+    /// ([`Client::in_step`]). `e` is returned as it is.
+    async fn in_step_after(&mut self, e: ClientError) -> ClientError {
+        if e.session_broken()
+            || self.pending_login.is_some()
+            || self.pending_prelude.is_some()
+            || self.ctl.unanswered() == 0
+        {
+            return e;
+        }
+        let grace = Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 4;
+        if !self.ctl.skip_unanswered(grace).await {
+            tracing::info!(
+                "the server's reply to a failed transfer did not come within {:.1} s: this session is not used again",
+                grace.as_secs_f64()
+            );
+            self.out_of_step = true;
+        }
+        e
+    }
+
+    /// Whether the session can take another command: `false` after a
+    /// failed transfer whose replies did not come (its control connection
+    /// is out of step; open a new session).
+    pub fn in_step(&self) -> bool {
+        !self.out_of_step
     }
 
     /// 125/150 (or another 1xx) before a transfer.

@@ -101,6 +101,9 @@ pub struct Control {
     /// Commands sent whose replies no caller waits for
     /// ([`send_unawaited`](Control::send_unawaited)), oldest first.
     owed: std::collections::VecDeque<Cmd>,
+    /// Final replies the server still owes: one per command sent, and
+    /// the greeting; each final reply read takes one off.
+    unanswered: usize,
 }
 
 impl Control {
@@ -119,6 +122,7 @@ impl Control {
             peer,
             local,
             owed: Default::default(),
+            unanswered: 1,
         })
     }
 
@@ -159,6 +163,7 @@ impl Control {
             peer,
             local,
             owed,
+            unanswered,
         } = self;
         let tcp = io
             .into_plain()
@@ -175,6 +180,7 @@ impl Control {
             peer,
             local,
             owed,
+            unanswered,
         })
     }
 
@@ -191,6 +197,7 @@ impl Control {
             c.encode(&mut out)?;
             tracing::debug!(">>> {}", c.display());
         }
+        self.unanswered += cmds.len();
         let io = &mut self.io;
         let write = async move {
             io.write_all(&out).await?;
@@ -227,17 +234,10 @@ impl Control {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             if let Some(r) = self.parser.next_reply()? {
-                tracing::debug!("<<< {} {}", r.code, reply_text(&r));
-                if r.is_preliminary() && !self.owed.is_empty() {
-                    continue;
+                if let Some(r) = self.take(r) {
+                    return Ok(r);
                 }
-                if let Some(c) = self.owed.pop_front() {
-                    if !r.is_success() {
-                        tracing::warn!("{}: {} {}", c.display(), r.code, reply_text(&r));
-                    }
-                    continue;
-                }
-                return Ok(r);
+                continue;
             }
             let n = match tokio::time::timeout_at(deadline, self.io.read(&mut self.buf)).await {
                 Ok(r) => r.map_err(ClientError::ControlIo)?,
@@ -253,6 +253,60 @@ impl Control {
             }
             self.parser.feed(&self.buf[..n]);
         }
+    }
+
+    /// A reply just parsed: counted, and skipped (`None`) when it belongs
+    /// to a command whose reply no caller waits for.
+    fn take(&mut self, r: Reply) -> Option<Reply> {
+        tracing::debug!("<<< {} {}", r.code, reply_text(&r));
+        if !r.is_preliminary() {
+            self.unanswered = self.unanswered.saturating_sub(1);
+        }
+        if r.is_preliminary() && !self.owed.is_empty() {
+            return None;
+        }
+        if let Some(c) = self.owed.pop_front() {
+            if !r.is_success() {
+                tracing::warn!("{}: {} {}", c.display(), r.code, reply_text(&r));
+            }
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Final replies the server still owes for the commands sent so far.
+    pub fn unanswered(&self) -> usize {
+        self.unanswered
+    }
+
+    /// After an exchange that failed part-way (a data connection reset
+    /// after the 150, a local write error): the replies it left unread
+    /// are skipped, waiting at most `grace` for them, so that the next
+    /// reply read belongs to the next command. `false`: they did not all
+    /// come in time (they are still skipped if they come later).
+    pub async fn skip_unanswered(&mut self, grace: Duration) -> bool {
+        let left = self.unanswered.saturating_sub(self.owed.len());
+        for _ in 0..left {
+            self.owed
+                .push_back(Cmd::bare("(a command of a failed exchange)"));
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.owed.is_empty() {
+            match self.parser.next_reply() {
+                Ok(Some(r)) => {
+                    // Nothing waits for these: every one is skipped.
+                    let _ = self.take(r);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(_) => return false,
+            }
+            match tokio::time::timeout_at(deadline, self.io.read(&mut self.buf)).await {
+                Ok(Ok(n)) if n > 0 => self.parser.feed(&self.buf[..n]),
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// Read the reply to `cmd` (already sent) and check its code.

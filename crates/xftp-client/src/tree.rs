@@ -871,7 +871,7 @@ impl Worker {
     }
 
     fn failed(&mut self, rel: String, e: ClientError) {
-        if e.session_broken() {
+        if e.session_broken() || self.client.as_ref().is_some_and(|c| !c.in_step()) {
             self.client = None;
         }
         self.rep.failed.push((rel, e.to_string()));

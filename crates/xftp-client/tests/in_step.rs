@@ -1,0 +1,111 @@
+//! A session stays in step after a failed transfer. The scripted server
+//! sends part of a file, resets the data connection, and only then
+//! replies `426` to the RETR (as a server does that learns of the reset
+//! from its own socket). The client fails the download on the reset; the
+//! `426` is still on its way. The next command on the same session must
+//! read its own reply, not that `426`: a session reused out of step reads
+//! every later reply one command late (a SIZE taken for an MDTM, a
+//! resumed download checked against another file's size).
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use xftp_client::{Client, ClientConfig, ClientError};
+
+mod common;
+use common::pattern;
+
+async fn scripted_server(l: TcpListener, data: Vec<u8>) {
+    let (s, _) = l.accept().await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut lines = BufReader::new(r).lines();
+    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut pasv: Option<TcpListener> = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut words = line.split_ascii_whitespace();
+        let verb = words.next().unwrap_or("").to_ascii_uppercase();
+        let reply = match verb.as_str() {
+            "USER" => "331 go on".to_string(),
+            "PASS" => "230 in".into(),
+            "EPSV" => {
+                let d = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let p = d.local_addr().unwrap().port();
+                pasv = Some(d);
+                format!("229 Entering Extended Passive Mode (|||{p}|)")
+            }
+            "SIZE" => match words.next() {
+                Some("first") => format!("213 {}", data.len()),
+                Some("second") => "213 777".into(),
+                _ => "550 no such file".into(),
+            },
+            "MDTM" => "213 20260101000000".into(),
+            "RETR" => {
+                let d = pasv.take().expect("EPSV before RETR");
+                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                let (mut conn, _) = d.accept().await.unwrap();
+                // Let the client's connect complete before the reset.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = conn.write_all(&data[..data.len() / 3]).await;
+                // A reset, not an orderly close: no EOF that might pass
+                // for the end of the file.
+                let s = socket2::SockRef::from(&conn);
+                s.set_linger(Some(Duration::ZERO)).unwrap();
+                drop(conn);
+                // The server's own reply comes after the client saw
+                // the reset.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "426 Connection closed; transfer aborted".into()
+            }
+            "QUIT" => {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            }
+            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
+            _ => "502 not here".into(),
+        };
+        if w.write_all(format!("{reply}\r\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_next_command_after_a_cut_download_reads_its_own_reply() {
+    let data = pattern(3 * 1024 * 1024, 4);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = tokio::spawn(scripted_server(l, data.clone()));
+    let cfg = ClientConfig {
+        streams: 1,
+        ..ClientConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    let e = c
+        .download("first", &dir.path().join("first"))
+        .await
+        .expect_err("the data connection was reset");
+    assert!(
+        matches!(e, ClientError::DataIo(_) | ClientError::Reply { .. }),
+        "{e:?}"
+    );
+    assert!(
+        !dir.path().join("first").exists(),
+        "a cut download left a file under its name"
+    );
+    assert!(c.in_step(), "the 426 came within the grace");
+    // Out of step, this would read the RETR's 426 (an error), and the
+    // MDTM after it the SIZE's 213 777.
+    assert_eq!(c.size("second").await.unwrap(), Some(777));
+    assert_eq!(
+        c.mdtm("second").await.unwrap().as_deref(),
+        Some("20260101000000")
+    );
+    c.quit().await;
+    server.abort();
+}
