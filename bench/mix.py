@@ -22,7 +22,7 @@ differs from the original. Each failure prints the command, its output
 and how to replay the run. Needs root (network namespaces, TUN); without
 it prints SKIP and exits 0 (with XFTP_REQUIRE_PEERS=1 it fails).
 
-    bench/mix.py [--seed S] [--links 3] [--transfers 15] [--only N]
+    bench/mix.py [--seed S] [--links 3] [--transfers 15] [--only N] [--budget SECS]
 
 Writes bench/out/mix/{results.jsonl,report.md}; exit status 1 if any
 transfer failed.
@@ -443,6 +443,8 @@ def main():
     ap.add_argument("--links", type=int, default=3)
     ap.add_argument("--transfers", type=int, default=15, help="per link")
     ap.add_argument("--only", type=int, default=None, help="run only link N of the seed's draw")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds: draw no new transfer past this (the ones run are still checked)")
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "big") % 2_000_000_000
     print(f"mix: seed {seed} (replay: bench/mix.py --seed {seed} --links {a.links} --transfers {a.transfers})",
@@ -481,6 +483,10 @@ def main():
             m.start_link(li, link)
             try:
                 for ti in range(a.transfers):
+                    if a.budget is not None and time.time() - started > a.budget:
+                        print(f"  budget of {a.budget:.0f} s spent: transfers {ti}.. of this link not run",
+                              flush=True)
+                        break
                     r = m.transfer(li, ti, link, lr)
                     r["link_args"] = " ".join(link["args"])
                     log.write(json.dumps(r) + "\n")
