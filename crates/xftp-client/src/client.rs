@@ -877,11 +877,8 @@ impl Client {
             vec![got]
         } else {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            let v = self
-                .recv_striped(conns, late, Arc::new(file), expected, None)
-                .await?;
-            self.expect_complete(&c_retr).await?;
-            v
+            self.recv_striped(&c_retr, conns, late, Arc::new(file), expected, None)
+                .await?
         };
         let timeline = self.timeline(adaptive, n);
         let done = Done {
@@ -1104,13 +1101,8 @@ impl Client {
                 Err(e) => Err(e),
             }
         } else {
-            match self
-                .recv_striped(conns, late, dst, Some(size), Some(told))
+            self.recv_striped(&c_retr, conns, late, dst, Some(size), Some(told))
                 .await
-            {
-                Ok(per_stream) => self.expect_complete(&c_retr).await.map(|()| per_stream),
-                Err(e) => Err(e),
-            }
         };
         drop(checkpoints);
         r
@@ -2909,6 +2901,7 @@ impl Client {
     /// total (`have`: the ranges a resumed download already holds).
     async fn recv_striped(
         &mut self,
+        c: &Cmd,
         conns: Vec<Stream>,
         late: Late,
         dst: Arc<dyn xftp_stripe::WriteAt>,
@@ -2919,13 +2912,45 @@ impl Client {
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
         let rx = framed_receiver(dst, expected, have, conns);
         let ctl = rx.control();
-        let report = late
-            .beside(rx.finish(), move |s| {
-                ctl.add_connection(dog.guard(s)).is_ok()
-            })
-            .await
-            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+        let fin = late.beside(rx.finish(), move |s| {
+            ctl.add_connection(dog.guard(s)).is_ok()
+        });
+        let mut fin = std::pin::pin!(fin);
+        // The control connection is read while the data moves: a server
+        // that gave up (its end of a data connection reset, its disk
+        // full) says so with a 426 or 451 at once, while our end of the
+        // connections may hear nothing until the data timeout.
+        let mut done: Option<Reply> = None;
+        let report = loop {
+            tokio::select! {
+                r = &mut fin => break r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
+                r = self.ctl.read_reply_within(Duration::from_secs(86_400)), if done.is_none() => {
+                    let r = r?;
+                    if r.is_preliminary() {
+                        // GridFTP's performance and restart markers.
+                        tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
+                    } else if matches!(r.code, 226 | 250) {
+                        // Complete on the server's side: the data is
+                        // still to be read to its end.
+                        done = Some(r);
+                    } else {
+                        // Our end may have failed first (a full local
+                        // disk) and reset the connections, which is all
+                        // the server's 426 can tell: the data side's own
+                        // error, if it has one at once, says more.
+                        let grace = Duration::from_millis(250) + self.ctl.rtt().unwrap_or_default() * 2;
+                        if let Ok(Err(e)) = tokio::time::timeout(grace, &mut fin).await {
+                            return Err(stripe_err(e, self.cfg.data_timeout));
+                        }
+                        return Err(unexpected(c, &r));
+                    }
+                }
+            }
+        };
         self.received_twice += report.duplicate_bytes;
+        if done.is_none() {
+            self.expect_complete(c).await?;
+        }
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 

@@ -109,3 +109,98 @@ async fn the_next_command_after_a_cut_download_reads_its_own_reply() {
     c.quit().await;
     server.abort();
 }
+
+/// A framed download on two connections that the server gives up on
+/// (426) while the client's ends of the connections hear nothing: the
+/// client reads the 426 at once instead of waiting for its data timeout.
+async fn server_that_gives_up(l: TcpListener) {
+    let (s, _) = l.accept().await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut lines = BufReader::new(r).lines();
+    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut port = None;
+    let mut held = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut words = line.split_ascii_whitespace();
+        let verb = words.next().unwrap_or("").to_ascii_uppercase();
+        let reply = match verb.as_str() {
+            "USER" => "331 go on".to_string(),
+            "PASS" => "230 in".into(),
+            "MULT" => "200 MULT 2 granted (server maximum 2).".into(),
+            "EPRT" => {
+                port = line.split('|').nth(3).and_then(|p| p.parse::<u16>().ok());
+                "200 ok".into()
+            }
+            "SIZE" => match words.next() {
+                Some("big") => "213 4194304".into(),
+                Some("second") => "213 777".into(),
+                _ => "550 no such file".into(),
+            },
+            "RETR" => {
+                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                let p = port.take().expect("EPRT before RETR");
+                for _ in 0..2 {
+                    held.push(
+                        tokio::net::TcpStream::connect(("127.0.0.1", p))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                // One block of 64 KiB at offset 0, then nothing: the
+                // connections stay open, as if their peer had vanished.
+                let mut block = vec![0u8];
+                block.extend_from_slice(&65536u64.to_be_bytes());
+                block.extend_from_slice(&0u64.to_be_bytes());
+                block.extend(std::iter::repeat(7u8).take(65536));
+                held[0].write_all(&block).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                "426 Connection closed; transfer aborted: data connection reset".into()
+            }
+            "QUIT" => {
+                let _ = w.write_all(b"221 bye\r\n").await;
+                return;
+            }
+            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
+            _ => "502 not here".into(),
+        };
+        if w.write_all(format!("{reply}\r\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_426_during_a_framed_download_ends_it_at_once() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = tokio::spawn(server_that_gives_up(l));
+    let cfg = ClientConfig {
+        streams: 2,
+        data_mode: xftp_client::DataMode::Active,
+        data_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let e = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.download("big", &dir.path().join("big")),
+    )
+    .await
+    .expect("the 426 ends the download, not the data timeout")
+    .expect_err("the server gave up");
+    assert_eq!(e.reply_code(), Some(426), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(
+        !dir.path().join("big").exists(),
+        "a download the server gave up on left a file under its name"
+    );
+    assert_eq!(c.size("second").await.unwrap(), Some(777));
+    c.quit().await;
+    server.abort();
+}
