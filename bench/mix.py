@@ -13,7 +13,9 @@ window) and on each TRANSFERS transfers out of:
     files around the record size);
   * stock peers against `xftp serve`: curl and lftp (in clear and TLS),
     globus-url-copy -p N (MODE E);
-  * `xftp get/put` against a stock server (pyftpdlib).
+  * `xftp get/put` against stock servers: pyftpdlib, and
+    globus-gridftp-server (xftp's GridFTP client, MODE E);
+  * `xftp shell` as a script: mult N, a get, ls and a put on one session.
 
 File sizes come from the edges (0, 1, a record and one byte either side)
 and from random sizes bounded by what the link carries in a few seconds.
@@ -157,6 +159,7 @@ class Mix:
         self.cert, self.key = cert, key
         self.results = []
         self.procs = []
+        self.kinds = None
 
     def ns(self, side, cmd):
         return ["ip", "netns", "exec", self.name + side] + cmd
@@ -195,9 +198,23 @@ class Mix:
                 self.ns("b", [PYTHON, "-m", "pyftpdlib", "-i", SERVER, "-p", "2122", "-w", "-d", self.stock_root]),
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.work, f"stock{li}.log"), "w"))
             self.procs.append(self.stock)
+        self.grid = None
+        if have("globus-gridftp-server"):
+            # Anonymous, as nobody: its directory is open to all.
+            self.grid_root = os.path.join(self.work, f"grid{li}")
+            os.makedirs(self.grid_root)
+            os.chmod(self.grid_root, 0o777)
+            self.grid = subprocess.Popen(
+                self.ns("b", ["globus-gridftp-server", "-aa", "-anonymous-user", "nobody", "-data-interface",
+                              SERVER, "-p", "2811", "-d", "error", "-l", os.path.join(self.work, f"grid{li}.log"),
+                              "-disable-usage-stats"]),
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.work, f"grid{li}.err"), "w"))
+            self.procs.append(self.grid)
         self.wait_port(2121)
         if self.stock:
             self.wait_port(2122)
+        if self.grid:
+            self.wait_port(2811)
 
     def wait_port(self, port):
         for _ in range(100):
@@ -227,10 +244,11 @@ class Mix:
                 self.link.wait()
         subprocess.run([NETEM, "down", "--name", self.name], capture_output=True)
 
-    def run(self, cmd, timeout, cwd=None):
+    def run(self, cmd, timeout, cwd=None, stdin=None):
         t = time.time()
         try:
             r = subprocess.run(self.ns("a", cmd), capture_output=True, timeout=timeout, cwd=cwd,
+                               input=stdin.encode() if stdin is not None else None,
                                env=dict(os.environ, XDG_CACHE_HOME=os.path.join(self.work, "cache")))
             rc, out = r.returncode, (r.stdout.decode(errors="replace")[-1500:] + r.stderr.decode(errors="replace")[-1500:])
         except subprocess.TimeoutExpired as e:
@@ -249,6 +267,11 @@ class Mix:
                 kinds += ["globus"]
             if self.stock:
                 kinds += ["stock"]
+            if self.grid:
+                kinds += ["gridftp"]
+            kinds += ["shell"]
+        if self.kinds:
+            kinds = [k for k in kinds if k in self.kinds] or kinds
         kind = rnd.choice(kinds)
         tls = self.cert is not None and rnd.random() < 0.4
         p = rnd.choice(["1", "2", "4", "8", "16", "auto", "auto"])
@@ -274,6 +297,7 @@ class Mix:
             opts += ["-c"]
         size = pick_size(rnd, cap)
         src = os.path.join(d, "src.bin")
+        stdin = None
         before = None  # what a cut run may leave at the destination
         if kind in ("get", "getover"):
             write_random(os.path.join(srv, name), size, rnd)
@@ -354,6 +378,35 @@ class Mix:
                 write_random(src, size, rnd)
                 cmd = g + [f"file://{src}", url]
                 expect = ("file", os.path.join(srv, name), src)
+        elif kind == "gridftp":
+            # xftp's GridFTP client (MODE E, the server's parallelism)
+            # against globus-gridftp-server; absolute paths take "//".
+            tls = False
+            gopts = [o for o in opts if o not in ("--tls", "--insecure", "--mprt", "--static")]
+            gurl = f"ftp://{SERVER}:2811/{self.grid_root}/{name}"
+            if rnd.random() < 0.5:
+                g = os.path.join(self.grid_root, name)
+                write_random(g, size, rnd)
+                os.chmod(g, 0o644)
+                cmd = x + ["get", gurl, cli] + gopts
+                expect = ("file", cli, g)
+            else:
+                write_random(src, size, rnd)
+                os.chmod(d, 0o755)
+                os.chmod(src, 0o644)
+                cmd = x + ["put", src, gurl] + gopts
+                expect = ("file", os.path.join(self.grid_root, name), src)
+        elif kind == "shell":
+            # The interactive client as a script: mult, a get and a put on
+            # one session, with the listing between them.
+            base = f"{'ftpes' if tls else 'ftp'}://{SERVER}:2121/"
+            write_random(os.path.join(srv, name), size, rnd)
+            up = os.path.join(d, "up.bin")
+            write_random(up, pick_size(rnd, cap), rnd)
+            script = f"mult {p}\nget {name} {cli}\nls\nput {up} s{ti}.bin\nquit\n"
+            cmd = x + ["shell", base, "--timeout", "30"] + (["--insecure"] if tls else [])
+            stdin = script
+            expect = ("files", [(cli, os.path.join(srv, name)), (os.path.join(srv, f"s{ti}.bin"), up)], None)
         else:  # stock: xftp against pyftpdlib
             surl = f"ftp://{SERVER}:2122/{name}"
             sopts = [o for o in opts if o not in ("--tls", "--insecure", "--mprt", "--static", "--verify")]
@@ -375,7 +428,7 @@ class Mix:
         # On a link that resets flows, the same command again resumes
         # (-c); every cut run must leave nothing that looks complete.
         for attempts in range(1, (12 if cut else 1) + 1):
-            rc, out, t = self.run(cmd, timeout)
+            rc, out, t = self.run(cmd, timeout, stdin=stdin)
             secs += t
             if rc == 0:
                 ok, why = self.check(how, got, want)
@@ -391,13 +444,19 @@ class Mix:
             rec["why"] = why
             rec["output"] = out
         shutil.rmtree(d, ignore_errors=True)
-        for f in (os.path.join(srv, name),):
+        for f in (os.path.join(srv, name), os.path.join(srv, f"s{ti}.bin")):
             if os.path.exists(f):
                 os.remove(f)
         return rec
 
     @staticmethod
     def check(how, got, want):
+        if how == "files":
+            for g, w in got:
+                ok, why = Mix.check("file", g, w)
+                if not ok:
+                    return ok, why
+            return True, ""
         if how == "file":
             if not os.path.exists(got):
                 return False, f"no copy at {got}"
@@ -415,6 +474,12 @@ class Mix:
     @staticmethod
     def cut_left_wrong(how, got, want, before):
         """After a failed run: a file in place must be whole (or the old one)."""
+        if how == "files":
+            for g, w in got:
+                bad = Mix.cut_left_wrong("file", g, w, None)
+                if bad:
+                    return bad
+            return None
         if how == "file":
             if not os.path.exists(got):
                 return None
@@ -443,6 +508,9 @@ def main():
     ap.add_argument("--links", type=int, default=3)
     ap.add_argument("--transfers", type=int, default=15, help="per link")
     ap.add_argument("--only", type=int, default=None, help="run only link N of the seed's draw")
+    ap.add_argument("--kinds", default=None,
+                    help="comma-separated: draw only these kinds (get, put, getover, putover, getr, putr, curl, "
+                         "lftp, globus, stock, gridftp, shell)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: draw no new transfer past this (the ones run are still checked)")
     a = ap.parse_args()
@@ -469,6 +537,7 @@ def main():
     rnd = random.Random(seed)
     links = [draw_link(rnd, seed) for _ in range(a.links)]
     m = Mix(seed, work, cert, key)
+    m.kinds = set(a.kinds.split(",")) if a.kinds else None
     fails = 0
     started = time.time()
     with open(os.path.join(OUT, "results.jsonl"), "w") as log:
