@@ -279,6 +279,9 @@ pub struct Client {
     /// A failed exchange left replies unread that did not come in time:
     /// the next reply read may not be the next command's.
     out_of_step: bool,
+    /// The final reply to a stream-mode transfer, read before the end of
+    /// its data ([`Client::beside_control`]).
+    early_final: Option<Reply>,
     /// Entries the server's listings said they left out, since the last
     /// [`Client::take_unlisted`].
     unlisted: usize,
@@ -470,6 +473,7 @@ impl Client {
             inline_digest: None,
             received_twice: 0,
             out_of_step: false,
+            early_final: None,
             unlisted: 0,
             verify_alg: None,
             mult_refused: None,
@@ -871,7 +875,7 @@ impl Client {
             let count = self.progress_counter();
             self.inline_digest = verify.map(|(a, _)| (xftp_proto::cksum::Digest::new(a), 0));
             let got = self
-                .recv_plain_file(conns, &mut file, tmp.path(), count)
+                .recv_plain_file(&c_retr, conns, &mut file, tmp.path(), count)
                 .await?;
             self.expect_complete(&c_retr).await?;
             vec![got]
@@ -1096,7 +1100,7 @@ impl Client {
                 .await
         } else if !framed {
             let at = told.contiguous_prefix();
-            match self.recv_plain_at(conns, partial, at).await {
+            match self.recv_plain_at(&c_retr, conns, partial, at).await {
                 Ok(got) => self.expect_complete(&c_retr).await.map(|()| vec![got]),
                 Err(e) => Err(e),
             }
@@ -1111,6 +1115,7 @@ impl Client {
     /// Stream mode into the partial file from `at`, every chunk recorded.
     async fn recv_plain_at(
         &mut self,
+        c: &Cmd,
         mut conns: Vec<Stream>,
         partial: &resume::Partial,
         mut at: u64,
@@ -1128,16 +1133,18 @@ impl Client {
         };
         if let Some(pipe) = pipe {
             loop {
-                let n = std::future::poll_fn(|cx| {
+                let fill = std::future::poll_fn(|cx| {
                     xftp_stripe::DataSocket::poll_splice_in(
                         std::pin::Pin::new(&mut conn),
                         cx,
                         &pipe,
                         pipe.capacity(),
                     )
-                })
-                .await
-                .map_err(ClientError::DataIo)?;
+                });
+                let n = self
+                    .beside_control(c, fill)
+                    .await?
+                    .map_err(ClientError::DataIo)?;
                 if n == 0 {
                     return Ok(got);
                 }
@@ -1149,7 +1156,10 @@ impl Client {
         }
         let mut buf = vec![0u8; CHUNK];
         loop {
-            let n = conn.read(&mut buf).await.map_err(ClientError::DataIo)?;
+            let n = self
+                .beside_control(c, conn.read(&mut buf))
+                .await?
+                .map_err(ClientError::DataIo)?;
             if n == 0 {
                 return Ok(got);
             }
@@ -1737,7 +1747,7 @@ impl Client {
             out: &mut out,
             left: MAX_LISTING,
         };
-        self.recv_plain(conns, &mut capped, Path::new("(listing)"), None)
+        self.recv_plain(&c, conns, &mut capped, Path::new("(listing)"), None)
             .await?;
         let done = self.expect_complete_reply(&c).await?;
         let left_out = negotiate::unlisted(&done);
@@ -2701,6 +2711,7 @@ impl Client {
     /// do not come within a moment the session is marked out of step
     /// ([`Client::in_step`]). `e` is returned as it is.
     async fn in_step_after(&mut self, e: ClientError) -> ClientError {
+        self.early_final = None;
         if e.session_broken()
             || self.pending_login.is_some()
             || self.pending_prelude.is_some()
@@ -2726,8 +2737,40 @@ impl Client {
         !self.out_of_step
     }
 
+    /// Await `data` (a read of a stream-mode data connection) while
+    /// reading the control connection, as the framed receive does: a
+    /// failure reply to `c` ends the transfer at once (a server that gave
+    /// up may leave our end of the connection hearing nothing until the
+    /// data timeout); a 226 that comes before the end of the data is kept
+    /// for [`expect_complete`](Self::expect_complete); markers are passed
+    /// over.
+    async fn beside_control<T>(
+        &mut self,
+        c: &Cmd,
+        data: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let mut data = std::pin::pin!(data);
+        loop {
+            tokio::select! {
+                biased;
+                v = &mut data => return Ok(v),
+                r = self.ctl.read_reply_within(Duration::from_secs(86_400)), if self.early_final.is_none() => {
+                    let r = r?;
+                    if r.is_preliminary() {
+                        tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
+                    } else if matches!(r.code, 226 | 250) {
+                        self.early_final = Some(r);
+                    } else {
+                        return Err(unexpected(c, &r));
+                    }
+                }
+            }
+        }
+    }
+
     /// 125/150 (or another 1xx) before a transfer.
     async fn expect_preliminary(&mut self, c: &Cmd) -> Result<()> {
+        self.early_final = None;
         let r = self.ctl.read_reply().await?;
         if r.is_preliminary() {
             Ok(())
@@ -2746,6 +2789,12 @@ impl Client {
 
     /// [`expect_complete`](Self::expect_complete), returning the reply.
     async fn expect_complete_reply(&mut self, c: &Cmd) -> Result<Reply> {
+        if let Some(r) = self.early_final.take() {
+            return match r.code {
+                226 | 250 => Ok(r),
+                _ => Err(unexpected(c, &r)),
+            };
+        }
         loop {
             let r = self.ctl.read_reply().await?;
             if r.is_preliminary() {
@@ -2763,6 +2812,7 @@ impl Client {
     /// into the page cache costs less than handing it to another thread).
     async fn recv_plain<W: std::io::Write>(
         &mut self,
+        c: &Cmd,
         mut conns: Vec<Stream>,
         out: &mut W,
         out_path: &Path,
@@ -2774,7 +2824,11 @@ impl Client {
         let mut buf = vec![0u8; CHUNK];
         let mut got = 0u64;
         loop {
-            let n = match tokio::time::timeout(self.cfg.data_timeout, conn.read(&mut buf)).await {
+            let limit = self.cfg.data_timeout;
+            let n = match self
+                .beside_control(c, tokio::time::timeout(limit, conn.read(&mut buf)))
+                .await?
+            {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(self.cfg.data_timeout, got)),
             };
@@ -2801,6 +2855,7 @@ impl Client {
     /// checksum) or paced (`--limit-rate`).
     async fn recv_plain_file(
         &mut self,
+        c: &Cmd,
         mut conns: Vec<Stream>,
         file: &mut std::fs::File,
         out_path: &Path,
@@ -2815,9 +2870,9 @@ impl Client {
             Some(Ok(p)) => p,
             Some(Err(e)) => {
                 tracing::debug!("no pipe, reading through a buffer: {e}");
-                return self.recv_plain(conns, file, out_path, count).await;
+                return self.recv_plain(c, conns, file, out_path, count).await;
             }
-            None => return self.recv_plain(conns, file, out_path, count).await,
+            None => return self.recv_plain(c, conns, file, out_path, count).await,
         };
         let mut conn = conns
             .pop()
@@ -2827,7 +2882,11 @@ impl Client {
             let fill = std::future::poll_fn(|cx| {
                 std::pin::Pin::new(&mut conn).poll_splice_in(cx, &pipe, pipe.capacity())
             });
-            let n = match tokio::time::timeout(self.cfg.data_timeout, fill).await {
+            let limit = self.cfg.data_timeout;
+            let n = match self
+                .beside_control(c, tokio::time::timeout(limit, fill))
+                .await?
+            {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(self.cfg.data_timeout, got)),
             };

@@ -22,6 +22,7 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
     let mut lines = BufReader::new(r).lines();
     w.write_all(b"220 scripted\r\n").await.unwrap();
     let mut pasv: Option<TcpListener> = None;
+    let mut held = Vec::new();
     while let Ok(Some(line)) = lines.next_line().await {
         let mut words = line.split_ascii_whitespace();
         let verb = words.next().unwrap_or("").to_ascii_uppercase();
@@ -35,11 +36,22 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
                 format!("229 Entering Extended Passive Mode (|||{p}|)")
             }
             "SIZE" => match words.next() {
-                Some("first") => format!("213 {}", data.len()),
+                Some("first") | Some("held") => format!("213 {}", data.len()),
                 Some("second") => "213 777".into(),
                 _ => "550 no such file".into(),
             },
             "MDTM" => "213 20260101000000".into(),
+            "RETR" if words.next() == Some("held") => {
+                // Part of the file, then nothing: the connection stays
+                // open while the server replies that it gave up.
+                let d = pasv.take().expect("EPSV before RETR");
+                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                let (mut conn, _) = d.accept().await.unwrap();
+                conn.write_all(&data[..data.len() / 4]).await.unwrap();
+                held.push(conn);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                "426 Connection closed; transfer aborted: data connection reset".into()
+            }
             "RETR" => {
                 let d = pasv.take().expect("EPSV before RETR");
                 w.write_all(b"150 here it comes\r\n").await.unwrap();
@@ -106,6 +118,40 @@ async fn the_next_command_after_a_cut_download_reads_its_own_reply() {
         c.mdtm("second").await.unwrap().as_deref(),
         Some("20260101000000")
     );
+    c.quit().await;
+    server.abort();
+}
+
+/// The same server gives up on a stream-mode download and leaves its
+/// data connection open: the client takes the 426 at once, not after its
+/// data timeout, and the session stays in step.
+#[tokio::test]
+async fn a_426_during_a_stream_mode_download_ends_it_at_once() {
+    let data = pattern(3 * 1024 * 1024, 5);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = tokio::spawn(scripted_server(l, data.clone()));
+    let cfg = ClientConfig {
+        streams: 1,
+        data_timeout: Duration::from_secs(60),
+        ..ClientConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+    c.login(None, None).await.unwrap();
+    for resume in [false, true] {
+        c.set_resume(resume);
+        let e = tokio::time::timeout(
+            Duration::from_secs(20),
+            c.download("held", &dir.path().join("held")),
+        )
+        .await
+        .expect("the 426 ends the download, not the data timeout")
+        .expect_err("the server gave up");
+        assert_eq!(e.reply_code(), Some(426), "resume {resume}: {e:?}");
+        assert!(!dir.path().join("held").exists());
+        assert_eq!(c.size("second").await.unwrap(), Some(777));
+    }
     c.quit().await;
     server.abort();
 }
