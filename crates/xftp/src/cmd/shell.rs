@@ -937,8 +937,11 @@ impl Shell {
             .as_ref()
             .map(|c| c.url.authority())
             .unwrap_or_default();
-        if !keeps_session(&e) {
-            if let Some(c) = self.conn.as_mut() {
+        if let Some(c) = self.conn.as_mut() {
+            // A refusal leaves the session in step, unless the replies a
+            // failed exchange still owed did not come (Client::in_step).
+            let in_step = c.client.as_ref().is_some_and(|cl| cl.in_step());
+            if !keeps_session(&e) || !in_step {
                 c.client = None;
             }
         }
