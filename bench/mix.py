@@ -291,7 +291,7 @@ class Mix:
             opts += ["--verify"]
         elif extra < 0.15 and p not in ("auto", "1") and not cut:
             opts += ["--static"]
-        elif extra < 0.2:
+        elif extra < 0.2 and not cut:
             opts += ["--limit-rate", str(int(max(64 << 10, link["rate"] * 1e6 / 8 / 2)))]
         if cut:
             opts += ["-c"]
@@ -427,7 +427,12 @@ class Mix:
         attempts, secs, ok, why, out = 0, 0.0, False, "", ""
         # On a link that resets flows, the same command again resumes
         # (-c); every cut run must leave nothing that looks complete.
-        for attempts in range(1, (12 if cut else 1) + 1):
+        # A run of N connections ends at the first reset of any of its
+        # N + 1 flows, so a big file on many connections moves a little
+        # per run: up to 30 runs, and 400 s, to complete.
+        for attempts in range(1, (30 if cut else 1) + 1):
+            if cut and secs > 400:
+                break
             rc, out, t = self.run(cmd, timeout, stdin=stdin)
             secs += t
             if rc == 0:
