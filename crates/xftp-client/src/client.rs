@@ -391,9 +391,7 @@ impl Client {
         };
         let greet = Cmd::bare("(greeting)");
         let mut r = ctl.read_reply().await.map_err(|e| match e {
-            ClientError::Timeout { after, .. } => {
-                ClientError::NotFtp(format!("nothing within {:.0} s", after.as_secs_f64()))
-            }
+            ClientError::Timeout { after, .. } => ClientError::NoGreeting { after },
             ClientError::Protocol(p) => ClientError::NotFtp(p.to_string()),
             other => other,
         })?;

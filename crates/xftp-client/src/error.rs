@@ -55,6 +55,14 @@ pub enum ClientError {
     /// FTP reply (an SSH banner).
     #[error("no FTP server's greeting: {0}")]
     NotFtp(String),
+    /// The connection was accepted but no greeting came in time: an FTP
+    /// server greets at once, so the server is stalled, or the network
+    /// lost the greeting (a flow reset during the handshake).
+    #[error("no FTP server's greeting: nothing within {:.0} s", .after.as_secs_f64())]
+    NoGreeting {
+        /// How long we waited.
+        after: Duration,
+    },
     /// The server sent something that is not an FTP reply.
     // Not a `source`: the text already says it, and error chains would
     // print it twice.
@@ -169,6 +177,32 @@ impl ClientError {
         )
     }
 
+    /// Whether the same operation may succeed if run again soon: the
+    /// network or the server's connections failed (a reset, a timeout, a
+    /// closed control connection, a cut transfer), or the server answered
+    /// with a transient negative reply (4yz, RFC 959 section 4.2), except
+    /// 452 (no space: it does not pass in seconds). A refusal (5yz), a
+    /// changed source, a checksum that differs, a TLS certificate that is
+    /// not trusted or a local error is not: running again would fail the
+    /// same way.
+    ///
+    /// A refused TCP connection counts as transient: a server restarting
+    /// refuses for a moment.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Connect { .. }
+            | ClientError::NoGreeting { .. }
+            | ClientError::Closed
+            | ClientError::Timeout { .. }
+            | ClientError::ControlIo(_)
+            | ClientError::DataIo(_)
+            | ClientError::Stripe(_) => true,
+            ClientError::ShortTransfer { expected, got } => got < expected,
+            ClientError::Reply { code, .. } => (400..500).contains(code) && *code != 452,
+            _ => false,
+        }
+    }
+
     /// The server's reply code, when the error is a refusal by the server.
     pub fn reply_code(&self) -> Option<u16> {
         match self {
@@ -186,3 +220,54 @@ impl From<ProtoError> for ClientError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::ClientError;
+    use std::time::Duration;
+
+    fn reply(code: u16) -> ClientError {
+        ClientError::Reply {
+            command: "RETR f".into(),
+            code,
+            text: "no".into(),
+        }
+    }
+
+    #[test]
+    fn what_may_pass_and_what_would_fail_again() {
+        for code in [421, 425, 426, 450, 451] {
+            assert!(reply(code).is_transient(), "{code}");
+        }
+        for code in [452, 500, 530, 550, 552, 553] {
+            assert!(!reply(code).is_transient(), "{code}");
+        }
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(ClientError::DataIo(io()).is_transient());
+        assert!(ClientError::ControlIo(io()).is_transient());
+        assert!(ClientError::Closed.is_transient());
+        assert!(ClientError::NoGreeting {
+            after: Duration::from_secs(20)
+        }
+        .is_transient());
+        assert!(ClientError::ShortTransfer {
+            expected: 10,
+            got: 4
+        }
+        .is_transient());
+        // A file that grew is not cut: the next run would meet it again.
+        assert!(!ClientError::ShortTransfer {
+            expected: 4,
+            got: 10
+        }
+        .is_transient());
+        assert!(!ClientError::NotFtp("SSH-2.0-OpenSSH".into()).is_transient());
+        assert!(!ClientError::Tls("certificate not trusted".into()).is_transient());
+        assert!(!ClientError::Usage("bad URL".into()).is_transient());
+        assert!(!ClientError::Local {
+            path: "/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        }
+        .is_transient());
+    }
+}

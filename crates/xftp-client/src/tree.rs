@@ -15,7 +15,7 @@
 //! are preserved where the other side allows (MLSD facts and MFMT /
 //! SITE CHMOD).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -57,6 +57,10 @@ pub struct TreeOptions {
     /// A pooled progress ([`crate::Progress::pooled`]) the sessions count
     /// into; the tree sets its total once walked.
     pub progress: Option<Arc<crate::progress::Progress>>,
+    /// Move only these files (paths relative to the tree's top, as in
+    /// [`TreeReport::failed`]): a second run over what the first left
+    /// failed ([`TreeReport::may_pass`]). `None`: every file.
+    pub only: Option<Arc<HashSet<String>>>,
 }
 
 impl Default for TreeOptions {
@@ -67,6 +71,7 @@ impl Default for TreeOptions {
             preserve: true,
             skip_complete: false,
             progress: None,
+            only: None,
         }
     }
 }
@@ -91,6 +96,10 @@ pub struct TreeReport {
     pub unlisted: usize,
     /// Files that failed: (path, why).
     pub failed: Vec<(String, String)>,
+    /// The paths among [`TreeReport::failed`] whose failure may pass
+    /// when run again ([`ClientError::is_transient`], or no session
+    /// could be opened for them), sorted.
+    pub may_pass: Vec<String>,
     /// Wall time.
     pub elapsed: Duration,
     /// Sessions used.
@@ -243,7 +252,8 @@ pub async fn get_tree(
     report.dirs = walked.dirs;
     report.other = walked.other;
     report.unlisted = walked.unlisted;
-    let (sessions, jobs) = (walked.sessions, walked.jobs);
+    let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs));
+    let jobs = only(opt, jobs);
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -274,7 +284,7 @@ pub async fn get_tree(
                 let src = join(&remote, &job.rel);
                 w.reopen().await;
                 let Some(c) = w.client.as_mut() else {
-                    w.rep.failed.push((job.rel, "no session".into()));
+                    w.rep.no_session(job.rel);
                     continue;
                 };
                 let started = Instant::now();
@@ -506,7 +516,7 @@ impl<K: std::hash::Hash + Eq> Books<K> {
                 rep.bytes += t.bytes;
                 kept(&job);
             }
-            Err(e) => rep.failed.push((job.rel, e.to_string())),
+            Err(e) => rep.fail(job.rel, &e),
         }
     }
 
@@ -711,7 +721,7 @@ pub async fn put_tree(
                 let dst = join(&remote, &job.rel);
                 w.reopen().await;
                 let Some(c) = w.client.as_mut() else {
-                    w.rep.failed.push((job.rel, "no session".into()));
+                    w.rep.no_session(job.rel);
                     continue;
                 };
                 let started = Instant::now();
@@ -874,7 +884,7 @@ impl Worker {
         if e.session_broken() || self.client.as_ref().is_some_and(|c| !c.in_step()) {
             self.client = None;
         }
-        self.rep.failed.push((rel, e.to_string()));
+        self.rep.fail(rel, &e);
     }
 
     async fn end(mut self) -> TreeReport {
@@ -886,6 +896,38 @@ impl Worker {
 }
 
 impl TreeReport {
+    /// `rel` failed with `e`.
+    fn fail(&mut self, rel: String, e: &ClientError) {
+        if e.is_transient() {
+            self.may_pass.push(rel.clone());
+        }
+        self.failed.push((rel, e.to_string()));
+    }
+
+    /// No session could be opened (and `Worker::reopen` logged why): a
+    /// failure that may pass.
+    fn no_session(&mut self, rel: String) {
+        self.may_pass.push(rel.clone());
+        self.failed.push((rel, "no session could be opened".into()));
+    }
+
+    /// Add `later`, a run over the files this one left failed and that
+    /// may pass ([`TreeOptions::only`]): those failures are dropped
+    /// (`later` tells how they went), the counts add up, and the time is
+    /// from this run's start to the end of `later`.
+    pub fn then(&mut self, later: TreeReport) {
+        let retried: HashSet<&str> = self.may_pass.iter().map(String::as_str).collect();
+        self.failed.retain(|(p, _)| !retried.contains(p.as_str()));
+        self.may_pass = later.may_pass;
+        self.files += later.files;
+        self.bytes += later.bytes;
+        self.skipped += later.skipped;
+        self.failed.extend(later.failed);
+        self.failed.sort();
+        self.sessions = self.sessions.max(later.sessions);
+        self.large.merge(&later.large);
+    }
+
     fn merge(&mut self, parts: Vec<TreeReport>) {
         for p in parts {
             self.files += p.files;
@@ -894,11 +936,21 @@ impl TreeReport {
             self.other += p.other;
             self.unlisted += p.unlisted;
             self.failed.extend(p.failed);
+            self.may_pass.extend(p.may_pass);
             self.sessions = self.sessions.max(p.sessions);
             self.large.merge(&p.large);
         }
         self.failed.sort();
+        self.may_pass.sort();
     }
+}
+
+/// The files `opt` asks for ([`TreeOptions::only`]).
+fn only(opt: &TreeOptions, mut jobs: Vec<Job>) -> Vec<Job> {
+    if let Some(keep) = &opt.only {
+        jobs.retain(|j| keep.contains(&j.rel));
+    }
+    jobs
 }
 
 /// The tree's size, for the progress display.
@@ -942,6 +994,43 @@ fn keep_facts(target: &Path, job: &Job) {
         if let Err(e) = std::fs::set_permissions(target, std::fs::Permissions::from_mode(m)) {
             tracing::warn!("{}: cannot set the permissions: {e}", target.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod then_tests {
+    use super::TreeReport;
+
+    #[test]
+    fn a_later_run_replaces_only_the_failures_it_retried() {
+        let mut first = TreeReport {
+            files: 3,
+            bytes: 300,
+            failed: vec![
+                ("a".into(), "data connection: reset".into()),
+                ("b".into(), "RETR: server replied 550 no".into()),
+                ("c".into(), "timed out".into()),
+            ],
+            may_pass: vec!["a".into(), "c".into()],
+            ..Default::default()
+        };
+        let later = TreeReport {
+            files: 1,
+            bytes: 50,
+            failed: vec![("c".into(), "timed out again".into())],
+            may_pass: vec!["c".into()],
+            ..Default::default()
+        };
+        first.then(later);
+        assert_eq!((first.files, first.bytes), (4, 350));
+        assert_eq!(
+            first.failed,
+            vec![
+                ("b".to_string(), "RETR: server replied 550 no".to_string()),
+                ("c".to_string(), "timed out again".to_string()),
+            ]
+        );
+        assert_eq!(first.may_pass, vec!["c".to_string()]);
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
+use xftp_client::tree::TreeReport;
 use xftp_client::xftp_tune::{self, Cache, PathRecord, TuneConfig};
 use xftp_client::{
     AutoConfig, Client, ClientConfig, ClientError, DataMode, FtpUrl, Timeline, TransferReport,
@@ -80,6 +81,130 @@ pub struct TransferArgs {
     /// that drive xftp; with --json the summary follows as the last line.
     #[arg(long)]
     json_progress: bool,
+    /// After a failure that may pass (a reset or timed-out connection, a
+    /// cut transfer, a server that refused the connection or answered
+    /// 421, 425, 426 or 450/451), run the transfer again, up to N more
+    /// times. With -c each run moves only what is missing; without it, a
+    /// file starts over. With -r, only the files that failed so go again.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    retries: u32,
+    /// Seconds before the first run again (--retries); each later wait is
+    /// twice the one before, at most 60 s.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_wait)]
+    retry_wait: Duration,
+}
+
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(|x| Duration::try_from_secs_f64(x).ok())
+        .filter(|d| *d <= MAX_RETRY_WAIT)
+        .ok_or_else(|| format!("{s:?} is not a number of seconds from 0 to 60"))
+}
+
+/// The longest wait between two runs (`--retry-wait` doubles up to it).
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+
+/// `--retries`: the runs of one transfer.
+struct Retry {
+    left: u32,
+    wait: Duration,
+    runs: u32,
+    resume: bool,
+}
+
+impl Retry {
+    fn new(t: &TransferArgs, resume: bool) -> Retry {
+        Retry {
+            left: t.retries,
+            wait: t.retry_wait,
+            runs: 1,
+            resume,
+        }
+    }
+
+    /// Whether another run is due after a failure (`may_pass`: one that
+    /// may pass, see [`may_pass`]).
+    fn due(&self, may_pass: bool) -> bool {
+        may_pass && self.left > 0
+    }
+
+    /// After a run that failed with `e`: whether to run again (having
+    /// said why and waited).
+    async fn again(&mut self, what: &str, e: &anyhow::Error) -> bool {
+        match may_pass(e) {
+            Some(why) if self.due(true) => {
+                let why = why.to_owned();
+                self.next(what, &why).await;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Say why the last run failed and when the next starts, and wait.
+    async fn next(&mut self, what: &str, why: &str) {
+        self.runs += 1;
+        self.left -= 1;
+        let how = if self.resume {
+            "only what is missing (-c)"
+        } else {
+            "from the start: -c would keep what arrived"
+        };
+        eprintln!(
+            "xftp {what}: {why} — trying again in {:.1} s (run {} of at most {}; {how})",
+            self.wait.as_secs_f64(),
+            self.runs,
+            self.runs + self.left,
+        );
+        tokio::time::sleep(self.wait).await;
+        self.wait = (self.wait * 2).min(MAX_RETRY_WAIT);
+    }
+
+    /// The error of the last run.
+    fn last(&self, e: anyhow::Error) -> anyhow::Error {
+        if self.runs > 1 {
+            anyhow::anyhow!("{e:#} (the last of {} runs)", self.runs)
+        } else {
+            e
+        }
+    }
+}
+
+/// An error that may pass when the transfer runs again
+/// ([`ClientError::is_transient`]); shown as the error it holds, and in
+/// the line that announces the next run as the client's error alone
+/// (`short`: the hints of what to do are for the last run).
+#[derive(Debug)]
+struct MayPass {
+    shown: anyhow::Error,
+    short: String,
+}
+
+impl std::fmt::Display for MayPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.shown)
+    }
+}
+
+impl std::error::Error for MayPass {}
+
+/// What to say of `e` when it may pass (`None`: it would not).
+fn short_if_transient(e: &ClientError) -> Option<String> {
+    e.is_transient().then(|| e.to_string())
+}
+
+/// `shown`, marked as an error that may pass when `short` says so.
+fn mark(shown: anyhow::Error, short: Option<String>) -> anyhow::Error {
+    match short {
+        Some(short) => anyhow::Error::new(MayPass { shown, short }),
+        None => shown,
+    }
+}
+
+/// Whether `e` may pass when the transfer runs again: what to say of it.
+fn may_pass(e: &anyhow::Error) -> Option<&str> {
+    e.downcast_ref::<MayPass>().map(|m| m.short.as_str())
 }
 
 /// `-v` as given, for the per-stream rates of the progress bar.
@@ -368,6 +493,9 @@ struct Summary {
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     listing: Option<String>,
+    /// Runs of the transfer (`--retries`), when more than one.
+    #[serde(skip_serializing_if = "is_one")]
+    runs: u32,
 }
 
 impl Summary {
@@ -399,7 +527,13 @@ impl Summary {
             checksum: r.checksum.as_ref().map(|c| c.value.clone()),
             error: None,
             listing: None,
+            runs: 1,
         }
+    }
+
+    fn runs(mut self, runs: u32) -> Summary {
+        self.runs = runs;
+        self
     }
 
     fn with_tls(mut self, info: Option<xftp_client::xftp_tls::TlsInfo>) -> Summary {
@@ -434,12 +568,17 @@ impl Summary {
             checksum: None,
             error: Some(msg),
             listing: None,
+            runs: 1,
         }
     }
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// [`explain`], and with `-c` what was kept for the next run (`kept`),
@@ -452,6 +591,7 @@ fn explain_resumable(
     resume: bool,
     kept: &str,
 ) -> anyhow::Error {
+    let short = short_if_transient(&e);
     let keeps = resume
         && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
         && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }));
@@ -469,13 +609,14 @@ fn explain_resumable(
     // What happened to the bytes is said once: here, where it is known.
     let told = keeps || (cut && !resume && op == Op::Get);
     let e = explain_noting(e, op, url, !told);
-    if keeps {
+    let e = if keeps {
         anyhow::anyhow!("{e:#} — {kept}")
     } else if told {
         anyhow::anyhow!("{e:#} — {NOT_KEPT}")
     } else {
         e
-    }
+    };
+    mark(e, short)
 }
 
 /// Which command failed: the hint depends on it.
@@ -489,6 +630,7 @@ enum Op {
 pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let json = a.common.json;
+    let mut retry = Retry::new(&a.t, a.resume);
     if a.t.recursive {
         let r = async {
             let url = FtpUrl::parse(&a.url)?;
@@ -504,69 +646,149 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
                 .local
                 .clone()
                 .unwrap_or_else(|| xftp_proto::name::to_path(&name));
-            let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
-            let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
-            let opt = tree_options(&a.t, a.resume, progress.clone());
-            let display = super::progress::start(progress, mode);
-            let r = xftp_client::tree::get_tree(connect, &url.path, &target, &opt).await;
-            display.finish().await;
-            r.map_err(|e| explain(e, Op::Get, &url))
+            let mut only = None;
+            let mut done: Option<TreeReport> = None;
+            loop {
+                let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
+                let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
+                let mut opt = tree_options(&a.t, a.resume, progress.clone());
+                opt.only = only.take();
+                let display = super::progress::start(progress, mode);
+                let r = xftp_client::tree::get_tree(connect, &url.path, &target, &opt).await;
+                display.finish().await;
+                match tree_run(&mut retry, &mut done, r, Op::Get, &url, start).await? {
+                    TreeNext::Again(files) => only = files,
+                    TreeNext::Done => break,
+                }
+            }
+            done.context("no run of the tree finished")
         }
         .await;
-        return tree_finish(r, json, a.t.quiet, start, "get");
+        return tree_finish(r, json, a.t.quiet, start, "get", retry.runs);
     }
-    let result = async {
-        let url = FtpUrl::parse(&a.url)?;
-        let name = url.file_name().map(str::to_owned).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{} names a directory, not a file — give the file's path, e.g. ftp://{}/dir/file (list with `xftp ls`), or fetch the whole tree with `xftp get -r {} LOCAL_DIR`",
-                a.url,
-                url.authority(),
-                a.url
-            )
-        })?;
-        let target = match &a.local {
-            None => xftp_proto::name::to_path(&name),
-            Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(&name)),
-            Some(p) => p.clone(),
-        };
-        let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
-        let (cfg, password) = client_config(&url, &a.common, Some(&a.t), progress.clone())?;
-        let mut client = open(&url, cfg.clone(), password.as_deref()).await?;
-        client.set_resume(a.resume);
-        client.set_sessions(session_factory(
-            &url.host,
-            url.port,
-            url.user.as_deref(),
-            cfg,
-            password,
-        ));
-        let display = super::progress::start(progress, mode);
-        let r = client.download(&url.path, &target).await;
-        display.finish().await;
-        if a.t.quiet {
-            client.take_notices();
-        } else {
-            print_notices(&mut client);
+    let result = loop {
+        match get_once(&a, start).await {
+            Err(e) if retry.again("get", &e).await => {}
+            r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
         }
-        let r = r.map_err(|e| {
-            let kept = format!(
-                "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
-                xftp_client::partial_path(&target).display()
-            );
-            explain_resumable(e, Op::Get, &url, a.resume, &kept)
-        })?;
-        let summary = conclude(&client, &url, &r, start);
-        client.quit().await;
-        Ok::<_, anyhow::Error>(summary)
-    }
-    .await;
+    };
     finish(result, json, a.t.quiet, start, "get")
+}
+
+/// What follows a run of a tree.
+enum TreeNext {
+    /// Run again (the wait is over) over these files, which failed in a
+    /// way that may pass (`None`: the whole tree).
+    Again(Option<std::sync::Arc<std::collections::HashSet<String>>>),
+    /// The tree is done: its report is complete.
+    Done,
+}
+
+/// One run of a tree (`-r`) with `--retries`: its report goes into
+/// `done`, and what follows.
+async fn tree_run(
+    retry: &mut Retry,
+    done: &mut Option<TreeReport>,
+    r: Result<TreeReport, ClientError>,
+    op: Op,
+    url: &FtpUrl,
+    start: Instant,
+) -> anyhow::Result<TreeNext> {
+    let what = if op == Op::Put { "put" } else { "get" };
+    let rep = match r {
+        Ok(rep) => rep,
+        Err(e) => {
+            let e = explain(e, op, url);
+            // The tree as a whole failed (its listing, its first
+            // session): the next run does what this one did.
+            if retry.again(what, &e).await {
+                return Ok(TreeNext::Again(done.as_ref().map(|d| {
+                    std::sync::Arc::new(d.may_pass.iter().cloned().collect())
+                })));
+            }
+            return Err(retry.last(e));
+        }
+    };
+    let d = match done.take() {
+        None => rep,
+        Some(mut d) => {
+            d.then(rep);
+            d.elapsed = start.elapsed();
+            d
+        }
+    };
+    let d = done.insert(d);
+    if d.may_pass.is_empty() || !retry.due(true) {
+        return Ok(TreeNext::Done);
+    }
+    let first = d
+        .failed
+        .iter()
+        .find(|(p, _)| d.may_pass.first() == Some(p))
+        .map(|(p, why)| format!("{p}: {why}"))
+        .unwrap_or_default();
+    let why = format!(
+        "{} file{} failed in a way that may pass (the first: {first})",
+        d.may_pass.len(),
+        if d.may_pass.len() == 1 { "" } else { "s" }
+    );
+    let next = std::sync::Arc::new(d.may_pass.iter().cloned().collect());
+    retry.next(what, &why).await;
+    Ok(TreeNext::Again(Some(next)))
+}
+
+/// One run of `xftp get` of a file.
+async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
+    let json = a.common.json;
+    let url = FtpUrl::parse(&a.url)?;
+    let name = url.file_name().map(str::to_owned).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} names a directory, not a file — give the file's path, e.g. ftp://{}/dir/file (list with `xftp ls`), or fetch the whole tree with `xftp get -r {} LOCAL_DIR`",
+            a.url,
+            url.authority(),
+            a.url
+        )
+    })?;
+    let target = match &a.local {
+        None => xftp_proto::name::to_path(&name),
+        Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(&name)),
+        Some(p) => p.clone(),
+    };
+    let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
+    let (cfg, password) = client_config(&url, &a.common, Some(&a.t), progress.clone())?;
+    let mut client = open(&url, cfg.clone(), password.as_deref()).await?;
+    client.set_resume(a.resume);
+    client.set_sessions(session_factory(
+        &url.host,
+        url.port,
+        url.user.as_deref(),
+        cfg,
+        password,
+    ));
+    let display = super::progress::start(progress, mode);
+    let r = client.download(&url.path, &target).await;
+    display.finish().await;
+    if a.t.quiet {
+        client.take_notices();
+    } else {
+        print_notices(&mut client);
+    }
+    let r = r.map_err(|e| {
+        let kept = format!(
+            "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
+            xftp_client::partial_path(&target).display()
+        );
+        explain_resumable(e, Op::Get, &url, a.resume, &kept)
+    })?;
+    let summary = conclude(&client, &url, &r, start);
+    client.quit().await;
+    Ok(summary)
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let json = a.common.json;
+    let mut retry = Retry::new(&a.t, a.resume);
     if a.t.recursive {
         let r = async {
             let url = FtpUrl::parse(&a.url)?;
@@ -576,63 +798,80 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
                     a.local.display()
                 );
             }
-            let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
-            let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
-            let opt = tree_options(&a.t, false, progress.clone());
-            let display = super::progress::start(progress, mode);
-            let r = xftp_client::tree::put_tree(connect, &a.local, &url.path, &opt).await;
-            display.finish().await;
-            r.map_err(|e| explain(e, Op::Put, &url))
+            let mut only = None;
+            let mut done: Option<TreeReport> = None;
+            loop {
+                let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
+                let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
+                let mut opt = tree_options(&a.t, false, progress.clone());
+                opt.only = only.take();
+                let display = super::progress::start(progress, mode);
+                let r = xftp_client::tree::put_tree(connect, &a.local, &url.path, &opt).await;
+                display.finish().await;
+                match tree_run(&mut retry, &mut done, r, Op::Put, &url, start).await? {
+                    TreeNext::Again(files) => only = files,
+                    TreeNext::Done => break,
+                }
+            }
+            done.context("no run of the tree finished")
         }
         .await;
-        return tree_finish(r, json, a.t.quiet, start, "put");
+        return tree_finish(r, json, a.t.quiet, start, "put", retry.runs);
     }
-    let result = async {
-        let url = FtpUrl::parse(&a.url)?;
-        let mut remote = url.path.clone();
-        if url.is_dir_path() {
-            let name = a
-                .local
-                .file_name()
-                .map(xftp_proto::name::from_os)
-                .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", a.local.display()))?;
-            remote.push_str(&name);
+    let result = loop {
+        match put_once(&a, start).await {
+            Err(e) if retry.again("put", &e).await => {}
+            r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
         }
-        if a.local.is_dir() {
-            anyhow::bail!(
-                "{} is a directory — send the whole tree with `xftp put -r {} {}`",
-                a.local.display(),
-                a.local.display(),
-                a.url
-            );
-        }
-        if !a.local.is_file() {
-            anyhow::bail!(
-                "{} is not a readable regular file — check the local path",
-                a.local.display()
-            );
-        }
-        let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
-        let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
-        client.set_resume(a.resume);
-        let display = super::progress::start(progress, mode);
-        let r = client.upload(&a.local, &remote).await;
-        display.finish().await;
-        if a.t.quiet {
-            client.take_notices();
-        } else {
-            print_notices(&mut client);
-        }
-        let r = r.map_err(|e| {
-            let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
-            explain_resumable(e, Op::Put, &url, a.resume, kept)
-        })?;
-        let summary = conclude(&client, &url, &r, start);
-        client.quit().await;
-        Ok::<_, anyhow::Error>(summary)
-    }
-    .await;
+    };
     finish(result, json, a.t.quiet, start, "put")
+}
+
+/// One run of `xftp put` of a file.
+async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
+    let json = a.common.json;
+    let url = FtpUrl::parse(&a.url)?;
+    let mut remote = url.path.clone();
+    if url.is_dir_path() {
+        let name = a
+            .local
+            .file_name()
+            .map(xftp_proto::name::from_os)
+            .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", a.local.display()))?;
+        remote.push_str(&name);
+    }
+    if a.local.is_dir() {
+        anyhow::bail!(
+            "{} is a directory — send the whole tree with `xftp put -r {} {}`",
+            a.local.display(),
+            a.local.display(),
+            a.url
+        );
+    }
+    if !a.local.is_file() {
+        anyhow::bail!(
+            "{} is not a readable regular file — check the local path",
+            a.local.display()
+        );
+    }
+    let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
+    let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+    client.set_resume(a.resume);
+    let display = super::progress::start(progress, mode);
+    let r = client.upload(&a.local, &remote).await;
+    display.finish().await;
+    if a.t.quiet {
+        client.take_notices();
+    } else {
+        print_notices(&mut client);
+    }
+    let r = r.map_err(|e| {
+        let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
+        explain_resumable(e, Op::Put, &url, a.resume, kept)
+    })?;
+    let summary = conclude(&client, &url, &r, start);
+    client.quit().await;
+    Ok(summary)
 }
 
 pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
@@ -885,6 +1124,9 @@ struct TreeSummary {
     large_seconds: f64,
     /// (path, why) for every file that failed.
     failed: Vec<(String, String)>,
+    /// Runs of the tree (`--retries`), when more than one.
+    #[serde(skip_serializing_if = "is_one")]
+    runs: u32,
 }
 
 fn tree_finish(
@@ -893,6 +1135,7 @@ fn tree_finish(
     quiet: bool,
     start: Instant,
     what: &str,
+    runs: u32,
 ) -> anyhow::Result<ExitCode> {
     let r = match r {
         Ok(r) => r,
@@ -918,6 +1161,7 @@ fn tree_finish(
         large_bytes: r.large.bytes,
         large_seconds: r.large.elapsed().as_secs_f64(),
         failed: r.failed.clone(),
+        runs,
     };
     if json {
         println!("{}", serde_json::to_string(&s).context("formatting JSON")?);
@@ -1004,7 +1248,8 @@ fn login_hint(e: &ClientError, url: &FtpUrl) -> Option<&'static str> {
 
 /// Attach the likely fix to an error.
 fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
-    explain_noting(e, op, url, true)
+    let short = short_if_transient(&e);
+    mark(explain_noting(e, op, url, true), short)
 }
 
 /// [`explain`]; with `nothing_kept`, a failure that removed what arrived
@@ -1050,7 +1295,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             ),
             _ => None,
         },
-        ClientError::NotFtp(_) => Some(format!(
+        ClientError::NotFtp(_) | ClientError::NoGreeting { .. } => Some(format!(
             "is {} an FTP server's address? check the host and port (ftp://host:PORT/; ftps:// for implicit TLS)",
             url.authority()
         )),
