@@ -793,10 +793,8 @@ impl Client {
     /// With [`ClientConfig::resume`], the download is resumable instead:
     /// see `download_resumable`.
     pub async fn download(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
-        match self.download_inner(remote, local).await {
-            Err(e) => Err(self.in_step_after(e).await),
-            ok => ok,
-        }
+        let r = self.download_inner(remote, local).await;
+        self.in_step_after(r).await
     }
 
     async fn download_inner(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
@@ -1193,10 +1191,8 @@ impl Client {
     /// checksum, and only then renamed over `remote`; on a mismatch the
     /// temporary is deleted.
     pub async fn upload(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
-        match self.upload_inner(local, remote).await {
-            Err(e) => Err(self.in_step_after(e).await),
-            ok => ok,
-        }
+        let r = self.upload_inner(local, remote).await;
+        self.in_step_after(r).await
     }
 
     async fn upload_inner(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
@@ -1730,10 +1726,8 @@ impl Client {
     /// A listing command over one plain data connection, at most
     /// [`MAX_LISTING`] bytes kept.
     async fn listing(&mut self, c: Cmd) -> Result<Vec<u8>> {
-        match self.listing_inner(c).await {
-            Err(e) => Err(self.in_step_after(e).await),
-            ok => ok,
-        }
+        let r = self.listing_inner(c).await;
+        self.in_step_after(r).await
     }
 
     async fn listing_inner(&mut self, c: Cmd) -> Result<Vec<u8>> {
@@ -2702,20 +2696,24 @@ impl Client {
         e
     }
 
-    /// A transfer or listing failed with `e` part-way, perhaps after its
+    /// A transfer or listing (`r`) failed part-way, perhaps after its
     /// 150 (a data connection reset, a local write error): the replies
     /// the server still owes for it are skipped, so that the session's
     /// next command reads its own reply, not the 426 of this one. If they
     /// do not come within a moment the session is marked out of step
-    /// ([`Client::in_step`]). `e` is returned as it is.
-    async fn in_step_after(&mut self, e: ClientError) -> ClientError {
+    /// ([`Client::in_step`]). `r` is returned as it is.
+    async fn in_step_after<T>(&mut self, r: Result<T>) -> Result<T> {
+        let e = match r {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
         self.early_final = None;
         if e.session_broken()
             || self.pending_login.is_some()
             || self.pending_prelude.is_some()
             || self.ctl.unanswered() == 0
         {
-            return e;
+            return Err(e);
         }
         let grace = Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 4;
         if !self.ctl.skip_unanswered(grace).await {
@@ -2725,7 +2723,7 @@ impl Client {
             );
             self.out_of_step = true;
         }
-        e
+        Err(e)
     }
 
     /// Whether the session can take another command: `false` after a
@@ -2735,18 +2733,32 @@ impl Client {
         !self.out_of_step
     }
 
-    /// Await `data` (a read of a stream-mode data connection) while
-    /// reading the control connection, as the framed receive does: a
-    /// failure reply to `c` ends the transfer at once (a server that gave
-    /// up may leave our end of the connection hearing nothing until the
-    /// data timeout); a 226 that comes before the end of the data is kept
-    /// for [`expect_complete`](Self::expect_complete); markers are passed
+    /// Await `data` (a read of a stream-mode data connection, or a whole
+    /// framed receive) while reading the control connection: a failure
+    /// reply to `c` ends the transfer at once (a server that gave up may
+    /// leave our end of the connections hearing nothing until the data
+    /// timeout); a 226 that comes before the end of the data is kept for
+    /// [`expect_complete`](Self::expect_complete); markers are passed
     /// over.
+    ///
+    /// After a failure reply, `data` has a moment more: our end may have
+    /// failed first (a full local disk) and reset the connections, which
+    /// is all the server's 426 can tell, and the data side's own error
+    /// says more. If `data` ends within it, its outcome is returned and
+    /// the reply kept for `expect_complete` and the next call, which
+    /// fail with it.
     async fn beside_control<T>(
         &mut self,
         c: &Cmd,
         data: impl std::future::Future<Output = T>,
     ) -> Result<T> {
+        if let Some(r) = self
+            .early_final
+            .as_ref()
+            .filter(|r| !matches!(r.code, 226 | 250))
+        {
+            return Err(unexpected(c, r));
+        }
         let mut data = std::pin::pin!(data);
         loop {
             tokio::select! {
@@ -2755,11 +2767,20 @@ impl Client {
                 r = self.ctl.read_reply_within(Duration::from_secs(86_400)), if self.early_final.is_none() => {
                     let r = r?;
                     if r.is_preliminary() {
+                        // GridFTP's performance and restart markers.
                         tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
                     } else if matches!(r.code, 226 | 250) {
+                        // Complete on the server's side: the data is
+                        // still to be read to its end.
                         self.early_final = Some(r);
                     } else {
-                        return Err(unexpected(c, &r));
+                        let grace = Duration::from_millis(250) + self.ctl.rtt().unwrap_or_default() * 2;
+                        let err = unexpected(c, &r);
+                        self.early_final = Some(r);
+                        return match tokio::time::timeout(grace, &mut data).await {
+                            Ok(v) => Ok(v),
+                            Err(_) => Err(err),
+                        };
                     }
                 }
             }
@@ -2972,42 +2993,14 @@ impl Client {
         let fin = late.beside(rx.finish(), move |s| {
             ctl.add_connection(dog.guard(s)).is_ok()
         });
-        let mut fin = std::pin::pin!(fin);
-        // The control connection is read while the data moves: a server
-        // that gave up (its end of a data connection reset, its disk
-        // full) says so with a 426 or 451 at once, while our end of the
-        // connections may hear nothing until the data timeout.
-        let mut done: Option<Reply> = None;
-        let report = loop {
-            tokio::select! {
-                r = &mut fin => break r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
-                r = self.ctl.read_reply_within(Duration::from_secs(86_400)), if done.is_none() => {
-                    let r = r?;
-                    if r.is_preliminary() {
-                        // GridFTP's performance and restart markers.
-                        tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
-                    } else if matches!(r.code, 226 | 250) {
-                        // Complete on the server's side: the data is
-                        // still to be read to its end.
-                        done = Some(r);
-                    } else {
-                        // Our end may have failed first (a full local
-                        // disk) and reset the connections, which is all
-                        // the server's 426 can tell: the data side's own
-                        // error, if it has one at once, says more.
-                        let grace = Duration::from_millis(250) + self.ctl.rtt().unwrap_or_default() * 2;
-                        if let Ok(Err(e)) = tokio::time::timeout(grace, &mut fin).await {
-                            return Err(stripe_err(e, self.cfg.data_timeout));
-                        }
-                        return Err(unexpected(c, &r));
-                    }
-                }
-            }
-        };
+        // The control connection is read while the data moves (a server
+        // that gave up says so at once).
+        let report = self
+            .beside_control(c, fin)
+            .await?
+            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
         self.received_twice += report.duplicate_bytes;
-        if done.is_none() {
-            self.expect_complete(c).await?;
-        }
+        self.expect_complete(c).await?;
         Ok(report.streams.iter().map(|s| s.bytes).collect())
     }
 
