@@ -14,8 +14,10 @@ total_seconds - seconds in its JSON summary), and the server's memory
 per idle logged-in session. Writes bench/out/load/{results.json,report.md}.
 The seed (printed) picks each client's sequence of gets and puts.
 """
-import argparse, hashlib, json, os, random, resource, socket, statistics
+import argparse, json, os, random, resource, socket, statistics
 import subprocess, sys, tempfile, threading, time
+
+from common import sha
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "out", "load")
@@ -32,14 +34,6 @@ def rss_kib(pid, field="VmRSS:"):
 
 def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def main():

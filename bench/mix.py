@@ -30,7 +30,6 @@ Writes bench/out/mix/{results.jsonl,report.md}; exit status 1 if any
 transfer failed.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -42,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from common import sha
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release")
@@ -100,14 +101,6 @@ def draw_link(rnd, seed):
     if loss:
         per = min(per, 1448 * 1.22 / (rtt * math.sqrt(loss)))
     return {"args": args, "reset": reset, "rate": rate, "rtt_ms": 2 * delay, "loss": loss, "cc": cc, "per_conn": per}
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def tree_digest(top):

@@ -12,21 +12,15 @@ Writes bench/out/soak/{results.json,report.md}; exit status non-zero if
 any file could not be moved intact within its retries, or descriptors
 leaked.
 """
-import argparse, hashlib, json, os, random, subprocess, sys, tempfile, time
+import argparse, json, os, random, subprocess, sys, tempfile, time
+
+from common import sha
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "out", "soak")
 BIN = os.path.join(ROOT, "target", "release")
 XFTP = os.environ.get("XFTP", os.path.join(BIN, "xftp"))
 NETEM = os.path.join(BIN, "xftp-netem")
-
-
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def status(pid, field):
