@@ -768,11 +768,7 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     let display = super::progress::start(progress, mode);
     let r = client.download(&url.path, &target).await;
     display.finish().await;
-    if a.t.quiet {
-        client.take_notices();
-    } else {
-        print_notices(&mut client);
-    }
+    show_notices(&mut client, a.t.quiet);
     let r = r.map_err(|e| {
         let kept = format!(
             "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
@@ -860,11 +856,7 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
     let display = super::progress::start(progress, mode);
     let r = client.upload(&a.local, &remote).await;
     display.finish().await;
-    if a.t.quiet {
-        client.take_notices();
-    } else {
-        print_notices(&mut client);
-    }
+    show_notices(&mut client, a.t.quiet);
     let r = r.map_err(|e| {
         let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
         explain_resumable(e, Op::Put, &url, a.resume, kept)
@@ -1203,6 +1195,15 @@ fn tree_options(
         skip_complete: resume,
         progress,
         ..Default::default()
+    }
+}
+
+/// [`print_notices`], or with `-q` drop them.
+fn show_notices(client: &mut Client, quiet: bool) {
+    if quiet {
+        client.take_notices();
+    } else {
+        print_notices(client);
     }
 }
 
