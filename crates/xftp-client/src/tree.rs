@@ -696,6 +696,23 @@ pub async fn put_tree(
             )),
         }
     }
+    let jobs = if opt.skip_complete {
+        let there = remote_files(&mut first, &top, remote, &dirs).await?;
+        let before = jobs.len();
+        let jobs: Vec<Job> = jobs
+            .into_iter()
+            .filter(|j| {
+                let same = there.get(&j.rel).is_some_and(|&(size, mtime)| {
+                    size == j.size && j.mtime.is_some() && mtime == j.mtime
+                });
+                !same
+            })
+            .collect();
+        report.skipped += before - jobs.len();
+        jobs
+    } else {
+        jobs
+    };
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -943,6 +960,44 @@ impl TreeReport {
         self.failed.sort();
         self.may_pass.sort();
     }
+}
+
+/// The files the server holds in the tree's top (`top`, under `remote`
+/// as given) and in `dirs` below it, by their paths relative to the top:
+/// size and modification time, for an upload that skips the files
+/// complete there (`skip_complete`). A directory that cannot be listed
+/// (refused, not there) holds nothing complete.
+async fn remote_files(
+    c: &mut Client,
+    top: &str,
+    remote: &str,
+    dirs: &[String],
+) -> Result<std::collections::HashMap<String, (u64, Option<i64>)>> {
+    let mut out = std::collections::HashMap::new();
+    let here = if top.is_empty() { "." } else { top };
+    let listed = std::iter::once((String::new(), here.to_owned()))
+        .chain(dirs.iter().map(|d| (d.clone(), join(remote, d))));
+    for (d, path) in listed {
+        let entries = match c.entries(&path).await {
+            Ok(e) => e,
+            Err(e) if e.reply_code().is_some_and(|code| code >= 400) => {
+                tracing::debug!("{path}: not listed ({e}): nothing in it is skipped");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for e in entries {
+            if let (Kind::File, Some(size)) = (e.kind, e.size) {
+                let rel = if d.is_empty() {
+                    e.name
+                } else {
+                    format!("{d}/{}", e.name)
+                };
+                out.insert(rel, (size, e.modify));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The files `opt` asks for ([`TreeOptions::only`]).

@@ -177,6 +177,23 @@ fn trees_both_ways_keep_bytes_times_and_modes() {
         "{j}"
     );
     same_tree(&root.join("src"), &work.join("copy"));
+
+    // put -r -c: the files complete on the server are skipped; one
+    // removed there and one changed here go again.
+    std::fs::remove_file(root.join("up/a/f0.dat")).unwrap();
+    std::fs::write(work.join("copy/a/b/f1.dat"), b"changed here").unwrap();
+    let out = xftp(
+        &["put", "-r", "-c", "--json", "copy", &format!("{base}/up/")],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j = json(&out);
+    assert_eq!(
+        (j["files"].as_u64(), j["skipped"].as_u64()),
+        (Some(2), Some(n as u64 - 2)),
+        "{j}"
+    );
+    same_tree(&work.join("copy"), &root.join("up"));
 }
 
 #[test]

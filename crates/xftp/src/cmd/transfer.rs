@@ -356,7 +356,8 @@ pub struct PutArgs {
     /// Resumable (xftp servers): the file goes up as `.NAME.xftp-part`,
     /// kept by the server with a record of its ranges if the upload is
     /// cut; run again with -c to send only what is missing. Refused if the
-    /// local file's size or modification time changed since.
+    /// local file's size or modification time changed since. With -r:
+    /// files the server holds with the same size and time are skipped.
     #[arg(short = 'c', long = "continue")]
     resume: bool,
     #[command(flatten)]
@@ -799,7 +800,9 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
             loop {
                 let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
                 let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
-                let mut opt = tree_options(&a.t, false, progress.clone());
+                // -c: files complete on the server are skipped; the others
+                // go whole (a tree's uploads are not resumable).
+                let mut opt = tree_options(&a.t, a.resume, progress.clone());
                 opt.only = only.take();
                 let display = super::progress::start(progress, mode);
                 let r = xftp_client::tree::put_tree(connect, &a.local, &url.path, &opt).await;
