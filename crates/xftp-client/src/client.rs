@@ -369,6 +369,7 @@ impl Client {
 
     /// Use an already connected control stream; reads the greeting.
     pub async fn from_stream(stream: TcpStream, cfg: ClientConfig) -> Result<Client> {
+        keepalive(&stream, cfg.reply_timeout);
         let tls = match &cfg.tls {
             Some(t) => Some((
                 ClientTls::new(&t.verify, &t.server_name)
@@ -2677,7 +2678,10 @@ impl Client {
     /// its reply, if it comes within a moment, says why better than the
     /// reset. Other errors are returned as they are.
     pub(crate) async fn reason_from_server(&mut self, c: &Cmd, e: ClientError) -> ClientError {
-        if !matches!(e, ClientError::DataIo(_) | ClientError::Stripe(_)) {
+        if !matches!(
+            e,
+            ClientError::DataIo(_) | ClientError::Stripe(_) | ClientError::StripeFault(_)
+        ) {
             return e;
         }
         let grace = Duration::from_secs(1) + self.ctl.rtt().unwrap_or_default() * 2;
@@ -3332,7 +3336,8 @@ fn stripe_err(e: xftp_stripe::StripeError, limit: Duration) -> ClientError {
             what: "the data connections to move (stalled)".into(),
             after: limit,
         },
-        other => ClientError::Stripe(other.to_string()),
+        other if other.may_pass() => ClientError::Stripe(other.to_string()),
+        other => ClientError::StripeFault(other.to_string()),
     }
 }
 
@@ -3398,6 +3403,29 @@ async fn connect_data(
 
 /// A TCP connection (a data connection's before any TLS, with `bufsize`'s
 /// buffers set first; the control connection's with none).
+/// TCP keepalive on the control connection: a probe after 2 s of
+/// silence, then every 2 s, until the reply timeout. A connection the
+/// server no longer has is answered with a reset at the first probe, and
+/// fails at once instead of at the reply timeout: one whose handshake's
+/// last segment was lost to a reset (the server never accepted it, and we
+/// would wait for a greeting that cannot come), or one a middlebox
+/// dropped while a long transfer kept it idle. A connection that answers
+/// nothing fails about when the reply timeout would have ended it.
+fn keepalive(stream: &TcpStream, reply_timeout: Duration) {
+    const EVERY: Duration = Duration::from_secs(2);
+    let probes = (reply_timeout.as_secs() / EVERY.as_secs()).clamp(1, 60) as u32;
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(EVERY)
+        .with_interval(EVERY);
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let ka = ka.with_retries(probes);
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
+    let _ = probes;
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        tracing::debug!("control connection: no TCP keepalive: {e}");
+    }
+}
+
 async fn connect_tcp(addr: SocketAddr, bufsize: Option<u64>, limit: Duration) -> Result<TcpStream> {
     sockbuf::connect(addr, bufsize, limit)
         .await

@@ -127,9 +127,15 @@ pub enum ClientError {
         /// The count that disagrees.
         got: u64,
     },
-    /// The striping engine failed on a multi-stream transfer.
+    /// The striping engine failed on a multi-stream transfer: a data
+    /// connection broke, or the transfer was cut short.
     #[error("multi-stream transfer: {0}")]
     Stripe(String),
+    /// The striping engine failed in a way that running again would not
+    /// mend: the local file ("storage: ..."), or data from the peer that
+    /// broke the protocol (overlapping or differing ranges, a bad block).
+    #[error("multi-stream transfer: {0}")]
+    StripeFault(String),
     /// TLS could not be set up (a failed handshake, a certificate that
     /// is not trusted, a server without TLS); the text names the cause and
     /// the fix.
@@ -203,6 +209,20 @@ impl ClientError {
         }
     }
 
+    /// Whether the server could not be reached or would not take the
+    /// session: a refused or failed TCP connection, no greeting, a 421
+    /// (busy, shutting down). Running again at once is likely to meet
+    /// the same; a caller that retries waits longer each time (see
+    /// [`is_transient`](Self::is_transient)).
+    pub fn server_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. }
+                | ClientError::NoGreeting { .. }
+                | ClientError::Reply { code: 421, .. }
+        )
+    }
+
     /// The server's reply code, when the error is a refusal by the server.
     pub fn reply_code(&self) -> Option<u16> {
         match self {
@@ -246,6 +266,9 @@ mod tests {
         assert!(ClientError::DataIo(io()).is_transient());
         assert!(ClientError::ControlIo(io()).is_transient());
         assert!(ClientError::Closed.is_transient());
+        assert!(reply(421).server_unreachable());
+        assert!(!reply(426).server_unreachable());
+        assert!(!ClientError::DataIo(io()).server_unreachable());
         assert!(ClientError::NoGreeting {
             after: Duration::from_secs(20)
         }

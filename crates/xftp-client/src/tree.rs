@@ -253,7 +253,6 @@ pub async fn get_tree(
     report.other = walked.other;
     report.unlisted = walked.unlisted;
     let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs));
-    let jobs = only(opt, jobs);
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -696,6 +695,7 @@ pub async fn put_tree(
             )),
         }
     }
+    let jobs = only(opt, jobs);
     let jobs = if opt.skip_complete {
         let there = remote_files(&mut first, &top, remote, &dirs).await?;
         let before = jobs.len();
@@ -929,17 +929,28 @@ impl TreeReport {
     }
 
     /// Add `later`, a run over the files this one left failed and that
-    /// may pass ([`TreeOptions::only`]): those failures are dropped
-    /// (`later` tells how they went), the counts add up, and the time is
-    /// from this run's start to the end of `later`.
+    /// may pass ([`TreeOptions::only`]): those failures are replaced by
+    /// what `later` says of them, and the counts add up. What `later`
+    /// reports of anything else (a directory refused again) was said
+    /// already. A retried file gone from the source by then is neither
+    /// moved nor failed: it leaves the report.
     pub fn then(&mut self, later: TreeReport) {
-        let retried: HashSet<&str> = self.may_pass.iter().map(String::as_str).collect();
-        self.failed.retain(|(p, _)| !retried.contains(p.as_str()));
-        self.may_pass = later.may_pass;
+        let retried: HashSet<String> = std::mem::take(&mut self.may_pass).into_iter().collect();
+        self.failed.retain(|(p, _)| !retried.contains(p));
+        self.failed.extend(
+            later
+                .failed
+                .into_iter()
+                .filter(|(p, _)| retried.contains(p)),
+        );
+        self.may_pass = later
+            .may_pass
+            .into_iter()
+            .filter(|p| retried.contains(p))
+            .collect();
         self.files += later.files;
         self.bytes += later.bytes;
         self.skipped += later.skipped;
-        self.failed.extend(later.failed);
         self.failed.sort();
         self.sessions = self.sessions.max(later.sessions);
         self.large.merge(&later.large);
@@ -1072,7 +1083,11 @@ mod then_tests {
         let later = TreeReport {
             files: 1,
             bytes: 50,
-            failed: vec![("c".into(), "timed out again".into())],
+            failed: vec![
+                ("c".into(), "timed out again".into()),
+                // Said by the first run already.
+                ("d/".into(), "MKD refused".into()),
+            ],
             may_pass: vec!["c".into()],
             ..Default::default()
         };

@@ -276,6 +276,24 @@ pub enum StripeError {
 }
 
 impl StripeError {
+    /// Whether running the transfer again may succeed: a data connection
+    /// failed, or the transfer was cut short (the network). Not a local
+    /// storage error, data that broke the protocol or a misuse: those
+    /// would fail the same way again.
+    pub fn may_pass(&self) -> bool {
+        match self {
+            Self::Io { conn, .. } => conn.is_some(),
+            Self::ClosedBeforeEod { .. }
+            | Self::MissingEof
+            | Self::MissingEods { .. }
+            | Self::Hole { .. }
+            | Self::NoConnections => true,
+            Self::SizeMismatch { expected, got } => got < expected,
+            Self::Aborted(m) => !m.starts_with("storage"),
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(conn: Option<usize>, e: &std::io::Error) -> Self {
         Self::Io {
             conn,

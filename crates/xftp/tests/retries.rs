@@ -35,9 +35,24 @@ fn serve_on(root: &Path, port: u16) -> Server {
     Server(child)
 }
 
-/// Run xftp in `cwd` with `args`; 800 ms in, kill its server (SIGKILL),
-/// and start it again on the same port a second later.
-fn through_a_crash(args: &[&str], cwd: &Path, root: &Path, port: u16) -> Output {
+/// Bytes in the files under `dir` (hidden ones too), recursively.
+fn bytes_under(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+/// Run xftp in `cwd` with `args`; once `watch` holds a few MiB more than
+/// before (the transfer is under way; 20 s at most), kill its server
+/// (SIGKILL), and start it again on the same port a second later.
+fn through_a_crash(args: &[&str], cwd: &Path, root: &Path, port: u16, watch: &Path) -> Output {
+    let before = bytes_under(watch);
     let srv = serve_on(root, port);
     let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
         .args(args)
@@ -48,7 +63,10 @@ fn through_a_crash(args: &[&str], cwd: &Path, root: &Path, port: u16) -> Output 
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn xftp");
-    std::thread::sleep(Duration::from_millis(800));
+    let t0 = std::time::Instant::now();
+    while bytes_under(watch) < before + (3 << 20) && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(srv);
     std::thread::sleep(Duration::from_secs(1));
     let _srv = serve_on(root, port);
@@ -94,7 +112,7 @@ fn a_download_outlives_its_server_crash() {
     let url = format!("ftp://127.0.0.1:{port}/f.bin");
     let mut args = vec!["get", "-c", "-p", "4", "--json", &url, "f.bin"];
     args.extend(SLOW);
-    let out = through_a_crash(&args, &local, &root, port);
+    let out = through_a_crash(&args, &local, &root, port, &local);
     let j = ran_again(&out);
     assert!(j["bytes_already_present"].as_u64().unwrap_or(0) > 0, "{j}");
     assert_eq!(
@@ -111,7 +129,7 @@ fn an_upload_outlives_its_server_crash() {
     let url = format!("ftp://127.0.0.1:{port}/u.bin");
     let mut args = vec!["put", "-c", "-p", "4", "--json", "u.bin", &url];
     args.extend(SLOW);
-    let out = through_a_crash(&args, &local, &root, port);
+    let out = through_a_crash(&args, &local, &root, port, &root);
     ran_again(&out);
     assert_eq!(
         sha256_file(&local.join("u.bin")),
@@ -127,7 +145,7 @@ fn a_download_without_c_starts_over_and_completes() {
     let url = format!("ftp://127.0.0.1:{port}/f.bin");
     let mut args = vec!["get", "-p", "2", "--json", &url, "f.bin"];
     args.extend(SLOW);
-    let out = through_a_crash(&args, &local, &root, port);
+    let out = through_a_crash(&args, &local, &root, port, &local);
     let j = ran_again(&out);
     assert!(j.get("bytes_already_present").is_none(), "{j}");
     assert_eq!(j["bytes"].as_u64(), Some(SIZE), "{j}");
@@ -152,10 +170,53 @@ fn a_tree_runs_again_over_the_files_that_failed() {
     let url = format!("ftp://127.0.0.1:{port}/tree/");
     let mut args = vec!["get", "-r", "-c", "-p", "2", "--json", &url, "copy"];
     args.extend(SLOW);
-    let out = through_a_crash(&args, &local, &root, port);
+    let out = through_a_crash(&args, &local, &root, port, &local);
     let j = ran_again(&out);
     assert_eq!(j["failed"].as_array().map(Vec::len), Some(0), "{j}");
+    // Every file counted once, none skipped: the later runs took only
+    // the files that had failed.
+    assert_eq!(
+        (j["files"].as_u64(), j["skipped"].as_u64()),
+        (Some(12), Some(0)),
+        "{j}"
+    );
     assert_same_tree(&top, &local.join("copy"));
+}
+
+#[test]
+fn a_tree_upload_runs_again_over_the_files_that_failed() {
+    let (_d, root, local) = dirs();
+    let top = local.join("tree");
+    std::fs::create_dir_all(top.join("sub")).unwrap();
+    for i in 0..6u64 {
+        write_prng_file(&top.join(format!("sub/big{i}")), 5 << 20, 30 + i);
+        write_prng_file(&top.join(format!("small{i}")), 1000 + i, 40 + i);
+    }
+    let port = free_port();
+    let url = format!("ftp://127.0.0.1:{port}/up/");
+    // No -c: only what failed goes again, whole.
+    let mut args = vec!["put", "-r", "-p", "2", "--json", "tree", &url];
+    args.extend(SLOW);
+    let out = through_a_crash(&args, &local, &root, port, &root);
+    let j = ran_again(&out);
+    assert_eq!(j["failed"].as_array().map(Vec::len), Some(0), "{j}");
+    assert_eq!(
+        (j["files"].as_u64(), j["skipped"].as_u64()),
+        (Some(12), Some(0)),
+        "{j}"
+    );
+    // The server's temporaries of the uploads its crash cut
+    // (`.NAME.xftp-part-*`, which a killed process cannot remove) aside,
+    // the trees are the same.
+    for d in ["up", "up/sub"] {
+        for e in std::fs::read_dir(root.join(d)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".xftp-part-") {
+                std::fs::remove_file(e.path()).unwrap();
+            }
+        }
+    }
+    assert_same_tree(&top, &root.join("up"));
 }
 
 #[test]

@@ -1447,7 +1447,10 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
             Op::Put => "the server's copy differs from the local file and was deleted; try again".into(),
             _ => "the copy differs from the server's file and was not kept; try again".into(),
         }),
-        ClientError::Stripe(_) => Some(
+        ClientError::StripeFault(m) if m.starts_with("storage:") => {
+            Some("writing the local file failed (nothing was kept); check the disk and the path".into())
+        }
+        ClientError::Stripe(_) | ClientError::StripeFault(_) => Some(
             "a data connection broke mid-transfer (nothing was kept); try again, perhaps with a smaller `mult`"
                 .into(),
         ),

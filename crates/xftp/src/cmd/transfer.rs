@@ -83,13 +83,15 @@ pub struct TransferArgs {
     json_progress: bool,
     /// After a failure that may pass (a reset or timed-out connection, a
     /// cut transfer, a server that refused the connection or answered
-    /// 421, 425, 426 or 450/451), run the transfer again, up to N more
-    /// times. With -c each run moves only what is missing; without it, a
+    /// 4yz, such as 421, 425 or 426, but not 452), run the transfer
+    /// again, up to N more times. With -c each run moves only what is missing; without it, a
     /// file starts over. With -r, only the files that failed so go again.
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
-    /// Seconds before the first run again (--retries); each later wait is
-    /// twice the one before, at most 60 s.
+    /// Seconds before a run again (--retries). While the server cannot be
+    /// reached (a refused or timed-out connection, no greeting, 421) each
+    /// wait is twice the one before, at most 60 s; after a run that
+    /// reached it, the wait is this again.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_wait)]
     retry_wait: Duration,
 }
@@ -108,6 +110,9 @@ const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
 /// `--retries`: the runs of one transfer.
 struct Retry {
     left: u32,
+    /// `--retry-wait`.
+    base: Duration,
+    /// The wait after the next failure to reach the server.
     wait: Duration,
     runs: u32,
     resume: bool,
@@ -117,6 +122,7 @@ impl Retry {
     fn new(t: &TransferArgs, resume: bool) -> Retry {
         Retry {
             left: t.retries,
+            base: t.retry_wait,
             wait: t.retry_wait,
             runs: 1,
             resume,
@@ -124,7 +130,7 @@ impl Retry {
     }
 
     /// Whether another run is due after a failure (`may_pass`: one that
-    /// may pass, see [`may_pass`]).
+    /// may pass, see [`MayPass`]).
     fn due(&self, may_pass: bool) -> bool {
         may_pass && self.left > 0
     }
@@ -132,18 +138,24 @@ impl Retry {
     /// After a run that failed with `e`: whether to run again (having
     /// said why and waited).
     async fn again(&mut self, what: &str, e: &anyhow::Error) -> bool {
-        match may_pass(e) {
-            Some(why) if self.due(true) => {
-                let why = why.to_owned();
-                self.next(what, &why).await;
+        match e.downcast_ref::<MayPass>() {
+            Some(m) if self.due(true) => {
+                let (why, unreachable) = (m.short.clone(), m.unreachable);
+                self.next(what, &why, unreachable).await;
                 true
             }
             _ => false,
         }
     }
 
-    /// Say why the last run failed and when the next starts, and wait.
-    async fn next(&mut self, what: &str, why: &str) {
+    /// Say why the last run failed and when the next starts, and wait:
+    /// longer each time while the server cannot be reached
+    /// (`unreachable`), else `--retry-wait` (the server answered; the
+    /// path or a connection failed).
+    async fn next(&mut self, what: &str, why: &str, unreachable: bool) {
+        if !unreachable {
+            self.wait = self.base;
+        }
         self.runs += 1;
         self.left -= 1;
         let how = if self.resume {
@@ -158,7 +170,9 @@ impl Retry {
             self.runs + self.left,
         );
         tokio::time::sleep(self.wait).await;
-        self.wait = (self.wait * 2).min(MAX_RETRY_WAIT);
+        if unreachable {
+            self.wait = (self.wait * 2).min(MAX_RETRY_WAIT);
+        }
     }
 
     /// The error of the last run.
@@ -179,6 +193,8 @@ impl Retry {
 struct MayPass {
     shown: anyhow::Error,
     short: String,
+    /// [`ClientError::server_unreachable`].
+    unreachable: bool,
 }
 
 impl std::fmt::Display for MayPass {
@@ -189,22 +205,23 @@ impl std::fmt::Display for MayPass {
 
 impl std::error::Error for MayPass {}
 
-/// What to say of `e` when it may pass (`None`: it would not).
-fn short_if_transient(e: &ClientError) -> Option<String> {
-    e.is_transient().then(|| e.to_string())
+/// What to say of `e` when it may pass, and whether the server could not
+/// be reached (`None`: it would not pass).
+fn short_if_transient(e: &ClientError) -> Option<(String, bool)> {
+    e.is_transient()
+        .then(|| (e.to_string(), e.server_unreachable()))
 }
 
 /// `shown`, marked as an error that may pass when `short` says so.
-fn mark(shown: anyhow::Error, short: Option<String>) -> anyhow::Error {
+fn mark(shown: anyhow::Error, short: Option<(String, bool)>) -> anyhow::Error {
     match short {
-        Some(short) => anyhow::Error::new(MayPass { shown, short }),
+        Some((short, unreachable)) => anyhow::Error::new(MayPass {
+            shown,
+            short,
+            unreachable,
+        }),
         None => shown,
     }
-}
-
-/// Whether `e` may pass when the transfer runs again: what to say of it.
-fn may_pass(e: &anyhow::Error) -> Option<&str> {
-    e.downcast_ref::<MayPass>().map(|m| m.short.as_str())
 }
 
 /// `-v` as given, for the per-stream rates of the progress bar.
@@ -603,7 +620,8 @@ fn explain_resumable(
         | ClientError::Timeout { .. }
         | ClientError::ControlIo(_)
         | ClientError::DataIo(_)
-        | ClientError::Stripe(_) => true,
+        | ClientError::Stripe(_)
+        | ClientError::StripeFault(_) => true,
         ClientError::ShortTransfer { expected, got } => got < expected,
         e => matches!(e.reply_code(), Some(426 | 451)),
     };
@@ -673,7 +691,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
         }
     };
-    finish(result, json, a.t.quiet, start, "get")
+    finish_runs(result, json, a.t.quiet, start, "get", retry.runs)
 }
 
 /// What follows a run of a tree.
@@ -707,7 +725,18 @@ async fn tree_run(
                     std::sync::Arc::new(d.may_pass.iter().cloned().collect())
                 })));
             }
-            return Err(retry.last(e));
+            let Some(d) = done.as_mut() else {
+                return Err(retry.last(e));
+            };
+            // An earlier run's report stands; the files this run was to
+            // move again failed with it.
+            let why = format!("{:#}", retry.last(e));
+            let again = std::mem::take(&mut d.may_pass);
+            d.failed.retain(|(p, _)| !again.contains(p));
+            d.failed.extend(again.into_iter().map(|p| (p, why.clone())));
+            d.failed.sort();
+            d.elapsed = start.elapsed();
+            return Ok(TreeNext::Done);
         }
     };
     let d = match done.take() {
@@ -734,7 +763,8 @@ async fn tree_run(
         if d.may_pass.len() == 1 { "" } else { "s" }
     );
     let next = std::sync::Arc::new(d.may_pass.iter().cloned().collect());
-    retry.next(what, &why).await;
+    // The tree's run reached the server.
+    retry.next(what, &why, false).await;
     Ok(TreeNext::Again(Some(next)))
 }
 
@@ -823,7 +853,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
             r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
         }
     };
-    finish(result, json, a.t.quiet, start, "put")
+    finish_runs(result, json, a.t.quiet, start, "put", retry.runs)
 }
 
 /// One run of `xftp put` of a file.
@@ -1134,7 +1164,7 @@ fn tree_finish(
 ) -> anyhow::Result<ExitCode> {
     let r = match r {
         Ok(r) => r,
-        Err(e) => return finish(Err(e), json, quiet, start, what),
+        Err(e) => return finish_runs(Err(e), json, quiet, start, what, runs),
     };
     let secs = r.elapsed.as_secs_f64();
     let s = TreeSummary {
@@ -1343,7 +1373,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             _ => "the copy differs from the server's file and was not kept; run it again (if it repeats, the file may be changing on the server, or a disk or memory fault corrupts data)".into(),
         }),
         // The local file system, not the network.
-        ClientError::Stripe(m) if m.starts_with("storage:") => Some(if xftp_stripe::names_out_of_space(m) {
+        ClientError::StripeFault(m) if m.starts_with("storage:") => Some(if xftp_stripe::names_out_of_space(m) {
             format!("the local disk is full (or over quota): free space where the file goes, then run it again{nk}")
         } else {
             format!("writing the local file failed{nk}; check the disk and the local path")
@@ -1353,6 +1383,9 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ),
         ClientError::Stripe(_) => Some(format!(
             "a data connection broke mid-transfer{nk}; run it again, perhaps with fewer connections (-p)"
+        )),
+        ClientError::StripeFault(_) => Some(format!(
+            "not a network failure{nk}: check the local file; if it repeats, report it with the log of -v"
         )),
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
 
@@ -1372,12 +1405,27 @@ fn finish(
     start: Instant,
     what: &str,
 ) -> anyhow::Result<ExitCode> {
+    finish_runs(result, json, quiet, start, what, 1)
+}
+
+/// [`finish`] of a transfer that ran `runs` times (`--retries`).
+fn finish_runs(
+    result: anyhow::Result<Summary>,
+    json: bool,
+    quiet: bool,
+    start: Instant,
+    what: &str,
+    runs: u32,
+) -> anyhow::Result<ExitCode> {
     let (summary, code) = match result {
         Ok(s) => (s, ExitCode::SUCCESS),
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");
-            (Summary::failed(msg, start.elapsed()), ExitCode::FAILURE)
+            (
+                Summary::failed(msg, start.elapsed()).runs(runs),
+                ExitCode::FAILURE,
+            )
         }
     };
     if json {
