@@ -283,7 +283,7 @@ pub async fn get_tree(
                 let src = join(&remote, &job.rel);
                 w.reopen().await;
                 let Some(c) = w.client.as_mut() else {
-                    w.rep.no_session(job.rel);
+                    w.no_session(job.rel);
                     continue;
                 };
                 let started = Instant::now();
@@ -738,7 +738,7 @@ pub async fn put_tree(
                 let dst = join(&remote, &job.rel);
                 w.reopen().await;
                 let Some(c) = w.client.as_mut() else {
-                    w.rep.no_session(job.rel);
+                    w.no_session(job.rel);
                     continue;
                 };
                 let started = Instant::now();
@@ -862,6 +862,8 @@ struct Worker {
     role: Role,
     connect: Connect,
     rep: TreeReport,
+    /// Why the last reopening failed, and whether that may pass.
+    reopen_failed: Option<(String, bool)>,
 }
 
 impl Worker {
@@ -871,6 +873,7 @@ impl Worker {
             role,
             connect,
             rep: TreeReport::default(),
+            reopen_failed: None,
         }
     }
 
@@ -891,10 +894,30 @@ impl Worker {
     async fn reopen(&mut self) {
         if self.client.is_none() {
             match (self.connect)(self.role).await {
-                Ok(c) => self.client = Some(c),
-                Err(e) => tracing::warn!("cannot reopen a session: {e}"),
+                Ok(c) => {
+                    self.client = Some(c);
+                    self.reopen_failed = None;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot reopen a session: {e}");
+                    self.reopen_failed = Some((e.to_string(), e.is_transient()));
+                }
             }
         }
+    }
+
+    /// `rel` could not be moved: no session could be opened for it (a
+    /// failure that may pass, unless the reason would not: a TLS
+    /// certificate, a refused login).
+    fn no_session(&mut self, rel: String) {
+        let (why, transient) = match &self.reopen_failed {
+            Some((why, t)) => (format!("no session could be opened: {why}"), *t),
+            None => ("no session could be opened".to_owned(), true),
+        };
+        if transient {
+            self.rep.may_pass.push(rel.clone());
+        }
+        self.rep.failed.push((rel, why));
     }
 
     fn failed(&mut self, rel: String, e: ClientError) {
@@ -919,13 +942,6 @@ impl TreeReport {
             self.may_pass.push(rel.clone());
         }
         self.failed.push((rel, e.to_string()));
-    }
-
-    /// No session could be opened (and `Worker::reopen` logged why): a
-    /// failure that may pass.
-    fn no_session(&mut self, rel: String) {
-        self.may_pass.push(rel.clone());
-        self.failed.push((rel, "no session could be opened".into()));
     }
 
     /// Add `later`, a run over the files this one left failed and that
