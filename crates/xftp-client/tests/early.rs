@@ -7,30 +7,24 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use xftp_client::{Client, ClientConfig, DataMode};
 use xftp_stripe::{MemFile, Receiver, SendConfig, Sender};
 
 mod common;
-use common::pattern;
+use common::{pattern, Script};
 
 /// A control connection answering what `download` and `upload` send;
 /// RETR is served by `serve_retr`, STOR by `serve_stor`, which keeps what
 /// it received in `data` and in `got`.
 async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u8>>>) {
-    let (s, _) = l.accept().await.unwrap();
-    let (r, mut w) = s.into_split();
-    let mut lines = BufReader::new(r).lines();
-    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut ctl = Script::accept(&l).await;
     // Where each connection goes: EPRT's one port four times, or MPRT's
     // four ports.
     let mut ports: Option<Vec<u16>> = None;
-    while let Ok(Some(line)) = lines.next_line().await {
+    while let Some(line) = ctl.next().await {
         let verb = line.split(' ').next().unwrap_or("").to_ascii_uppercase();
-        let reply = match verb.as_str() {
-            "USER" => "331 go on".to_string(),
-            "PASS" => "230 in".into(),
+        let reply: String = match verb.as_str() {
             "MULT" => "200 MULT 4 granted (server maximum 4).".into(),
             "SIZE" => format!("213 {}", data.len()),
             "EPRT" => {
@@ -52,28 +46,23 @@ async fn scripted_server(l: TcpListener, mut data: Vec<u8>, got: Arc<Mutex<Vec<u
                 "200 ok".into()
             }
             "RETR" => {
-                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                assert!(ctl.say("150 here it comes").await);
                 let p = ports.clone().expect("EPRT or MPRT before RETR");
                 serve_retr(&p, &data).await;
                 "226 done".into()
             }
             "STOR" => {
-                w.write_all(b"150 send it\r\n").await.unwrap();
+                assert!(ctl.say("150 send it").await);
                 let p = ports.clone().expect("EPRT or MPRT before STOR");
                 data = serve_stor(&p).await;
                 got.lock().unwrap().clone_from(&data);
                 "226 done".into()
             }
-            "QUIT" => {
-                let _ = w.write_all(b"221 bye\r\n").await;
-                return;
-            }
-            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
             _ => "502 not here".into(),
         };
-        w.write_all(format!("{reply}\r\n").as_bytes())
-            .await
-            .unwrap();
+        if !ctl.say(&reply).await {
+            return;
+        }
     }
 }
 

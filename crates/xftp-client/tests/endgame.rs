@@ -8,30 +8,24 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket};
 use xftp_client::{Client, ClientConfig, DataMode};
 use xftp_stripe::{MemFile, Receiver};
 
 mod common;
-use common::pattern;
+use common::{pattern, Script};
 
 /// Answers what `upload` sends; STOR's data arrives on four connections
 /// to the client's EPRT port, of which the last is never read.
 async fn scripted_server(l: TcpListener, got: Arc<Mutex<Option<Vec<u8>>>>) {
-    let (s, _) = l.accept().await.unwrap();
-    let (r, mut w) = s.into_split();
-    let mut lines = BufReader::new(r).lines();
-    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut ctl = Script::accept(&l).await;
     let mut port = None;
     let mut allo = None;
     let mut stuck = None;
-    while let Ok(Some(line)) = lines.next_line().await {
+    while let Some(line) = ctl.next().await {
         let mut words = line.split_ascii_whitespace();
         let verb = words.next().unwrap_or("").to_ascii_uppercase();
-        let reply = match verb.as_str() {
-            "USER" => "331 go on".to_string(),
-            "PASS" => "230 in".into(),
+        let reply: String = match verb.as_str() {
             "MULT" => "200 MULT 4 granted (server maximum 4).".into(),
             "EPRT" => {
                 port = line.split('|').nth(3).and_then(|p| p.parse::<u16>().ok());
@@ -46,7 +40,7 @@ async fn scripted_server(l: TcpListener, got: Arc<Mutex<Option<Vec<u8>>>>) {
                 None => "550 no such file".into(),
             },
             "STOR" => {
-                w.write_all(b"150 send it\r\n").await.unwrap();
+                assert!(ctl.say("150 send it").await);
                 let size = allo.take().expect("ALLO before STOR");
                 let p = port.expect("EPRT before STOR");
                 let mut conns = Vec::new();
@@ -68,16 +62,11 @@ async fn scripted_server(l: TcpListener, got: Arc<Mutex<Option<Vec<u8>>>>) {
                 *got.lock().unwrap() = Some(dst.to_vec());
                 "226 done".into()
             }
-            "QUIT" => {
-                let _ = w.write_all(b"221 bye\r\n").await;
-                return;
-            }
-            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
             _ => "502 not here".into(),
         };
-        w.write_all(format!("{reply}\r\n").as_bytes())
-            .await
-            .unwrap();
+        if !ctl.say(&reply).await {
+            return;
+        }
     }
     drop(stuck);
 }

@@ -9,26 +9,21 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use xftp_client::{Client, ClientConfig, ClientError};
 
 mod common;
-use common::pattern;
+use common::{pattern, Script};
 
 async fn scripted_server(l: TcpListener, data: Vec<u8>) {
-    let (s, _) = l.accept().await.unwrap();
-    let (r, mut w) = s.into_split();
-    let mut lines = BufReader::new(r).lines();
-    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut ctl = Script::accept(&l).await;
     let mut pasv: Option<TcpListener> = None;
     let mut held = Vec::new();
-    while let Ok(Some(line)) = lines.next_line().await {
+    while let Some(line) = ctl.next().await {
         let mut words = line.split_ascii_whitespace();
         let verb = words.next().unwrap_or("").to_ascii_uppercase();
-        let reply = match verb.as_str() {
-            "USER" => "331 go on".to_string(),
-            "PASS" => "230 in".into(),
+        let reply: String = match verb.as_str() {
             "EPSV" => {
                 let d = TcpListener::bind("127.0.0.1:0").await.unwrap();
                 let p = d.local_addr().unwrap().port();
@@ -45,7 +40,7 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
                 // Part of the file, then nothing: the connection stays
                 // open while the server replies that it gave up.
                 let d = pasv.take().expect("EPSV before RETR");
-                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                assert!(ctl.say("150 here it comes").await);
                 let (mut conn, _) = d.accept().await.unwrap();
                 conn.write_all(&data[..data.len() / 4]).await.unwrap();
                 held.push(conn);
@@ -54,7 +49,7 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
             }
             "RETR" => {
                 let d = pasv.take().expect("EPSV before RETR");
-                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                assert!(ctl.say("150 here it comes").await);
                 let (mut conn, _) = d.accept().await.unwrap();
                 // Let the client's connect complete before the reset.
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -69,17 +64,9 @@ async fn scripted_server(l: TcpListener, data: Vec<u8>) {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 "426 Connection closed; transfer aborted".into()
             }
-            "QUIT" => {
-                let _ = w.write_all(b"221 bye\r\n").await;
-                return;
-            }
-            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
             _ => "502 not here".into(),
         };
-        if w.write_all(format!("{reply}\r\n").as_bytes())
-            .await
-            .is_err()
-        {
+        if !ctl.say(&reply).await {
             return;
         }
     }
@@ -160,18 +147,13 @@ async fn a_426_during_a_stream_mode_download_ends_it_at_once() {
 /// (426) while the client's ends of the connections hear nothing: the
 /// client reads the 426 at once instead of waiting for its data timeout.
 async fn server_that_gives_up(l: TcpListener) {
-    let (s, _) = l.accept().await.unwrap();
-    let (r, mut w) = s.into_split();
-    let mut lines = BufReader::new(r).lines();
-    w.write_all(b"220 scripted\r\n").await.unwrap();
+    let mut ctl = Script::accept(&l).await;
     let mut port = None;
     let mut held = Vec::new();
-    while let Ok(Some(line)) = lines.next_line().await {
+    while let Some(line) = ctl.next().await {
         let mut words = line.split_ascii_whitespace();
         let verb = words.next().unwrap_or("").to_ascii_uppercase();
-        let reply = match verb.as_str() {
-            "USER" => "331 go on".to_string(),
-            "PASS" => "230 in".into(),
+        let reply: String = match verb.as_str() {
             "MULT" => "200 MULT 2 granted (server maximum 2).".into(),
             "EPRT" => {
                 port = line.split('|').nth(3).and_then(|p| p.parse::<u16>().ok());
@@ -183,7 +165,7 @@ async fn server_that_gives_up(l: TcpListener) {
                 _ => "550 no such file".into(),
             },
             "RETR" => {
-                w.write_all(b"150 here it comes\r\n").await.unwrap();
+                assert!(ctl.say("150 here it comes").await);
                 let p = port.take().expect("EPRT before RETR");
                 for _ in 0..2 {
                     held.push(
@@ -202,17 +184,9 @@ async fn server_that_gives_up(l: TcpListener) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 "426 Connection closed; transfer aborted: data connection reset".into()
             }
-            "QUIT" => {
-                let _ = w.write_all(b"221 bye\r\n").await;
-                return;
-            }
-            "TYPE" | "OPTS" | "MODE" => "200 ok".into(),
             _ => "502 not here".into(),
         };
-        if w.write_all(format!("{reply}\r\n").as_bytes())
-            .await
-            .is_err()
-        {
+        if !ctl.say(&reply).await {
             return;
         }
     }

@@ -129,17 +129,16 @@ impl Retry {
         }
     }
 
-    /// Whether another run is due after a failure (`may_pass`: one that
-    /// may pass, see [`MayPass`]).
-    fn due(&self, may_pass: bool) -> bool {
-        may_pass && self.left > 0
+    /// Whether a run is left for a failure that may pass.
+    fn due(&self) -> bool {
+        self.left > 0
     }
 
     /// After a run that failed with `e`: whether to run again (having
     /// said why and waited).
     async fn again(&mut self, what: &str, e: &anyhow::Error) -> bool {
         match e.downcast_ref::<MayPass>() {
-            Some(m) if self.due(true) => {
+            Some(m) if self.due() => {
                 let (why, unreachable) = (m.short.clone(), m.unreachable);
                 self.next(what, &why, unreachable).await;
                 true
@@ -172,6 +171,21 @@ impl Retry {
         tokio::time::sleep(self.wait).await;
         if unreachable {
             self.wait = (self.wait * 2).min(MAX_RETRY_WAIT);
+        }
+    }
+
+    /// Run `once` until it succeeds, fails in a way that would not pass,
+    /// or the runs are spent; the summary counts the runs.
+    async fn runs_of<F, Fut>(&mut self, what: &str, mut once: F) -> anyhow::Result<Summary>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Summary>>,
+    {
+        loop {
+            match once().await {
+                Err(e) if self.again(what, &e).await => {}
+                r => return r.map(|s| s.runs(self.runs)).map_err(|e| self.last(e)),
+            }
         }
     }
 
@@ -685,12 +699,7 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
         .await;
         return tree_finish(r, json, a.t.quiet, start, "get", retry.runs);
     }
-    let result = loop {
-        match get_once(&a, start).await {
-            Err(e) if retry.again("get", &e).await => {}
-            r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
-        }
-    };
+    let result = retry.runs_of("get", || get_once(&a, start)).await;
     finish_runs(result, json, a.t.quiet, start, "get", retry.runs)
 }
 
@@ -748,7 +757,7 @@ async fn tree_run(
         }
     };
     let d = done.insert(d);
-    if d.may_pass.is_empty() || !retry.due(true) {
+    if d.may_pass.is_empty() || !retry.due() {
         return Ok(TreeNext::Done);
     }
     let first = d
@@ -847,12 +856,7 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
         .await;
         return tree_finish(r, json, a.t.quiet, start, "put", retry.runs);
     }
-    let result = loop {
-        match put_once(&a, start).await {
-            Err(e) if retry.again("put", &e).await => {}
-            r => break r.map(|s| s.runs(retry.runs)).map_err(|e| retry.last(e)),
-        }
-    };
+    let result = retry.runs_of("put", || put_once(&a, start)).await;
     finish_runs(result, json, a.t.quiet, start, "put", retry.runs)
 }
 
