@@ -408,10 +408,22 @@ async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
                 };
             }
         }
+        // Every connection lost and bytes still missing: a sender that
+        // still meant to finish would have kept one. Unless one joins
+        // within a moment, the transfer has failed; say so now rather than
+        // when the session ends.
+        let orphaned = if set.is_empty() {
+            shared.lock().conn_failed.clone()
+        } else {
+            None
+        };
         let spawn = |idx, s| conn_task_tolerant(s, idx, shared.clone());
         let event = tokio::select! {
             r = admit_or_reap(&mut rx, &mut open, &mut set, spawn) => r,
             () = &mut maybe_done => continue,
+            () = tokio::time::sleep(ORPHAN_GRACE), if orphaned.is_some() => {
+                break Err(orphaned.unwrap_or(StripeError::NoConnections));
+            }
         };
         match event {
             Ok(Some(Some(s))) => kept.push(s),
@@ -475,6 +487,10 @@ async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
 /// How long a complete receive goes on reading connections the sender has
 /// not closed yet (see the end of `drive`).
 const LINGER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long a tolerant receive that lost every connection waits for a
+/// new one before it fails.
+const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// [`conn_task`]; with duplicates taken, a connection's own failure
 /// (reset, closed early) is set aside: the others may still bring every

@@ -1072,6 +1072,69 @@ async fn endgame_copies(tcp: bool) {
     assert!(rcv.finish().await.is_err());
 }
 
+/// A receiver in the endgame that loses every connection with bytes still
+/// missing fails soon, even while more connections could still be added
+/// (a server's session holds the means to add them): it does not wait for
+/// the session to end before the client hears why.
+#[tokio::test(start_paused = true)]
+async fn a_receiver_in_the_endgame_that_lost_every_connection_fails_soon() {
+    use tokio::io::AsyncWriteExt;
+    let data = pattern(300, 3);
+    let (tx, rx) = duplexes(2);
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file_endgame(dst.clone(), 300, Default::default(), rx);
+    // Kept: connections could still join.
+    let ctl = rcv.control();
+    let feed = async {
+        for (i, mut t) in tx.into_iter().enumerate() {
+            let a = i * 100;
+            t.write_all(&block(a as u64, &data[a..a + 100]))
+                .await
+                .unwrap();
+            t.shutdown().await.unwrap();
+        }
+    };
+    let t0 = tokio::time::Instant::now();
+    let (_, r) = tokio::join!(feed, async {
+        tokio::time::timeout(Duration::from_secs(60), rcv.finish()).await
+    });
+    let r = r.expect("the receive waited for a connection that never came");
+    assert!(
+        matches!(r, Err(StripeError::ClosedBeforeEod { .. })),
+        "{r:?}"
+    );
+    // Within its grace of a second or so, not the minute above.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // What did arrive was written.
+    assert_eq!(&dst.to_vec()[..200], &data[..200]);
+    drop(ctl);
+}
+
+/// A connection that joins within the grace keeps the receive going.
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_joins_in_time_keeps_an_endgame_receive_alive() {
+    use tokio::io::AsyncWriteExt;
+    let data = pattern(300, 4);
+    let (tx, rx) = duplexes(1);
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file_endgame(dst.clone(), 300, Default::default(), rx);
+    let ctl = rcv.control();
+    let feed = async {
+        for mut t in tx {
+            t.write_all(&block(0, &data[..100])).await.unwrap();
+            t.shutdown().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (mut t, r) = tokio::io::duplex(1 << 16);
+        ctl.add_connection(r).unwrap();
+        t.write_all(&block(100, &data[100..])).await.unwrap();
+        t.shutdown().await.unwrap();
+    };
+    let (_, r) = tokio::join!(feed, rcv.finish());
+    assert_eq!(r.unwrap().bytes, 300);
+    assert_eq!(dst.to_vec(), data);
+}
+
 /// What crossed one in-memory "connection": bytes the sender wrote, bytes
 /// the receiving application read. As with TCP, what the peer has
 /// acknowledged is on its way to the application; here what it read.
