@@ -178,6 +178,7 @@ pub async fn serve_all(
         throttle: limits::LoginThrottle::new(config.login_max_failures, config.login_window),
         per_ip: Arc::new(limits::PerAddress::default()),
         streams: Arc::new(limits::StreamBudget::default()),
+        partials: Arc::new(resumable::Writers::default()),
     });
     loop {
         let mut tls_first = false;
@@ -305,6 +306,8 @@ pub(crate) struct Shared {
     pub throttle: limits::LoginThrottle,
     pub per_ip: Arc<limits::PerAddress>,
     pub streams: Arc<limits::StreamBudget>,
+    /// The resumable uploads under way, by partial file.
+    pub partials: Arc<resumable::Writers>,
 }
 
 struct ActiveGuard(Arc<AtomicUsize>);

@@ -7,14 +7,21 @@
 //! `SITE RANGES NAME` reads it back; `REST a-b,...` before `STOR` sends
 //! only the rest.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use xftp_stripe::ranges::RangeSet;
 use xftp_stripe::RecordedFile;
 
 /// How often the record is rewritten while data arrives.
 pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a newer upload of a partial waits for an older one to let go.
+pub const TAKE_OVER_WAIT: Duration = Duration::from_secs(10);
 
 /// The source as the client describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +101,104 @@ pub fn checkpoint(rec: &RecordedFile, partial: &Path, meta: Meta) -> io::Result<
     xftp_stripe::write_atomic(&record_path(partial), format(meta, &r).as_bytes())
 }
 
+/// The resumable uploads under way on one server, by partial file. One
+/// partial has one writer: a newer upload of it (a client's next run,
+/// while the server has not yet seen the last one go) stops the older one
+/// and waits until it has recorded what it holds. Two writers would each
+/// rewrite the record with their own ranges, so that the last to write
+/// could drop what the other stored, or, after a truncating start, name
+/// bytes the file no longer holds.
+#[derive(Debug, Default)]
+pub struct Writers {
+    map: Mutex<HashMap<PathBuf, Arc<Writer>>>,
+}
+
+/// One upload's hold on its partial; see [`Writers`].
+#[derive(Debug, Default)]
+pub struct Writer {
+    /// Cancelled to ask the upload to stop (a newer one takes over, or
+    /// its session ends): it records what arrived, then lets go.
+    pub stop: CancellationToken,
+    /// Cancelled once the upload let go: it writes its record no more.
+    done: CancellationToken,
+    /// Set under the lock when the upload let go; every record write
+    /// holds the lock and checks it first, so none lands after.
+    retired: Mutex<bool>,
+}
+
+impl Writer {
+    /// Write the record of `rec` unless this writer let go of the partial.
+    pub fn checkpoint(&self, rec: &RecordedFile, partial: &Path, meta: Meta) -> io::Result<()> {
+        let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        if *retired {
+            return Ok(());
+        }
+        checkpoint(rec, partial, meta)
+    }
+}
+
+/// Held by the upload while it writes `path`; dropped, it lets go.
+#[derive(Debug)]
+pub struct Hold {
+    writers: Arc<Writers>,
+    path: PathBuf,
+    /// This upload's writer.
+    pub writer: Arc<Writer>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        *self
+            .writer
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = true;
+        let mut map = self.writers.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&self.path)
+            .is_some_and(|w| Arc::ptr_eq(w, &self.writer))
+        {
+            map.remove(&self.path);
+        }
+        drop(map);
+        self.writer.done.cancel();
+    }
+}
+
+impl Writers {
+    /// Become the one writer of `partial`: an older upload of it is
+    /// stopped first and waited for, up to `wait`. `None` if it did not
+    /// let go in that time.
+    pub async fn take(self: &Arc<Self>, partial: &Path, wait: Duration) -> Option<Hold> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let older = {
+                let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+                match map.get(partial) {
+                    Some(w) => w.clone(),
+                    None => {
+                        let writer = Arc::new(Writer::default());
+                        map.insert(partial.to_owned(), writer.clone());
+                        return Some(Hold {
+                            writers: self.clone(),
+                            path: partial.to_owned(),
+                            writer,
+                        });
+                    }
+                }
+            };
+            tracing::info!(partial = %partial.display(), "a newer upload takes over this partial: the older one stops");
+            older.stop.cancel();
+            if tokio::time::timeout_at(deadline, older.done.cancelled())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +228,41 @@ mod tests {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert!(read(&q).unwrap().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_writer_per_partial_and_none_after_it_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.part");
+        let file = std::fs::File::create(&p).unwrap();
+        let rec = RecordedFile::new(file, RangeSet::new());
+        let m = Meta { size: 10, mtime: 1 };
+        let writers = Arc::new(Writers::default());
+        let first = writers.take(&p, Duration::from_secs(1)).await.unwrap();
+        // Another partial is another writer, at once.
+        let other = writers.take(&dir.path().join("g.part"), Duration::ZERO).await;
+        assert!(other.is_some());
+        // An older writer that does not let go: the newer one is refused.
+        assert!(writers.take(&p, Duration::from_secs(1)).await.is_none());
+        assert!(first.writer.stop.is_cancelled());
+        // One that does (after recording what it has): the newer one has it.
+        let w = first.writer.clone();
+        let older = tokio::spawn(async move {
+            let first = first;
+            first.writer.stop.cancelled().await;
+            first.writer.checkpoint(&rec, &p, m).unwrap();
+            drop(first);
+            rec
+        });
+        let p = dir.path().join("f.part");
+        let second = writers.take(&p, Duration::from_secs(5)).await.unwrap();
+        let rec = older.await.unwrap();
+        assert!(read(&p).unwrap().is_some());
+        // The older writer records nothing more once it let go.
+        std::fs::remove_file(record_path(&p)).unwrap();
+        w.checkpoint(&rec, &p, m).unwrap();
+        assert!(read(&p).unwrap().is_none());
+        second.writer.checkpoint(&rec, &p, m).unwrap();
+        assert!(read(&p).unwrap().is_some());
     }
 }

@@ -1507,7 +1507,10 @@ impl Session {
             if md.is_dir() {
                 return Err(FsError::IsDir);
             }
-            std::fs::remove_file(&p).map_err(FsError::from_io)
+            std::fs::remove_file(&p).map_err(FsError::from_io)?;
+            // A resumable upload's partial takes its record along.
+            let _ = std::fs::remove_file(crate::resumable::record_path(&p));
+            Ok(())
         });
         match r {
             Ok(()) => self.reply(250, format!("{} deleted.", v.display())).await,
@@ -1578,6 +1581,9 @@ impl Session {
             .and_then(|to| std::fs::rename(&from, &to).map_err(FsError::from_io));
         match r {
             Ok(()) => {
+                // A completed resumable upload, moved into place: its
+                // record is of no more use.
+                let _ = std::fs::remove_file(crate::resumable::record_path(&from));
                 self.reply(250, format!("Renamed to {}.", v.display()))
                     .await
             }
@@ -2468,13 +2474,36 @@ impl Session {
                 .reply(552, format!("Upload larger than the limit of {max} bytes."))
                 .await;
         }
+        // One writer per partial: an older upload of it still running here
+        // (its client gone, unseen yet) records what it holds and stops.
+        let Some(hold) = self
+            .shared
+            .partials
+            .take(&target, resumable::TAKE_OVER_WAIT)
+            .await
+        else {
+            return self
+                .reply(
+                    450,
+                    format!(
+                        "{}: an earlier upload of it is still being written here; try again in a moment.",
+                        v.display()
+                    ),
+                )
+                .await;
+        };
+        // Everything on disk is kept in the record, also what an older
+        // upload stored after the client asked SITE RANGES.
+        let mut on_disk = None;
         if let Some(h) = &have {
             // The ranges must be what this server recorded, of this source.
             let ok = match resumable::read(&target) {
                 Ok(Some((m, r))) => {
-                    m == meta
+                    let ok = m == meta
                         && h.iter()
-                            .all(|(a, b)| r.at_or_after(a).is_some_and(|(s, e)| s <= a && b <= e))
+                            .all(|(a, b)| r.at_or_after(a).is_some_and(|(s, e)| s <= a && b <= e));
+                    on_disk = Some(r);
+                    ok
                 }
                 _ => false,
             };
@@ -2507,8 +2536,12 @@ impl Session {
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
         };
         let have = have.unwrap_or_default();
-        let rec = Arc::new(xftp_stripe::RecordedFile::new(file, have.clone()));
-        if let Err(e) = resumable::checkpoint(&rec, &target, meta) {
+        let rec = Arc::new(xftp_stripe::RecordedFile::new(
+            file,
+            on_disk.unwrap_or_else(|| have.clone()),
+        ));
+        let writer = hold.writer.clone();
+        if let Err(e) = writer.checkpoint(&rec, &target, meta) {
             return self.reply(451, format!("{}: {e}.", v.display())).await;
         }
         let n = self.streams as usize;
@@ -2548,33 +2581,48 @@ impl Session {
                 .limit_connections(u64::from(self.cfg.max_streams.max(1)));
             lv.accept_any();
         }
-        let (rec2, path2) = (rec.clone(), target.clone());
+        let (rec2, path2, writer2) = (rec.clone(), target.clone(), writer.clone());
         // Aborted with the transfer task, however that ends.
         let checkpoints = AbortOnDrop(tokio::spawn(async move {
             let mut t = tokio::time::interval(resumable::CHECKPOINT_EVERY);
             t.tick().await;
             loop {
                 t.tick().await;
-                let (r, p) = (rec2.clone(), path2.clone());
-                let _ =
-                    tokio::task::spawn_blocking(move || resumable::checkpoint(&r, &p, meta)).await;
+                let (r, p, w) = (rec2.clone(), path2.clone(), writer2.clone());
+                let _ = tokio::task::spawn_blocking(move || w.checkpoint(&r, &p, meta)).await;
             }
         }));
+        // Stopped by `halt` (the session ends, ABOR) or by a newer upload
+        // of the same partial: what arrived is recorded first.
+        let stop = writer.stop.clone();
+        self.stop_upload = Some(stop.clone());
         let task = tokio::spawn(async move {
-            let r = receiver.finish().await;
+            // Let go (dropped) only after the last record below.
+            let _hold = hold;
+            let r = tokio::select! {
+                r = receiver.finish() => r,
+                () = stop.cancelled() => Err(xftp_stripe::StripeError::Aborted(
+                    "the upload was stopped".into(),
+                )),
+            };
             drop(checkpoints);
             let target2 = target.clone();
             match r {
                 Ok(r) => {
-                    rec.sync_ranges().map_err(TransferError::Storage)?;
-                    let _ = std::fs::remove_file(resumable::record_path(&target2));
+                    // Recorded whole, not removed: should the 226 not reach
+                    // the client, its next run finds nothing missing instead
+                    // of no record (and a fresh start). RNTO and DELE of the
+                    // partial remove the record.
+                    writer
+                        .checkpoint(&rec, &target2, meta)
+                        .map_err(TransferError::Storage)?;
                     xftp_stripe::remove_stale_temps(&resumable::record_path(&target2));
                     Ok((r.bytes, r.streams.len()))
                 }
                 Err(e) => {
                     // What arrived stays, for the next attempt.
                     let _ = tokio::task::spawn_blocking(move || {
-                        resumable::checkpoint(&rec, &target2, meta)
+                        writer.checkpoint(&rec, &target2, meta)
                     })
                     .await;
                     Err(e.into())

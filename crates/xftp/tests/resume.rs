@@ -361,3 +361,86 @@ fn resumable_uploads_on_the_server_refuse_bad_input() {
     assert!(c.cmd("STOR q").starts_with("504"));
     assert!(c.cmd("NOOP").starts_with("200"));
 }
+
+/// A MODE E block: descriptor, count and offset (big-endian), payload.
+fn mode_e_block(desc: u8, offset: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = vec![desc];
+    v.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+    v.extend_from_slice(&offset.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// One writer per partial: a newer upload of it (a client's next run,
+/// while the server still holds the last one) stops the older one, which
+/// records what it stored first; the newer one keeps all of it. A complete
+/// upload keeps its record (all ranges) until the partial is renamed or
+/// deleted, so a client that missed the 226 finds nothing left to send.
+#[test]
+fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let srv = serve(root, &[]);
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let prep = |c: &mut Ctl| {
+        assert!(c.cmd("TYPE I").starts_with("200"));
+        assert!(c.cmd("MODE E").starts_with("200"));
+        assert!(c.cmd("SITE RESUMABLE 300000 1").starts_with("200"));
+    };
+    // The older upload: the first 100 000 bytes, then silence, its data
+    // connection left open (a client that is gone, unseen yet).
+    let mut a = Ctl::login(srv.port);
+    prep(&mut a);
+    let port = a.epsv_port();
+    a.w_line("STOR p");
+    let mut da = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(a.reply().starts_with("150"));
+    da.write_all(&mode_e_block(0, 0, &data[..100_000])).unwrap();
+    // Its record names them within a checkpoint or two.
+    let mut b = Ctl::login(srv.port);
+    let mut ranges = String::new();
+    for _ in 0..50 {
+        ranges = b.cmd("SITE RANGES p");
+        if ranges.contains("ranges=0-100000") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ranges.contains("ranges=0-100000"), "{ranges}");
+    // The newer upload sends the rest and takes the partial over.
+    prep(&mut b);
+    assert!(b.cmd("REST 0-100000").starts_with("350"));
+    let port = b.epsv_port();
+    b.w_line("STOR p");
+    let mut db = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(b.reply().starts_with("150"));
+    // The older one was stopped, and says so.
+    let r = a.reply();
+    assert!(r.starts_with("426") && r.contains("stopped"), "{r}");
+    db.write_all(&mode_e_block(0, 100_000, &data[100_000..]))
+        .unwrap();
+    db.write_all(&[mode_e_block(0x40, 1, &[]), mode_e_block(0x08, 0, &[])].concat())
+        .unwrap();
+    let r = b.reply();
+    assert!(r.starts_with("226"), "{r}");
+    drop((da, db));
+    assert_eq!(std::fs::read(root.join("p")).unwrap(), data);
+    // Complete, and recorded so until it is moved into place.
+    let r = b.cmd("SITE RANGES p");
+    assert!(r.contains("ranges=0-300000"), "{r}");
+    assert!(b.cmd("RNFR p").starts_with("350"));
+    assert!(b.cmd("RNTO q").starts_with("250"));
+    assert!(b.cmd("SITE RANGES q").starts_with("550"));
+    assert_eq!(std::fs::read(root.join("q")).unwrap(), data);
+    assert!(leftovers_all(root).is_empty(), "{:?}", leftovers_all(root));
+}
+
+/// Every file in `d` but the ones named.
+fn leftovers_all(d: &Path) -> Vec<String> {
+    std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "q")
+        .collect()
+}

@@ -189,8 +189,13 @@ impl Ctl {
     }
 
     pub fn cmd(&mut self, c: &str) -> String {
-        self.w.write_all(format!("{c}\r\n").as_bytes()).unwrap();
+        self.w_line(c);
         self.reply()
+    }
+
+    /// Send a command line without waiting for its reply.
+    pub fn w_line(&mut self, c: &str) {
+        self.w.write_all(format!("{c}\r\n").as_bytes()).unwrap();
     }
 
     /// EPSV, and the data port its 229 reply names.
