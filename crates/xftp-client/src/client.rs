@@ -935,6 +935,7 @@ impl Client {
             total,
             live_idx: Live::started_with(started),
             current: n,
+            complete_on_226: None,
         };
         let ctlr = self.new_controller(n);
         let rep = late
@@ -1482,6 +1483,7 @@ impl Client {
                 total: Some(len),
                 live_idx,
                 current: n,
+                complete_on_226: endgame.then_some(len - already),
             };
             let ctlr = self.new_controller(n);
             let rep = late
@@ -1506,15 +1508,25 @@ impl Client {
             let b = v[0];
             (v, b, 0)
         } else {
-            let v = match self
+            // Per connection, also if it fails.
+            match self
                 .send_striped(conns, late, file, len, have, endgame)
                 .await
             {
-                Ok(v) => v,
-                Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
-            };
-            self.expect_complete(&c_stor).await?;
-            v
+                Ok(v) => {
+                    self.expect_complete(&c_stor).await?;
+                    v
+                }
+                Err((e, sent)) => {
+                    match self.after_failure(&c_stor, e).await {
+                        (e, true) if endgame => {
+                            tracing::info!("{e}, after the server had every byte (226): the upload is complete");
+                            (sent, len - already, 0)
+                        }
+                        (e, _) => return Err(e),
+                    }
+                }
+            }
         };
         // The connections' counts hold the endgame's copies.
         let (per_stream, sent, sent_twice) = per_stream;
@@ -2678,11 +2690,21 @@ impl Client {
     /// its reply, if it comes within a moment, says why better than the
     /// reset. Other errors are returned as they are.
     pub(crate) async fn reason_from_server(&mut self, c: &Cmd, e: ClientError) -> ClientError {
+        self.after_failure(c, e).await.0
+    }
+
+    /// [`Client::reason_from_server`], and whether the transfer's final
+    /// reply was a success (226, 250) after all. For an upload in the
+    /// endgame that means it is complete: the server replies 226 only once
+    /// every byte of the announced size is in, whatever our end of a data
+    /// connection saw (one the server closed as it completed, or one reset
+    /// on the way after its bytes arrived).
+    pub(crate) async fn after_failure(&mut self, c: &Cmd, e: ClientError) -> (ClientError, bool) {
         if !matches!(
             e,
             ClientError::DataIo(_) | ClientError::Stripe(_) | ClientError::StripeFault(_)
         ) {
-            return e;
+            return (e, false);
         }
         let grace = Duration::from_secs(1) + self.ctl.rtt().unwrap_or_default() * 2;
         let deadline = tokio::time::Instant::now() + grace;
@@ -2691,13 +2713,13 @@ impl Client {
         // with are taken.
         while let Ok(Ok(r)) = tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
             if matches!(r.code, 421 | 425 | 426 | 450 | 451 | 452 | 550..=553) {
-                return unexpected(c, &r);
+                return (unexpected(c, &r), false);
             }
             if matches!(r.code, 226 | 250) {
-                break;
+                return (e, true);
             }
         }
-        e
+        (e, false)
     }
 
     /// A transfer or listing (`r`) failed part-way, perhaps after its
@@ -3020,7 +3042,7 @@ impl Client {
         len: u64,
         have: Option<&xftp_stripe::ranges::RangeSet>,
         endgame: bool,
-    ) -> Result<(Vec<u64>, u64, u64)> {
+    ) -> std::result::Result<(Vec<u64>, u64, u64), (ClientError, Vec<u64>)> {
         let dog = self.watchdog();
         let meters = MeterSet::new();
         let conns: Vec<_> = conns
@@ -3043,13 +3065,19 @@ impl Client {
             None => xftp_stripe::Sender::file(Arc::new(file), len, conns, &cfg),
         };
         let ctl = sender.control();
+        let stats = sender.control();
         let report = late
             .beside(sender.finish(), move |s| {
                 ctl.add_connection(adaptive::sending(&meters, &dog, s))
                     .is_ok()
             })
             .await
-            .map_err(|e| stripe_err(e, self.cfg.data_timeout))?;
+            .map_err(|e| {
+                // What each connection sent, for a failure that may be a
+                // success after all (`after_failure`).
+                let sent = stats.stats().iter().map(|s| s.bytes).collect();
+                (stripe_err(e, self.cfg.data_timeout), sent)
+            })?;
         Ok((
             report.streams.iter().map(|s| s.bytes).collect(),
             report.bytes,

@@ -105,3 +105,81 @@ async fn an_upload_sends_a_stuck_connections_records_again_on_the_others() {
     c.quit().await;
     server.abort();
 }
+
+/// A server that resets every data connection of an upload and then
+/// replies 226 (as one that completed and closed the connections under a
+/// client still finishing might): under the endgame (`ALLO` answered 200)
+/// its 226 says it holds every byte, so the upload is complete although
+/// the client's connections failed; without the endgame the same replies
+/// leave the upload failed. Either way the client still checks SIZE.
+async fn resetting_server(l: TcpListener, take_endgame: bool, len: u64) {
+    let mut ctl = Script::accept(&l).await;
+    let mut port = None;
+    while let Some(line) = ctl.next().await {
+        let verb = line
+            .split_ascii_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_ascii_uppercase();
+        let reply: String = match verb.as_str() {
+            "MULT" => "200 MULT 4 granted (server maximum 4).".into(),
+            "EPRT" => {
+                port = line.split('|').nth(3).and_then(|p| p.parse::<u16>().ok());
+                "200 ok".into()
+            }
+            "ALLO" if take_endgame => "200 ALLO: copies taken".into(),
+            "SIZE" => format!("213 {len}"),
+            "STOR" => {
+                assert!(ctl.say("150 send it").await);
+                let p = port.expect("EPRT before STOR");
+                for _ in 0..4 {
+                    let s = TcpSocket::new_v4().unwrap();
+                    let c = s.connect(([127, 0, 0, 1], p).into()).await.unwrap();
+                    // Closed with a reset.
+                    socket2::SockRef::from(&c)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    drop(c);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                "226 done".into()
+            }
+            _ => "502 not here".into(),
+        };
+        if !ctl.say(&reply).await {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_226_after_a_failed_connection_completes_an_upload_only_in_the_endgame() {
+    let data = pattern(6 * 1024 * 1024 + 11, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f");
+    std::fs::write(&src, &data).unwrap();
+    for endgame in [true, false] {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = tokio::spawn(resetting_server(l, endgame, data.len() as u64));
+        let cfg = ClientConfig {
+            streams: 4,
+            data_mode: DataMode::Active,
+            ..ClientConfig::default()
+        };
+        let mut c = Client::connect("127.0.0.1", port, cfg).await.unwrap();
+        c.login(None, None).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(30), c.upload(&src, "f"))
+            .await
+            .expect("the upload ends");
+        if endgame {
+            let r = r.expect("under the endgame the server's 226 completes the upload");
+            assert_eq!(r.bytes, data.len() as u64);
+        } else {
+            let e = r.expect_err("without the endgame a failed connection fails the upload");
+            assert!(e.is_transient(), "{e}");
+        }
+        c.quit().await;
+        server.abort();
+    }
+}

@@ -240,7 +240,9 @@ mod tests {
         let writers = Arc::new(Writers::default());
         let first = writers.take(&p, Duration::from_secs(1)).await.unwrap();
         // Another partial is another writer, at once.
-        let other = writers.take(&dir.path().join("g.part"), Duration::ZERO).await;
+        let other = writers
+            .take(&dir.path().join("g.part"), Duration::ZERO)
+            .await;
         assert!(other.is_some());
         // An older writer that does not let go: the newer one is refused.
         assert!(writers.take(&p, Duration::from_secs(1)).await.is_none());

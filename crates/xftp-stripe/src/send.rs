@@ -508,6 +508,11 @@ impl<S: Send + 'static> SendControl<S> {
         Ok(idx)
     }
 
+    /// See [`Sender::stats`]; also after the transfer ended.
+    pub fn stats(&self) -> Vec<StreamStats> {
+        self.shared.lock().stats.clone()
+    }
+
     /// See [`Sender::retire`].
     pub fn retire(&self, idx: usize) -> Result<(), StripeError> {
         self.shared

@@ -203,6 +203,10 @@ pub(crate) struct Live {
     pub live_idx: LiveIdx,
     /// Connections granted now.
     pub current: u32,
+    /// An upload in the endgame, of this many payload bytes: the server's
+    /// 226 means it has every byte, even if our end of a connection
+    /// failed ([`Client::after_failure`]).
+    pub complete_on_226: Option<u64>,
 }
 
 /// Connection indexes of a running transfer not retired, oldest first.
@@ -362,10 +366,22 @@ impl Client {
                             let e = stripe_err(e, self.cfg.data_timeout);
                             // The server's 426 may say why (it reset the
                             // connections); its reply is the better error.
-                            if final_seen {
-                                return Err(e);
+                            let (e, done) = if final_seen {
+                                (e, true)
+                            } else {
+                                self.after_failure(c, e).await
+                            };
+                            match (done, live.complete_on_226) {
+                                (true, Some(bytes)) => {
+                                    tracing::info!("{e}, after the server had every byte (226): the upload is complete");
+                                    let streams = match &live.ctl {
+                                        EngineCtl::Send(s) => s.stats(),
+                                        EngineCtl::Recv(_) => Vec::new(),
+                                    };
+                                    return Ok(xftp_stripe::TransferReport { bytes, duplicate_bytes: 0, streams });
+                                }
+                                _ => return Err(e),
                             }
-                            return Err(self.reason_from_server(c, e).await);
                         }
                     }
                     // Connections still being added are moot now.
