@@ -252,7 +252,7 @@ pub async fn get_tree(
     report.dirs = walked.dirs;
     report.other = walked.other;
     report.unlisted = walked.unlisted;
-    let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs));
+    let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs, &mut report));
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
@@ -695,7 +695,7 @@ pub async fn put_tree(
             )),
         }
     }
-    let jobs = only(opt, jobs);
+    let jobs = only(opt, jobs, &mut report);
     let jobs = if opt.skip_complete {
         let there = remote_files(&mut first, &top, remote, &dirs).await?;
         let before = jobs.len();
@@ -948,8 +948,8 @@ impl TreeReport {
     /// may pass ([`TreeOptions::only`]): those failures are replaced by
     /// what `later` says of them, and the counts add up. What `later`
     /// reports of anything else (a directory refused again) was said
-    /// already. A retried file gone from the source by then is neither
-    /// moved nor failed: it leaves the report.
+    /// already. A retried file gone from the source by then fails, as
+    /// `later` says.
     pub fn then(&mut self, later: TreeReport) {
         let retried: HashSet<String> = std::mem::take(&mut self.may_pass).into_iter().collect();
         self.failed.retain(|(p, _)| !retried.contains(p));
@@ -1027,10 +1027,24 @@ async fn remote_files(
     Ok(out)
 }
 
-/// The files `opt` asks for ([`TreeOptions::only`]).
-fn only(opt: &TreeOptions, mut jobs: Vec<Job>) -> Vec<Job> {
+/// The files `opt` asks for ([`TreeOptions::only`]); one asked for that
+/// the source no longer holds fails in `report` (it is not moved, and it
+/// must not leave the report as if it had been).
+fn only(opt: &TreeOptions, mut jobs: Vec<Job>, report: &mut TreeReport) -> Vec<Job> {
     if let Some(keep) = &opt.only {
         jobs.retain(|j| keep.contains(&j.rel));
+        let found: HashSet<&str> = jobs.iter().map(|j| j.rel.as_str()).collect();
+        let mut gone: Vec<&String> = keep
+            .iter()
+            .filter(|r| !found.contains(r.as_str()))
+            .collect();
+        gone.sort();
+        for rel in gone {
+            report.failed.push((
+                rel.clone(),
+                "gone from the source since the last run: not moved".into(),
+            ));
+        }
     }
     jobs
 }
@@ -1081,7 +1095,8 @@ fn keep_facts(target: &Path, job: &Job) {
 
 #[cfg(test)]
 mod then_tests {
-    use super::TreeReport;
+    use super::{only, Job, TreeOptions, TreeReport};
+    use std::sync::Arc;
 
     #[test]
     fn a_later_run_replaces_only_the_failures_it_retried() {
@@ -1117,6 +1132,47 @@ mod then_tests {
             ]
         );
         assert_eq!(first.may_pass, vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn a_retried_file_gone_from_the_source_fails() {
+        let job = |rel: &str| Job {
+            rel: rel.into(),
+            size: 1,
+            mtime: None,
+            mode: None,
+        };
+        let opt = TreeOptions {
+            only: Some(Arc::new(
+                ["a", "gone"].iter().map(|s| s.to_string()).collect(),
+            )),
+            ..TreeOptions::default()
+        };
+        let mut later = TreeReport::default();
+        let jobs = only(&opt, vec![job("a"), job("b")], &mut later);
+        assert_eq!(
+            jobs.iter().map(|j| j.rel.as_str()).collect::<Vec<_>>(),
+            ["a"]
+        );
+        assert_eq!(later.failed.len(), 1);
+        assert_eq!(later.failed[0].0, "gone");
+        assert!(later.may_pass.is_empty());
+        // And it stays failed in the tree's report.
+        let mut first = TreeReport {
+            failed: vec![
+                ("a".into(), "reset".into()),
+                ("gone".into(), "reset".into()),
+            ],
+            may_pass: vec!["a".into(), "gone".into()],
+            ..Default::default()
+        };
+        first.then(later);
+        assert_eq!(first.failed.len(), 1);
+        assert!(
+            first.failed[0].1.contains("gone from the source"),
+            "{:?}",
+            first.failed
+        );
     }
 }
 
