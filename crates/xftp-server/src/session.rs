@@ -2557,7 +2557,18 @@ impl Session {
         .await?;
         // Early, as in `receive`.
         let early = n > 1 && self.mult_set;
-        let Some((conns, grow, joining)) = self.open_data(n, false, early).await? else {
+        // A newer upload of the partial may take over while this one still
+        // waits for its connections (its client gone).
+        let stop = hold.writer.stop.clone();
+        let opened = tokio::select! {
+            o = self.open_data(n, false, early) => o?,
+            () = stop.cancelled() => {
+                return self
+                    .reply(426, "Transfer aborted: a newer upload of this file took over.")
+                    .await;
+            }
+        };
+        let Some((conns, grow, joining)) = opened else {
             return Ok(());
         };
         let started = conns.len();

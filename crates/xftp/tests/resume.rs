@@ -434,6 +434,34 @@ fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
     assert!(b.cmd("SITE RANGES q").starts_with("550"));
     assert_eq!(std::fs::read(root.join("q")).unwrap(), data);
     assert!(leftovers_all(root).is_empty(), "{:?}", leftovers_all(root));
+
+    // An older upload still waiting for its data connection (its client
+    // gone before it opened one) is taken over too, at once.
+    let mut a = Ctl::login(srv.port);
+    prep(&mut a);
+    let _ = a.epsv_port();
+    assert!(a.cmd("STOR r").starts_with("150"));
+    let mut b = Ctl::login(srv.port);
+    prep(&mut b);
+    let port = b.epsv_port();
+    b.w_line("STOR r");
+    let mut db = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let r = b.reply();
+    assert!(r.starts_with("150"), "{r}");
+    let r = a.reply();
+    assert!(r.starts_with("426") && r.contains("took over"), "{r}");
+    db.write_all(
+        &[
+            mode_e_block(0, 0, &data),
+            mode_e_block(0x40, 1, &[]),
+            mode_e_block(0x08, 0, &[]),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let r = b.reply();
+    assert!(r.starts_with("226"), "{r}");
+    assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
 }
 
 /// Every file in `d` but the ones named.
@@ -441,6 +469,6 @@ fn leftovers_all(d: &Path) -> Vec<String> {
     std::fs::read_dir(d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "q")
+        .filter(|n| n != "q" && n != "r")
         .collect()
 }
