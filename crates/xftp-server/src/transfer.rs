@@ -242,6 +242,80 @@ fn lock_exclusive(f: &File) -> std::io::Result<()> {
     Err(e)
 }
 
+/// A temporary not locked and untouched for this long is stale.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Directories this process has swept of stale upload temporaries.
+static SWEPT: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> =
+    std::sync::Mutex::new(None);
+
+/// Remove, once per directory in this process's life and off the async
+/// threads, the temporaries of uploads whose writer is gone (a server
+/// killed mid-upload). Each upload holds an exclusive lock on its
+/// temporary while it writes ([`Upload::begin`]), which the kernel drops
+/// with the process.
+fn sweep_once(dir: &Path) {
+    {
+        let mut g = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+        if !g
+            .get_or_insert_with(Default::default)
+            .insert(dir.to_owned())
+        {
+            return;
+        }
+    }
+    let dir = dir.to_owned();
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn_blocking(move || sweep_stale_temps(&dir, STALE_TEMP));
+        }
+        Err(_) => {
+            sweep_stale_temps(&dir, STALE_TEMP);
+        }
+    }
+}
+
+/// The server's upload temporaries in `dir` that no one holds locked and
+/// that were not written for `stale`: removed. Returns how many.
+pub(crate) fn sweep_stale_temps(dir: &Path, stale: std::time::Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        if !is_upload_temp(e.file_name().as_bytes()) {
+            continue;
+        }
+        let p = e.path();
+        let Ok(Some(f)) =
+            xftp_stripe::open_regular(&p, OpenOptions::new().read(true), libc::O_NOFOLLOW)
+        else {
+            continue;
+        };
+        let old = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= stale);
+        if old && lock_exclusive(&f).is_ok() && std::fs::remove_file(&p).is_ok() {
+            tracing::info!(temp = %p.display(), "removed the temporary of an upload whose writer is gone");
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// `.NAME.xftp-part-` and 16 hex digits: a temporary of [`Upload::begin`]
+/// (not a client's resumable partial, `.NAME.xftp-part`).
+fn is_upload_temp(name: &[u8]) -> bool {
+    const MARK: &[u8] = b".xftp-part-";
+    name.len() > 1 + MARK.len() + 16 && name[0] == b'.' && {
+        let (head, tag) = name.split_at(name.len() - 16);
+        head.ends_with(MARK) && tag.iter().all(u8::is_ascii_hexdigit)
+    }
+}
+
 /// Kinds of upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UploadKind {
@@ -302,6 +376,7 @@ impl Upload {
                         use std::os::unix::fs::PermissionsExt;
                         md.permissions().mode() & 0o777
                     });
+                sweep_once(dir);
                 for _ in 0..16 {
                     let tag: u64 = rand::random();
                     let mut temp = Vec::with_capacity(255);
@@ -319,6 +394,11 @@ impl Upload {
                         .open(&temp)
                     {
                         Ok(f) => {
+                            // Held while the upload writes: a temporary no
+                            // one holds is a dead upload's
+                            // (`sweep_stale_temps`). Best effort: where
+                            // locks are not supported, nothing is swept.
+                            let _ = lock_exclusive(&f);
                             // The umask narrowed the mode at creation; the
                             // replaced file's is taken exactly.
                             if let Some(mode) = keep {
@@ -425,5 +505,38 @@ impl Drop for Upload {
                 let _ = std::fs::remove_file(&self.final_path);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod temp_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_temporaries_of_dead_uploads_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let dead = d.join(".a.bin.xftp-part-00112233aabbccdd");
+        let live = d.join(".b.bin.xftp-part-0123456789abcdef");
+        let partial = d.join(".c.bin.xftp-part");
+        let other = d.join("d.bin");
+        for p in [&dead, &live, &partial, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        // A running upload holds its temporary locked.
+        let held = File::open(&live).unwrap();
+        lock_exclusive(&held).unwrap();
+        // Written just now: not stale yet.
+        assert_eq!(sweep_stale_temps(d, std::time::Duration::from_secs(60)), 0);
+        assert_eq!(sweep_stale_temps(d, std::time::Duration::ZERO), 1);
+        assert!(!dead.exists());
+        assert!(live.exists() && partial.exists() && other.exists());
+        drop(held);
+        assert_eq!(sweep_stale_temps(d, std::time::Duration::ZERO), 1);
+        assert!(!live.exists());
+        assert!(is_upload_temp(b".x.xftp-part-0123456789abcdef"));
+        assert!(!is_upload_temp(b".x.xftp-part-0123456789abcdeg"));
+        assert!(!is_upload_temp(b"x.xftp-part-0123456789abcdef"));
+        assert!(!is_upload_temp(b".xftp-part-0123456789abcdef"));
     }
 }

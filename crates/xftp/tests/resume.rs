@@ -472,3 +472,41 @@ fn leftovers_all(d: &Path) -> Vec<String> {
         .filter(|n| n != "q" && n != "r")
         .collect()
 }
+
+/// The temporary of an upload whose server died (killed mid-upload: no
+/// one holds it locked, untouched for long) is removed by the next upload
+/// into its directory; a client's resumable partial is not.
+#[test]
+fn a_dead_uploads_temporary_is_swept_by_the_next_upload_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let dead = root.join("sub/.big.iso.xftp-part-0123456789abcdef");
+    let partial = root.join("sub/.other.xftp-part");
+    for p in [&dead, &partial] {
+        std::fs::write(p, vec![1u8; 4096]).unwrap();
+        let st = Command::new("touch")
+            .args(["-d", "2001-02-03 04:05:06"])
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    write_prng_file(&local.join("n.bin"), 1000, 3);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/sub/n.bin", srv.port);
+    let out = xftp(&["put", "n.bin", &url], &local);
+    assert!(out.status.success(), "{out:?}");
+    // Swept off the session's threads: give it a moment.
+    for _ in 0..50 {
+        if !dead.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!dead.exists(), "the dead upload's temporary is still there");
+    assert!(partial.exists());
+    assert!(root.join("sub/n.bin").exists());
+}
