@@ -1199,7 +1199,10 @@ impl Client {
 
     async fn upload_inner(&mut self, local: &Path, remote: &str) -> Result<TransferReport> {
         self.inline_digest = None;
-        if self.cfg.resume {
+        // An empty file has nothing to resume: a plain STOR (atomic on the
+        // server all the same) saves the resumable upload's round trips.
+        let empty = std::fs::metadata(local).is_ok_and(|m| m.is_file() && m.len() == 0);
+        if self.cfg.resume && !empty {
             return self.upload_resumable(local, remote).await;
         }
         let Some(v) = self.verify_plan().await? else {

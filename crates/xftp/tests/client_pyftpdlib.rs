@@ -472,3 +472,27 @@ fn hostile_file_names_and_missing_directory_listing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("550"), "{err}");
 }
+
+/// `put -c` of an empty file: nothing to resume, so a plain STOR, which
+/// a stock server takes too (a non-empty one needs an xftp server).
+#[test]
+fn put_c_of_an_empty_file_works_on_a_stock_server() {
+    if !have_pyftpdlib("put_c_of_an_empty_file_works_on_a_stock_server") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    std::fs::write(d.local.join("empty"), b"").unwrap();
+    std::fs::write(d.srv.join("empty"), b"old").unwrap();
+    let url = format!("ftp://127.0.0.1:{}/empty", server.port);
+    assert_ok(
+        &xftp(&["put", "-c", "empty", &url], &d.local),
+        "put -c empty",
+    );
+    assert_eq!(std::fs::read(d.srv.join("empty")).unwrap(), b"");
+    write_prng_file(&d.local.join("full"), 10, 1);
+    let url = format!("ftp://127.0.0.1:{}/full", server.port);
+    let out = xftp(&["put", "-c", "full", &url], &d.local);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs an xftp server"));
+}
