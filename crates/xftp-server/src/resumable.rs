@@ -95,6 +95,14 @@ pub fn read(partial: &Path) -> io::Result<Option<(Meta, RangeSet)>> {
     Ok(parse(&text).map(|(m, r)| (m, r.clamped(on_disk.min(m.size)))))
 }
 
+/// Remove the record beside `partial`, if there is one: only a file that
+/// reads as a record (a user's own `NAME.ranges` is left alone).
+pub fn remove_record(partial: &Path) {
+    if matches!(read(partial), Ok(Some(_))) {
+        let _ = std::fs::remove_file(record_path(partial));
+    }
+}
+
 /// Make what `rec` wrote durable and say so in the record.
 pub fn checkpoint(rec: &RecordedFile, partial: &Path, meta: Meta) -> io::Result<()> {
     let r = rec.sync_ranges()?;

@@ -1509,7 +1509,7 @@ impl Session {
             }
             std::fs::remove_file(&p).map_err(FsError::from_io)?;
             // A resumable upload's partial takes its record along.
-            let _ = std::fs::remove_file(crate::resumable::record_path(&p));
+            crate::resumable::remove_record(&p);
             Ok(())
         });
         match r {
@@ -1583,7 +1583,7 @@ impl Session {
             Ok(()) => {
                 // A completed resumable upload, moved into place: its
                 // record is of no more use.
-                let _ = std::fs::remove_file(crate::resumable::record_path(&from));
+                crate::resumable::remove_record(&from);
                 self.reply(250, format!("Renamed to {}.", v.display()))
                     .await
             }
@@ -2472,6 +2472,21 @@ impl Session {
         if let Some(max) = self.cfg.max_upload_size.filter(|m| meta.size > *m) {
             return self
                 .reply(552, format!("Upload larger than the limit of {max} bytes."))
+                .await;
+        }
+        // The record goes beside the file: never over a file of the user's.
+        let record = resumable::record_path(&target);
+        if std::fs::symlink_metadata(&record).is_ok()
+            && !matches!(resumable::read(&target), Ok(Some(_)))
+        {
+            return self
+                .reply(
+                    553,
+                    format!(
+                        "{}.ranges exists and is not a resumable upload's record: upload under another name.",
+                        v.display()
+                    ),
+                )
                 .await;
         }
         // One writer per partial: an older upload of it still running here

@@ -510,3 +510,29 @@ fn a_dead_uploads_temporary_is_swept_by_the_next_upload_there() {
     assert!(partial.exists());
     assert!(root.join("sub/n.bin").exists());
 }
+
+/// RNTO and DELE take a resumable upload's record along, and only a
+/// record: a user's own `NAME.ranges` beside `NAME` stays.
+#[test]
+fn rename_and_delete_leave_a_users_ranges_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("data"), b"1,2,3").unwrap();
+    std::fs::write(root.join("data.ranges"), b"0-10\n").unwrap();
+    std::fs::write(root.join("more"), b"x").unwrap();
+    std::fs::write(root.join("more.ranges"), b"mine").unwrap();
+    let srv = serve(root, &[]);
+    let mut c = Ctl::login(srv.port);
+    assert!(c.cmd("RNFR data").starts_with("350"));
+    assert!(c.cmd("RNTO data2").starts_with("250"));
+    assert!(c.cmd("DELE more").starts_with("250"));
+    assert_eq!(std::fs::read(root.join("data.ranges")).unwrap(), b"0-10\n");
+    assert_eq!(std::fs::read(root.join("more.ranges")).unwrap(), b"mine");
+    // Nor does a resumable upload write its record over one.
+    assert!(c.cmd("TYPE I").starts_with("200"));
+    assert!(c.cmd("MODE E").starts_with("200"));
+    assert!(c.cmd("SITE RESUMABLE 10 1").starts_with("200"));
+    let r = c.cmd("STOR data");
+    assert!(r.starts_with("553") && r.contains("another name"), "{r}");
+    assert_eq!(std::fs::read(root.join("data.ranges")).unwrap(), b"0-10\n");
+}
