@@ -381,10 +381,7 @@ impl Client {
         let mut ctl = match &tls {
             Some((t, true)) => {
                 let io = t.connect(stream, cfg.reply_timeout).await.map_err(|e| {
-                    ClientError::Tls(format!(
-                        "implicit TLS (ftps://): {}",
-                        xftp_tls::explain_handshake_error(&e)
-                    ))
+                    ClientError::tls_handshake(e, "implicit TLS (ftps://): ", false)
                 })?;
                 Control::new(io, cfg.reply_timeout)?
             }
@@ -3479,12 +3476,10 @@ async fn secure_data(s: TcpStream, tls: Option<&ClientTls>, limit: Duration) -> 
     let _ = s.set_nodelay(true);
     match tls {
         None => Ok(Stream::Plain(s)),
-        Some(t) => t.connect_data(s, limit).await.map_err(|e| {
-            ClientError::Tls(format!(
-                "data connection: {}",
-                xftp_tls::explain_handshake_error(&e)
-            ))
-        }),
+        Some(t) => t
+            .connect_data(s, limit)
+            .await
+            .map_err(|e| ClientError::tls_handshake(e, "data connection: ", true)),
     }
 }
 

@@ -171,7 +171,7 @@ impl Control {
         let io = tls
             .connect(tcp, reply_timeout)
             .await
-            .map_err(|e| ClientError::Tls(xftp_tls::explain_handshake_error(&e)))?;
+            .map_err(|e| ClientError::tls_handshake(e, "", false))?;
         Ok(Control {
             io,
             parser,

@@ -209,6 +209,24 @@ impl ClientError {
         }
     }
 
+    /// A TLS handshake that failed, `what` naming where ("data
+    /// connection: ", or nothing for the control connection). Cut by the
+    /// network (a reset, a timeout) it is a connection's failure, which may
+    /// pass like any other ([`is_transient`](Self::is_transient)); refused
+    /// by TLS itself (a certificate, no common version) it is
+    /// [`ClientError::Tls`], which will not.
+    pub fn tls_handshake(e: std::io::Error, what: &str, data: bool) -> ClientError {
+        if xftp_tls::handshake_cut_by_network(&e) {
+            let e = std::io::Error::new(e.kind(), format!("{what}TLS handshake: {e}"));
+            return if data {
+                ClientError::DataIo(e)
+            } else {
+                ClientError::ControlIo(e)
+            };
+        }
+        ClientError::Tls(format!("{what}{}", xftp_tls::explain_handshake_error(&e)))
+    }
+
     /// Whether the server could not be reached or would not take the
     /// session: a refused or failed TCP connection, no greeting, a 421
     /// (busy, shutting down). Running again at once is likely to meet
@@ -286,6 +304,17 @@ mod tests {
         .is_transient());
         assert!(!ClientError::NotFtp("SSH-2.0-OpenSSH".into()).is_transient());
         assert!(!ClientError::Tls("certificate not trusted".into()).is_transient());
+        // A handshake the network cut may pass; one TLS refused may not.
+        let cut = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(ClientError::tls_handshake(cut, "", false).is_transient());
+        let cut = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof");
+        assert!(ClientError::tls_handshake(cut, "data connection: ", true).is_transient());
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = ClientError::tls_handshake(refused, "", false);
+        assert!(matches!(e, ClientError::Tls(_)) && !e.is_transient(), "{e}");
         assert!(!ClientError::Usage("bad URL".into()).is_transient());
         assert!(!ClientError::Local {
             path: "/x".into(),

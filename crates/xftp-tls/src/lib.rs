@@ -98,6 +98,26 @@ fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
     std::sync::Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Whether a failed handshake was cut by the network (a reset, a close,
+/// a timeout) rather than refused by TLS itself (a certificate, no common
+/// version, not TLS at all): the first may pass when tried again, as on a
+/// plain connection; the second will not.
+pub fn handshake_cut_by_network(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let from_tls = e
+        .get_ref()
+        .is_some_and(|i| i.downcast_ref::<rustls::Error>().is_some());
+    !from_tls
+        && matches!(
+            e.kind(),
+            K::ConnectionReset
+                | K::ConnectionAborted
+                | K::BrokenPipe
+                | K::UnexpectedEof
+                | K::TimedOut
+        )
+}
+
 /// A handshake error as a sentence that names the cause and, where there is
 /// one, the fix. `role` is what the local end was doing ("TLS handshake on
 /// the control connection", ...).
