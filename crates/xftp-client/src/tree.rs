@@ -248,7 +248,16 @@ pub async fn get_tree(
     let first = connect(Role::Small).await?;
     let mut report = TreeReport::default();
     std::fs::create_dir_all(local).map_err(|e| local_err(local, e))?;
-    let walked = walk(first, &connect, remote, local, opt.concurrency).await?;
+    // A run over some files only lists their directories.
+    let walked = walk(
+        first,
+        &connect,
+        remote,
+        local,
+        opt.concurrency,
+        opt.only.as_deref(),
+    )
+    .await?;
     report.dirs = walked.dirs;
     report.other = walked.other;
     report.unlisted = walked.unlisted;
@@ -324,18 +333,24 @@ struct Walked {
 /// where the server has no MLSD) and
 /// create its directories under `local`. A listing costs round trips, so
 /// directories are listed by up to `concurrency` sessions at once:
-/// `first`, and more opened when the root has subdirectories.
+/// `first`, and more opened when the root has subdirectories. With
+/// `only` (a run over some files), only the directories that hold them,
+/// and those above, are listed.
 async fn walk(
     mut first: Client,
     connect: &Connect,
     remote: &str,
     local: &Path,
     concurrency: usize,
+    only: Option<&HashSet<String>>,
 ) -> Result<Walked> {
     use tokio::sync::Notify;
     struct Shared {
         st: Mutex<WalkState>,
         more: Notify,
+        /// Only these directories are listed (a run over some files
+        /// only: their directories and those above them).
+        needed: Option<HashSet<String>>,
     }
     #[derive(Default)]
     struct WalkState {
@@ -376,7 +391,9 @@ async fn walk(
                     let p = local_path(local, &rel);
                     std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
                     st.ndirs += 1;
-                    st.dirs.push_back(rel);
+                    if sh.needed.as_ref().map_or(true, |n| n.contains(&rel)) {
+                        st.dirs.push_back(rel);
+                    }
                 }
                 Kind::File => st.jobs.push(Job {
                     rel,
@@ -427,9 +444,21 @@ async fn walk(
             sh.more.notify_waiters();
         }
     }
+    let needed = only.map(|files| {
+        let mut dirs = HashSet::new();
+        for f in files {
+            let mut d = f.as_str();
+            while let Some((parent, _)) = d.rsplit_once('/') {
+                dirs.insert(parent.to_owned());
+                d = parent;
+            }
+        }
+        dirs
+    });
     let sh = Arc::new(Shared {
         st: Mutex::new(WalkState::default()),
         more: Notify::new(),
+        needed,
     });
     list_one(&mut first, &sh, remote, local, "").await?;
     let subdirs = lock(&sh).dirs.len();
