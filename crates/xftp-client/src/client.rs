@@ -1508,7 +1508,6 @@ impl Client {
             let b = v[0];
             (v, b, 0)
         } else {
-            // Per connection, also if it fails.
             match self
                 .send_striped(conns, late, file, len, have, endgame)
                 .await

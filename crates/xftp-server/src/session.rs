@@ -2574,7 +2574,7 @@ impl Session {
         let early = n > 1 && self.mult_set;
         // A newer upload of the partial may take over while this one still
         // waits for its connections (its client gone).
-        let stop = hold.writer.stop.clone();
+        let stop = writer.stop.clone();
         let opened = tokio::select! {
             o = self.open_data(n, false, early) => o?,
             () = stop.cancelled() => {
@@ -2620,7 +2620,6 @@ impl Session {
         }));
         // Stopped by `halt` (the session ends, ABOR) or by a newer upload
         // of the same partial: what arrived is recorded first.
-        let stop = writer.stop.clone();
         self.stop_upload = Some(stop.clone());
         let task = tokio::spawn(async move {
             // Let go (dropped) only after the last record below.

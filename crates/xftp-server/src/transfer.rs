@@ -246,8 +246,8 @@ fn lock_exclusive(f: &File) -> std::io::Result<()> {
 const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Directories this process has swept of stale upload temporaries.
-static SWEPT: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> =
-    std::sync::Mutex::new(None);
+static SWEPT: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// Remove, once per directory in this process's life and off the async
 /// threads, the temporaries of uploads whose writer is gone (a server
@@ -255,14 +255,12 @@ static SWEPT: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> =
 /// temporary while it writes ([`Upload::begin`]), which the kernel drops
 /// with the process.
 fn sweep_once(dir: &Path) {
-    {
-        let mut g = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
-        if !g
-            .get_or_insert_with(Default::default)
-            .insert(dir.to_owned())
-        {
-            return;
-        }
+    let first = SWEPT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(dir.to_owned());
+    if !first {
+        return;
     }
     let dir = dir.to_owned();
     match tokio::runtime::Handle::try_current() {

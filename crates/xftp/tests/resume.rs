@@ -392,10 +392,7 @@ fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
     // connection left open (a client that is gone, unseen yet).
     let mut a = Ctl::login(srv.port);
     prep(&mut a);
-    let port = a.epsv_port();
-    a.w_line("STOR p");
-    let mut da = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    assert!(a.reply().starts_with("150"));
+    let mut da = stor_on(&mut a, "p");
     da.write_all(&mode_e_block(0, 0, &data[..100_000])).unwrap();
     // Its record names them within a checkpoint or two.
     let mut b = Ctl::login(srv.port);
@@ -411,17 +408,13 @@ fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
     // The newer upload sends the rest and takes the partial over.
     prep(&mut b);
     assert!(b.cmd("REST 0-100000").starts_with("350"));
-    let port = b.epsv_port();
-    b.w_line("STOR p");
-    let mut db = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    assert!(b.reply().starts_with("150"));
+    let mut db = stor_on(&mut b, "p");
     // The older one was stopped, and says so.
     let r = a.reply();
     assert!(r.starts_with("426") && r.contains("stopped"), "{r}");
     db.write_all(&mode_e_block(0, 100_000, &data[100_000..]))
         .unwrap();
-    db.write_all(&[mode_e_block(0x40, 1, &[]), mode_e_block(0x08, 0, &[])].concat())
-        .unwrap();
+    db.write_all(&eof_and_eod()).unwrap();
     let r = b.reply();
     assert!(r.starts_with("226"), "{r}");
     drop((da, db));
@@ -443,28 +436,32 @@ fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
     assert!(a.cmd("STOR r").starts_with("150"));
     let mut b = Ctl::login(srv.port);
     prep(&mut b);
-    let port = b.epsv_port();
-    b.w_line("STOR r");
-    let mut db = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let r = b.reply();
-    assert!(r.starts_with("150"), "{r}");
+    let mut db = stor_on(&mut b, "r");
     let r = a.reply();
     assert!(r.starts_with("426") && r.contains("took over"), "{r}");
-    db.write_all(
-        &[
-            mode_e_block(0, 0, &data),
-            mode_e_block(0x40, 1, &[]),
-            mode_e_block(0x08, 0, &[]),
-        ]
-        .concat(),
-    )
-    .unwrap();
+    db.write_all(&[mode_e_block(0, 0, &data), eof_and_eod()].concat())
+        .unwrap();
     let r = b.reply();
     assert!(r.starts_with("226"), "{r}");
     assert_eq!(std::fs::read(root.join("r")).unwrap(), data);
 }
 
-/// Every file in `d` but the ones named.
+/// `STOR name` in passive mode: its data connection, once the 150 came.
+fn stor_on(c: &mut Ctl, name: &str) -> std::net::TcpStream {
+    let port = c.epsv_port();
+    c.w_line(&format!("STOR {name}"));
+    let d = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let r = c.reply();
+    assert!(r.starts_with("150"), "{r}");
+    d
+}
+
+/// The end of a one-connection MODE E transfer: EOF (one EOD), then EOD.
+fn eof_and_eod() -> Vec<u8> {
+    [mode_e_block(0x40, 1, &[]), mode_e_block(0x08, 0, &[])].concat()
+}
+
+/// Every file in `d` but the uploads' final names, `q` and `r`.
 fn leftovers_all(d: &Path) -> Vec<String> {
     std::fs::read_dir(d)
         .unwrap()
