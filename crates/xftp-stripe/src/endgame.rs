@@ -54,6 +54,12 @@ struct Book {
     outq: u64,
     /// The highest [`Observed::progress`] seen.
     progress: Option<u64>,
+    /// The records the peer acknowledged on this connection. The peer's
+    /// TCP acknowledges what its socket holds, not what the receiver
+    /// read: a reset loses what was still unread ([`Books::lost`]).
+    acked_ranges: RangeSet,
+    /// Lost ([`Books::lost`]): its books no longer count.
+    dead: bool,
 }
 
 /// What the kernel says of one sending connection: what it has
@@ -78,6 +84,10 @@ pub struct Observed {
     /// in steps). It tells a connection that makes progress from one that
     /// waits, not what was delivered; `None`: only `outq` tells.
     pub progress: Option<u64>,
+    /// The connection is gone (reset by the network or the peer): what
+    /// it held, and what its peer acknowledged but may not have read, is
+    /// to be sent again ([`Books::lost`]).
+    pub closed: bool,
 }
 
 /// A connection counts as stuck when nothing it holds was acknowledged
@@ -89,6 +99,8 @@ const NO_PROGRESS_FLOOR: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug)]
 pub struct Books {
     books: Vec<Book>,
+    /// What the receiver had before (a resumed transfer).
+    have: RangeSet,
     /// Every byte some connection has delivered, and what the receiver
     /// had before (a resumed transfer).
     delivered: RangeSet,
@@ -102,6 +114,7 @@ impl Books {
     pub fn new(len: u64, have: &RangeSet) -> Self {
         Books {
             books: Vec::new(),
+            have: have.clamped(len),
             delivered: have.clamped(len),
             len,
             lossy: false,
@@ -151,6 +164,9 @@ impl Books {
     pub fn observe(&mut self, idx: usize, o: Observed, now: Duration) {
         self.add_conn(idx);
         let b = &mut self.books[idx];
+        if b.dead {
+            return;
+        }
         // The write in progress is not in `written` yet, while its bytes
         // may already be in the kernel's queue: this underestimates what
         // was acknowledged, never overestimates it.
@@ -173,6 +189,7 @@ impl Books {
                 break;
             }
             self.delivered.union(s.offset, s.offset + s.len);
+            b.acked_ranges.union(s.offset, s.offset + s.len);
             b.pending.pop_front();
         }
         // Records delivered by another connection's copy.
@@ -181,6 +198,58 @@ impl Books {
             .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
         let silent = now.saturating_sub(b.progress_at) > o.rto.max(NO_PROGRESS_FLOOR);
         b.stuck = !b.pending.is_empty() && (o.timed_out || silent);
+    }
+
+    /// Connection `idx` is gone (reset): nothing it carried counts as
+    /// delivered any more unless another connection delivered it too. A
+    /// reset discards what the receiver's socket still held, acknowledged
+    /// or not, and the sender cannot tell how much of what its peer
+    /// acknowledged was read: every record the connection carried is
+    /// sent again, less what others delivered. Returns those ranges (empty
+    /// when it was lost before).
+    pub fn lost(&mut self, idx: usize) -> RangeSet {
+        self.add_conn(idx);
+        let b = &mut self.books[idx];
+        let mut again = RangeSet::new();
+        if b.dead {
+            return again;
+        }
+        b.dead = true;
+        b.stuck = false;
+        b.outq = 0;
+        for s in b.pending.drain(..) {
+            again.union(s.offset, s.offset + s.len);
+        }
+        let suspect = std::mem::take(&mut b.acked_ranges);
+        let mut delivered = self.have.clone();
+        for b in self.books.iter().filter(|b| !b.dead) {
+            for (a, z) in b.acked_ranges.iter() {
+                delivered.union(a, z);
+            }
+        }
+        self.delivered = delivered;
+        for (a, z) in suspect.iter() {
+            again.union(a, z);
+        }
+        let mut out = RangeSet::new();
+        for (a, z) in again.iter() {
+            let mut at = a;
+            for (x, y) in self.delivered.overlaps(a, z) {
+                if x > at {
+                    out.union(at, x);
+                }
+                at = at.max(y);
+            }
+            if at < z {
+                out.union(at, z);
+            }
+        }
+        out
+    }
+
+    /// Whether connection `idx` was lost ([`Books::lost`]).
+    pub fn is_lost(&self, idx: usize) -> bool {
+        self.books.get(idx).is_some_and(|b| b.dead)
     }
 
     /// A record a stuck connection holds that no one has sent again yet,
@@ -252,6 +321,7 @@ mod tests {
             rto: RTO,
             lossy: timed_out,
             progress: None,
+            closed: false,
         }
     }
 
@@ -303,6 +373,41 @@ mod tests {
         // And conn 0's records count as delivered by the other copy.
         b.observe(0, obs(2 * (H + 100), true), 80 * MS);
         assert!(!b.holds_undelivered(0));
+    }
+
+    #[test]
+    fn a_lost_connection_gives_back_all_it_carried_less_what_others_delivered() {
+        let mut b = Books::new(500, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        send(&mut b, 0, 100, 100, MS);
+        send(&mut b, 0, 200, 100, MS);
+        send(&mut b, 1, 300, 100, MS);
+        // Conn 1 also carried a copy of [100, 200).
+        send(&mut b, 1, 100, 100, MS);
+        // Conn 0's peer acknowledged its first two records, not the third.
+        b.observe(0, obs(H + 100, false), 2 * MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        assert_eq!(b.delivered_bytes(), 300);
+        // Reset: what it acknowledged may not have been read. [100, 200)
+        // came through conn 1 too; the rest goes again.
+        let again = b.lost(0);
+        assert_eq!(again.iter().collect::<Vec<_>>(), vec![(0, 100), (200, 300)]);
+        assert_eq!(b.delivered_bytes(), 200);
+        assert!(b.is_lost(0) && !b.holds_undelivered(0) && b.is_clear(0));
+        // Lost once: nothing more to give back, and its kernel's word no
+        // longer counts.
+        assert!(b.lost(0).is_empty());
+        b.observe(0, obs(0, false), 3 * MS);
+        assert_eq!(b.delivered_bytes(), 200);
+        assert_eq!(b.claim(1), None);
+        // Sent again on conn 1 and delivered: complete.
+        send(&mut b, 1, 0, 100, 4 * MS);
+        send(&mut b, 1, 200, 100, 4 * MS);
+        b.observe(1, obs(0, false), 5 * MS);
+        assert_eq!(b.delivered_bytes(), 400);
+        send(&mut b, 1, 400, 100, 6 * MS);
+        b.observe(1, obs(0, false), 7 * MS);
+        assert!(b.all_delivered());
     }
 
     #[test]

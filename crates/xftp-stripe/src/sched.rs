@@ -167,6 +167,34 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Hand `[start, end)` out again (a connection that carried it was
+    /// lost): taken before anything new, lowest offsets first.
+    pub fn give_back(&mut self, start: u64, end: u64) {
+        if start < end {
+            // `leftovers` is taken from its end.
+            let at = self
+                .leftovers
+                .iter()
+                .position(|l| l.0 < start)
+                .unwrap_or(self.leftovers.len());
+            self.leftovers.insert(at, (start, end));
+        }
+    }
+
+    /// A record of what was handed back ([`Scheduler::give_back`]) or left
+    /// by a retired connection, for any connection, even one past its end.
+    pub fn next_leftover(&mut self) -> Option<(u64, u64)> {
+        let rs = self.record_size;
+        let l = self.leftovers.last_mut()?;
+        let offset = l.0;
+        let len = rs.min(l.1 - offset);
+        l.0 += len;
+        if l.0 >= l.1 {
+            self.leftovers.pop();
+        }
+        Some((offset, len))
+    }
+
     /// Make bytes up to `len` available.
     pub fn extend(&mut self, len: u64) -> Result<(), SchedError> {
         if self.closed || len < self.available {
@@ -310,6 +338,47 @@ mod tests {
             }
         }
         (got, per)
+    }
+
+    #[test]
+    fn ranges_given_back_go_first_lowest_first_to_anyone() {
+        let mut s = Scheduler::dynamic(100, 1000);
+        s.add_conn().unwrap();
+        s.add_conn().unwrap();
+        s.close();
+        assert_eq!(
+            s.next(0),
+            Next::Record {
+                offset: 0,
+                len: 100
+            }
+        );
+        s.give_back(500, 650);
+        s.give_back(0, 100);
+        assert!(!s.exhausted());
+        assert_eq!(
+            s.next(1),
+            Next::Record {
+                offset: 0,
+                len: 100
+            }
+        );
+        assert_eq!(s.next_leftover(), Some((500, 100)));
+        assert_eq!(
+            s.next(0),
+            Next::Record {
+                offset: 600,
+                len: 50
+            }
+        );
+        assert_eq!(s.next_leftover(), None);
+        assert_eq!(
+            s.next(1),
+            Next::Record {
+                offset: 100,
+                len: 100
+            }
+        );
     }
 
     #[test]

@@ -120,6 +120,11 @@ struct State {
     app_waker: Option<Waker>,
     /// The endgame's books and sockets, when it is on.
     endgame: Option<EndgameState>,
+    /// Connections lost while others went on ([`lose`]), and the error
+    /// of the last: once one is lost, the transfer is over only when
+    /// every byte is delivered again, not when the EOF is written.
+    lost: usize,
+    lost_error: Option<StripeError>,
 }
 
 /// The endgame's I/O side: duplicates of every connection's socket, to
@@ -131,7 +136,15 @@ struct EndgameState {
     ended: Vec<bool>,
     /// Per connection: to be reset, its records delivered by others.
     abort: Vec<bool>,
+    /// Per connection: lost (reset by the network or the peer) while
+    /// others went on; what it carried goes again on them ([`lose`]).
+    lost: Vec<bool>,
+    /// Per connection: its EOD (or EOF) was written.
+    wrote_end: Vec<bool>,
+    /// Per connection: its task has returned.
+    gone: Vec<bool>,
     last_observed: Option<std::time::Instant>,
+    observations: u64,
     /// Payload bytes sent again (whole copies), for the report.
     resent: u64,
     /// Payload bytes to deliver (the file less what the receiver has):
@@ -147,6 +160,9 @@ impl EndgameState {
             self.probes.resize_with(idx + 1, || None);
             self.ended.resize(idx + 1, false);
             self.abort.resize(idx + 1, false);
+            self.lost.resize(idx + 1, false);
+            self.wrote_end.resize(idx + 1, false);
+            self.gone.resize(idx + 1, false);
         }
         self.books.add_conn(idx);
     }
@@ -235,7 +251,11 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             probes: Vec::new(),
             ended: Vec::new(),
             abort: Vec::new(),
+            lost: Vec::new(),
+            wrote_end: Vec::new(),
+            gone: Vec::new(),
             last_observed: None,
+            observations: 0,
             resent: 0,
             payload: len - have.covered().min(len),
         })
@@ -308,6 +328,8 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
                 result: None,
                 app_waker: None,
                 endgame,
+                lost: 0,
+                lost_error: None,
             }),
             wake: Notify::new(),
             file,
@@ -545,12 +567,12 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
             st.endgame.as_ref().is_some_and(|e| {
                 st.active == 0
                     && st.ends_written == st.ends_taken
-                    && (st.eof_sent || e.books.all_delivered())
+                    && ((st.eof_sent && st.lost == 0) || e.books.all_delivered())
             })
         };
         if set.is_empty() || over_in_endgame {
             let st = shared.lock();
-            if st.eof_sent || over_in_endgame {
+            if (st.eof_sent && st.lost == 0) || over_in_endgame {
                 let streams = st.stats.clone();
                 let resent = st.endgame.as_ref().map_or(0, |e| e.resent);
                 if resent > 0 {
@@ -567,6 +589,12 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
                     duplicate_bytes: resent,
                     streams,
                 });
+            }
+            if let Some(e) = st.lost_error.clone() {
+                // Every connection ended, and what a lost one carried was
+                // not all delivered again (the receiver, which lost it too,
+                // fails as well).
+                break Err(e);
             }
             if !open {
                 break Err(StripeError::NoConnections);
@@ -651,8 +679,18 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
         }
     };
     // In the endgame, a connection that fails once every byte is delivered
-    // (the receiver, complete, closed it) has done its part.
+    // (the receiver, complete, closed it) has done its part; one that
+    // fails before, while others go on, leaves its records to them.
     let outcome = match outcome {
+        Some(Err(e @ StripeError::Io { conn: Some(_), .. })) if lose(&mut sh.lock(), idx, &e) => {
+            tracing::debug!(
+                conn = idx,
+                "data connection lost: {e}; the others send what it carried"
+            );
+            sh.wake.notify_waiters();
+            sh.ended.notify_one();
+            Some(Ok(Ended::Lost))
+        }
         Some(Err(e))
             if sh
                 .lock()
@@ -665,7 +703,16 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
         }
         other => other,
     };
+    if let Some(e) = sh.lock().endgame.as_mut() {
+        e.gone[idx] = true;
+    }
     match outcome {
+        Some(Ok(Ended::Lost)) => {
+            if let Some(e) = sh.lock().endgame.as_mut() {
+                e.probes[idx] = None;
+            }
+            Ok(None)
+        }
         Some(Ok(Ended::Keep)) => {
             ended(&sh);
             Ok(Some(s))
@@ -696,6 +743,57 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
     }
 }
 
+/// Connection `idx` failed (`err`): in the endgame of a file, while
+/// bytes are still to be delivered and another connection goes on, it is
+/// lost rather than the transfer. Everything it carried that no other
+/// connection delivered is handed out again ([`Books::lost`]: a reset
+/// also discards what the receiver's socket held unread), and the
+/// receiver, which takes duplicates in the endgame, stores what it
+/// lacks. Returns whether the connection was lost so (also before).
+fn lose(st: &mut State, idx: usize, err: &StripeError) -> bool {
+    let State {
+        endgame,
+        sched,
+        active,
+        ends_written,
+        failed,
+        stream,
+        lost,
+        lost_error,
+        ..
+    } = st;
+    let Some(e) = endgame.as_mut() else {
+        return false;
+    };
+    if e.lost.get(idx).copied().unwrap_or(true) {
+        return e.lost.get(idx).copied().unwrap_or(false);
+    }
+    let others = (0..e.lost.len())
+        .filter(|&j| j != idx && !e.lost[j] && !e.gone[j] && !e.abort[j])
+        .count();
+    if failed.is_some() || stream.is_some() || others == 0 || e.books.all_delivered() {
+        return false;
+    }
+    e.lost[idx] = true;
+    if !e.ended[idx] {
+        e.ended[idx] = true;
+        *active -= 1;
+    } else if !e.wrote_end[idx] {
+        // It had taken its end and not written it: the end is moot.
+        *ends_written += 1;
+    }
+    let _ = sched.retire(idx);
+    let again = e.books.lost(idx);
+    let ranges: Vec<_> = again.iter().collect();
+    for (a, z) in ranges.into_iter().rev() {
+        sched.give_back(a, z);
+    }
+    e.resent += again.covered();
+    *lost += 1;
+    *lost_error = Some(err.clone());
+    true
+}
+
 /// Ready once the endgame has marked connection `idx` to be reset.
 async fn reset_ordered(sh: &Shared, idx: usize) {
     loop {
@@ -722,6 +820,8 @@ enum Ended {
     Closed,
     /// Reset by the endgame: stuck with copies delivered by others.
     Reset,
+    /// Lost while others went on ([`lose`]).
+    Lost,
 }
 
 /// The connection's records, then its end.
@@ -740,6 +840,9 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
             let mut st = sh.lock();
             if let Some(e) = &st.failed {
                 return Err(StripeError::Aborted(e.to_string()));
+            }
+            if st.endgame.as_ref().is_some_and(|e| e.lost[idx]) {
+                return Ok(Ended::Lost);
             }
             match st.sched.next(idx) {
                 Next::Record { offset, len } => {
@@ -883,6 +986,10 @@ async fn end_of_data<S: AsyncWrite + Unpin>(
     let mut st = sh.lock();
     if let Some(e) = st.endgame.as_mut() {
         e.books.written(idx, hdr.encode().len() as u64);
+        if std::mem::replace(&mut e.wrote_end[idx], true) || e.lost[idx] {
+            // Counted when it was lost.
+            return Ok(());
+        }
     }
     st.ends_written += 1;
     drop(st);
@@ -949,7 +1056,13 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
             let Some(e) = endgame.as_mut() else {
                 return Ok((buf, true));
             };
-            if e.books.all_delivered() {
+            if e.lost[idx] {
+                return Ok((buf, true));
+            }
+            if let Some((offset, len)) = sched.next_leftover() {
+                // What a lost connection carried.
+                Some((offset, len, false))
+            } else if e.books.all_delivered() {
                 // Connections that have not reached their EOD are stuck
                 // in the middle of a record delivered by others: reset
                 // them (they would hold up the end). Those past it that
@@ -982,21 +1095,21 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
                     sh.ended.notify_one();
                 }
                 return Ok((buf, clear_self));
-            }
-            // Only once every record is handed out: a connection that
-            // was retired mid-transfer (fewer connections wanted) must not
-            // add copies while the others still have new records to send
-            // (on a lossy path some connection is nearly always in a
-            // timeout, and those copies took half the link).
-            if sched.exhausted() {
-                e.books.claim(idx)
+            } else if sched.exhausted() {
+                // Only once every record is handed out: a connection that
+                // was retired mid-transfer (fewer connections wanted) must
+                // not add copies while the others still have new records
+                // to send (on a lossy path some connection is nearly
+                // always in a timeout, and those copies took half the
+                // link).
+                e.books.claim(idx).map(|(offset, len)| (offset, len, true))
             } else {
                 None
             }
         };
         match claim {
-            Some((offset, len)) => {
-                buf = send_file_record(s, sh, idx, buf, offset, len, true).await?;
+            Some((offset, len, copy)) => {
+                buf = send_file_record(s, sh, idx, buf, offset, len, copy).await?;
             }
             None => tokio::time::sleep(ENDGAME_POLL).await,
         }
@@ -1021,14 +1134,37 @@ fn observe(sh: &Shared, all: bool) {
         return;
     }
     e.last_observed = Some(now);
+    // Every tenth time, also the connections that hold nothing
+    // undelivered: one reset then (a helper with nothing to send) lost
+    // what its peer acknowledged and had not read yet.
+    e.observations += 1;
+    let sweep = all || e.observations % 10 == 0;
+    let mut closed = Vec::new();
     for i in 0..e.probes.len() {
-        if !all && !e.books.holds_undelivered(i) {
+        if !sweep && !e.books.holds_undelivered(i) {
             continue;
         }
         let Some(d) = e.probes[i].as_ref().and_then(|p| p.delivery()) else {
             continue;
         };
+        if d.closed && !e.books.is_lost(i) {
+            closed.push(i);
+            continue;
+        }
         e.books.observe(i, d, at);
+    }
+    // A connection reset while its task waits (a helper with nothing to
+    // send, its records acknowledged but perhaps not read) writes nothing
+    // that would fail: the kernel's word is enough.
+    let mut any = false;
+    for i in closed {
+        let err = StripeError::io(Some(i), &io::Error::from(io::ErrorKind::ConnectionReset));
+        any |= lose(&mut st, i, &err);
+    }
+    drop(st);
+    if any {
+        sh.wake.notify_waiters();
+        sh.ended.notify_one();
     }
 }
 

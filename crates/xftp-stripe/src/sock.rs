@@ -381,6 +381,8 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
         // struct tcp_info: u8 state, ca_state, retransmits, probes,
         // backoff, ...; u32 rto at byte 8 (include/uapi/linux/tcp.h).
         const TCP_CA_LOSS: u8 = 4;
+        // tcpi_state: TCP_CLOSE after a reset (include/net/tcp_states.h).
+        const TCP_CLOSE: u8 = 7;
         let rto = u32::from_ne_bytes([info[8], info[9], info[10], info[11]]);
         // u32 total_retrans at byte 100.
         let retrans = info
@@ -398,6 +400,7 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
             rto: std::time::Duration::from_micros(u64::from(rto)),
             lossy: retrans > 0 || info[1] == TCP_CA_LOSS,
             progress,
+            closed: info[0] == TCP_CLOSE,
         })
     }
     #[cfg(not(target_os = "linux"))]

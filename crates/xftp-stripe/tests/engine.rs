@@ -1164,6 +1164,7 @@ impl xftp_stripe::Probe for WireProbe {
             rto: Duration::from_millis(200),
             lossy: stalled,
             progress: None,
+            closed: false,
         })
     }
 }
@@ -1392,4 +1393,59 @@ async fn an_empty_transfer_reads_every_connection_to_its_end() {
             .await;
         assert!(s.is_ok(), "round {round}: {s:?}");
     }
+}
+
+/// A sender in the endgame that loses a data connection mid-transfer (its
+/// peer reset it with bytes read and bytes unread) sends everything that
+/// connection carried again on the others, and the receiver, which never
+/// saw that connection, completes with every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_in_the_endgame_survives_a_lost_connection() {
+    use tokio::io::AsyncReadExt;
+    let len = 48 << 20;
+    let data = pattern(len, 21);
+    let (tx, mut rx) = tcp_pairs(4).await;
+    let victim = rx.pop().unwrap();
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file_endgame(dst.clone(), len as u64, Default::default(), rx);
+    let cfg = SendConfig {
+        record_size: RS,
+        endgame: true,
+        ..SendConfig::default()
+    };
+    let src = Arc::new(MemFile::from(data.clone()));
+    let snd = Sender::file(src, len as u64, tx, &cfg);
+    // The lost connection's bytes never reach the receiver: some are
+    // read and dropped, the rest die in its socket with the reset.
+    let kill = async move {
+        let mut v = victim;
+        let mut buf = vec![0u8; 300_000];
+        let mut got = 0;
+        while got < buf.len() {
+            match v.read(&mut buf[got..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        socket2::SockRef::from(&v)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(v);
+        got
+    };
+    let (got, s, r) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(kill, snd.finish(), rcv.finish())
+    })
+    .await
+    .expect("the transfer ends");
+    assert!(got > 0, "the lost connection carried something");
+    let s = s.expect("the sender goes on without the lost connection");
+    let r = r.expect("the receiver gets every byte");
+    assert_eq!(dst.to_vec(), data);
+    assert!(
+        s.duplicate_bytes >= got as u64 - 17,
+        "what the lost connection carried went again: {} bytes, {got} read",
+        s.duplicate_bytes
+    );
+    assert_eq!(r.bytes, len as u64);
 }

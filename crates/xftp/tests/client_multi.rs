@@ -32,6 +32,17 @@ fn xftp(args: &[&str], cwd: &Path) -> Output {
         .expect("run xftp")
 }
 
+/// [`xftp`] without the endgame (`XFTP_ENDGAME=off`): a transfer that
+/// loses a data connection fails, as with a server that has no endgame.
+fn xftp_no_endgame(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .env("XFTP_ENDGAME", "off")
+        .output()
+        .expect("run xftp")
+}
+
 fn json_ok(out: &Output, what: &str) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -349,29 +360,51 @@ mod cutter {
     }
 }
 
+/// A data connection closed early (the proxy ends it after 1 MiB): in the
+/// endgame the server sends what it carried again on the other three and
+/// the download completes; without it, the download fails and leaves
+/// nothing.
 #[test]
-fn killing_one_data_connection_fails_get_and_leaves_nothing() {
+fn losing_one_data_connection_completes_a_get_in_the_endgame_only() {
     let d = dirs();
     let server = serve(&d.srv, 8);
     let len = 16 * 1024 * 1024;
     write_prng_file(&d.srv.join("k.bin"), len, 5);
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    let out = xftp(
-        // Static: each connection carries 4 MiB, so the 1 MiB cut always
-        // happens (a dynamic late joiner could carry less and escape it).
-        &[
-            "get",
-            &url,
-            "-p",
-            "4",
-            "--static",
-            "--json",
-            "--timeout",
-            "20",
-        ],
-        &d.local,
+    // Static: each connection carries 4 MiB, so the 1 MiB cut always
+    // happens (a dynamic late joiner could carry less and escape it).
+    let args = [
+        "get",
+        &url,
+        "-p",
+        "4",
+        "--static",
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    let j = json_ok(&xftp(&args, &d.local), "get losing a data connection");
+    // What reached the client before the cut came again.
+    assert!(j["bytes_received_twice"].as_u64().unwrap_or(0) > 0, "{j}");
+    assert_eq!(
+        sha256_file(&d.local.join("k.bin")),
+        sha256_file(&d.srv.join("k.bin"))
     );
+    std::fs::remove_file(d.local.join("k.bin")).unwrap();
+    let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
+    let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
+    let args = [
+        "get",
+        &url,
+        "-p",
+        "4",
+        "--static",
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    let out = xftp_no_endgame(&args, &d.local);
     assert!(
         !out.status.success(),
         "a cut data connection must fail the download"
@@ -427,8 +460,10 @@ fn cutting_an_automatic_download_fails_it_at_once() {
     assert!(left.is_empty(), "nothing may be left locally: {left:?}");
 }
 
+/// The upload's side of the above: completes in the endgame, fails at both
+/// ends without it.
 #[test]
-fn killing_one_data_connection_fails_put_at_both_ends() {
+fn losing_one_data_connection_completes_a_put_in_the_endgame_only() {
     let d = dirs();
     let server = serve(&d.srv, 8);
     let len = 16 * 1024 * 1024;
@@ -436,20 +471,40 @@ fn killing_one_data_connection_fails_put_at_both_ends() {
     write_prng_file(&src, len, 6);
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    let out = xftp(
-        &[
-            "put",
-            "k.bin",
-            &url,
-            "-p",
-            "4",
-            "--static",
-            "--json",
-            "--timeout",
-            "20",
-        ],
-        &d.local,
+    let args = [
+        "put",
+        "k.bin",
+        &url,
+        "-p",
+        "4",
+        "--static",
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    // In the endgame (an upload of 1 MiB and more to xftp) the client
+    // sends what the lost connection carried again on the other three.
+    let j = json_ok(&xftp(&args, &d.local), "put losing a data connection");
+    assert!(
+        j["bytes_sent_twice"].as_u64().unwrap_or(0) >= 1 << 20,
+        "{j}"
     );
+    assert_eq!(sha256_file(&d.srv.join("k.bin")), sha256_file(&src));
+    std::fs::remove_file(d.srv.join("k.bin")).unwrap();
+    let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
+    let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
+    let args = [
+        "put",
+        "k.bin",
+        &url,
+        "-p",
+        "4",
+        "--static",
+        "--json",
+        "--timeout",
+        "20",
+    ];
+    let out = xftp_no_endgame(&args, &d.local);
     assert!(
         !out.status.success(),
         "a cut data connection must fail the upload"

@@ -149,16 +149,33 @@ fn served_pair(seed: u64) -> (tempfile::TempDir, PathBuf, PathBuf, Server) {
     (dir, root, work, srv)
 }
 
+/// One of eight data connections reset mid-transfer: the sender sends
+/// what it carried again on the other seven (MODE E with the endgame:
+/// xftp on both ends, a file of 1 MiB and more) and the file completes.
+/// All eight reset: the transfer fails, says why, and leaves nothing that
+/// looks complete.
 #[test]
-fn one_of_eight_data_connections_reset_mid_transfer() {
-    if skip_unless_root("one_of_eight_data_connections_reset_mid_transfer") {
+fn data_connections_reset_mid_transfer() {
+    if skip_unless_root("data_connections_reset_mid_transfer") {
         return;
     }
     let (_dir, root, work, srv) = served_pair(3);
     let base = format!("ftp://127.0.0.1:{}", srv.port);
-    for form in ["passive", "--active", "--mprt"] {
-        for get in [true, false] {
-            let what = format!("{} {form}", if get { "get" } else { "put" });
+    for (form, get, every) in ["passive", "--active", "--mprt"]
+        .into_iter()
+        .flat_map(|f| [(f, true), (f, false)])
+        .flat_map(|(f, g)| [(f, g, false), (f, g, true)])
+    {
+        {
+            let what = format!(
+                "{} {form}, {} reset",
+                if get { "get" } else { "put" },
+                if every {
+                    "every connection"
+                } else {
+                    "one connection"
+                }
+            );
             let mut args = vec!["-p", "8", "--limit-rate", "12M", "--timeout", "10"];
             if form != "passive" {
                 args.push(form);
@@ -175,10 +192,26 @@ fn one_of_eight_data_connections_reset_mid_transfer() {
             let child = xftp_bg(&all, &work);
             let pid = child.id();
             std::thread::sleep(Duration::from_millis(500));
-            let data = data_sockets(pid, srv.port, 2);
-            assert!(data.len() >= 2, "{what}: data connections {data:?}");
-            cut(data[0].0, data[0].1);
+            let data = data_sockets(pid, srv.port, 8);
+            assert!(data.len() >= 8, "{what}: data connections {data:?}");
+            for d in &data[..if every { data.len() } else { 1 }] {
+                cut(d.0, d.1);
+            }
             let out = finish(child, 60);
+            if !every {
+                assert!(out.status.success(), "{what}: {out:?}");
+                let (a, b) = if get {
+                    (root.join("f.bin"), work.join("got.bin"))
+                } else {
+                    (work.join("u.bin"), root.join("up.bin"))
+                };
+                assert_eq!(sha256_file(&a), sha256_file(&b), "{what}");
+                for f in [work.join("got.bin"), root.join("up.bin")] {
+                    let _ = std::fs::remove_file(f);
+                }
+                still_serving(&srv, &root, &work);
+                continue;
+            }
             assert!(
                 !out.status.success(),
                 "{what}: a cut transfer reported success"
@@ -210,16 +243,18 @@ fn one_of_eight_data_connections_reset_mid_transfer() {
             still_serving(&srv, &root, &work);
         }
     }
-    // A resumable download cut the same way completes with -c.
+    // A resumable download cut on every connection completes with -c.
     let url = format!("{base}/f.bin");
     let child = xftp_bg(
         &["get", "-c", "-p", "8", "--limit-rate", "12M", &url, "r.bin"],
         &work,
     );
     std::thread::sleep(Duration::from_millis(500));
-    let data = data_sockets(child.id(), srv.port, 2);
-    assert!(!data.is_empty());
-    cut(data[0].0, data[0].1);
+    let data = data_sockets(child.id(), srv.port, 8);
+    assert!(data.len() >= 8);
+    for d in &data {
+        cut(d.0, d.1);
+    }
     let out = finish(child, 60);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("-c"));

@@ -506,13 +506,13 @@ struct Summary {
     #[serde(skip_serializing_if = "is_zero")]
     bytes_already_present: u64,
     /// Payload bytes that arrived twice: copies of records a stuck
-    /// connection held, sent again by a server in the endgame (not in
-    /// `bytes`).
+    /// connection held, or a lost one carried, sent again by a server in
+    /// the endgame (not in `bytes`).
     #[serde(skip_serializing_if = "is_zero")]
     bytes_received_twice: u64,
     /// Payload bytes an upload sent twice: its endgame's copies of
-    /// records a stuck connection held (not in `bytes`; in
-    /// `per_stream_bytes`).
+    /// records a stuck connection held, or a lost one carried (not in
+    /// `bytes`; in `per_stream_bytes`).
     #[serde(skip_serializing_if = "is_zero")]
     bytes_sent_twice: u64,
     /// `--verify`: the algorithm both ends used.
