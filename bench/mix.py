@@ -427,9 +427,10 @@ class Mix:
         attempts, secs, ok, why, out = 0, 0.0, False, "", ""
         # On a link that resets flows, the same command again resumes
         # (-c); every cut run must leave nothing that looks complete.
-        # A run of N connections ends at the first reset of any of its
-        # N + 1 flows, so a big file on many connections moves a little
-        # per run: up to 30 runs, and 400 s, to complete.
+        # A run ends at a reset of its control connection, of a data
+        # connection outside the endgame (stock peers, files under 1 MiB,
+        # stream mode), or of its last data connection: up to 30 runs,
+        # and 400 s, to complete.
         if inner:
             timeout = 400 + timeout
         for attempts in range(1, (30 if cut and not inner else 1) + 1):

@@ -11,6 +11,9 @@
 //! also after a connection's EOD (`Receiver::file_endgame`), and is done
 //! once every byte is stored; the sender stops once every byte has been
 //! delivered by some connection and resets the connections still stuck.
+//! A connection lost on the way (reset) gives back everything it carried
+//! that no other connection delivered ([`Books::lost`]), and the others
+//! send it again.
 //!
 //! This module keeps the books; it does no I/O and has no clock. Its
 //! caller tells it what each connection wrote ([`Books::queued`],
