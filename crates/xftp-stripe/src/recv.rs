@@ -488,8 +488,10 @@ async fn drive<S: AsyncRead + DataSocket + Unpin + Send + 'static>(
 /// not closed yet (see the end of `drive`).
 const LINGER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// How long a tolerant receive that lost every connection waits for a
-/// new one before it fails.
+/// How long a receive that lost every connection waits for a new one
+/// before it fails: a tolerant one (the endgame) that lost one with bytes
+/// missing, or any that had one reset before its first byte (whose data,
+/// if the sender used it, died unread with the reset).
 const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// [`conn_task`]; with duplicates taken, a connection's own failure
@@ -597,7 +599,14 @@ async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
                     conn = idx,
                     "data connection failed before its first byte: {e}"
                 );
-                return sh.lock().reasm.on_unused(idx).map(|()| None);
+                // A reset also discards what the socket held unread: the
+                // sender may have used this connection. If the others end
+                // without completing, this is why, and there is no point
+                // in waiting on for its EOD (see ORPHAN_GRACE).
+                let mut st = sh.lock();
+                st.conn_failed
+                    .get_or_insert_with(|| StripeError::io(Some(idx), &e));
+                return st.reasm.on_unused(idx).map(|()| None);
             }
         }
     }

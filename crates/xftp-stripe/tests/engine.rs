@@ -1449,3 +1449,54 @@ async fn a_sender_in_the_endgame_survives_a_lost_connection() {
     );
     assert_eq!(r.bytes, len as u64);
 }
+
+/// A connection whose reset comes before the receiver read its first
+/// byte may still have carried data (a reset discards what the socket
+/// held). When the others end without the transfer complete, the receive
+/// fails soon, naming the reset, even while connections could still join:
+/// it does not wait for an EOD that died with the connection. (On a link
+/// that resets flows, an upload's server waited for it until the client's
+/// reply timeout.)
+#[tokio::test(start_paused = true)]
+async fn a_connection_reset_before_its_first_byte_does_not_leave_the_receive_waiting() {
+    use tokio::io::AsyncWriteExt;
+    enum Conn {
+        Wire(DuplexStream),
+        Reset,
+    }
+    impl xftp_stripe::DataSocket for Conn {}
+    impl AsyncRead for Conn {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            match self.get_mut() {
+                Conn::Wire(d) => Pin::new(d).poll_read(cx, buf),
+                Conn::Reset => Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())),
+            }
+        }
+    }
+    let data = pattern(200, 5);
+    let (mut tx, rx) = tokio::io::duplex(1 << 16);
+    let dst = Arc::new(MemFile::default());
+    let rcv = Receiver::file(dst.clone(), Some(200), vec![Conn::Wire(rx), Conn::Reset]);
+    let ctl = rcv.control();
+    // The sender used both: [0, 100) and the EOF (count 2) arrive on the
+    // first; [100, 200) and its EOD died with the second.
+    let eof = xftp_stripe::block::BlockHeader::eof(2).encode().to_vec();
+    tx.write_all(&[block(0, &data[..100]), eof].concat())
+        .await
+        .unwrap();
+    tx.shutdown().await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(60), rcv.finish())
+        .await
+        .expect("the receive waited for an EOD that died with the reset");
+    assert!(
+        matches!(&r, Err(StripeError::Io { conn: Some(1), .. })),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    drop(ctl);
+}
