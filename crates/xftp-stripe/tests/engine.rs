@@ -1144,6 +1144,9 @@ struct Wire {
     read: std::sync::atomic::AtomicU64,
     /// The reader stopped: what is not read waits "a timeout" for good.
     stalled: std::sync::atomic::AtomicBool,
+    /// Reset: the probe says so, and writes never complete (only the
+    /// probe can tell the sender).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The sending end of a [`Wire`].
@@ -1164,7 +1167,7 @@ impl xftp_stripe::Probe for WireProbe {
             rto: Duration::from_millis(200),
             lossy: stalled,
             progress: None,
-            closed: false,
+            closed: self.0.closed.load(SeqCst),
         })
     }
 }
@@ -1181,6 +1184,9 @@ impl AsyncWrite for WireTx {
         cx: &mut Context<'_>,
         b: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.1.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Poll::Pending;
+        }
         let r = Pin::new(&mut self.0).poll_write(cx, b);
         if let Poll::Ready(Ok(n)) = &r {
             self.1
@@ -1499,4 +1505,56 @@ async fn a_connection_reset_before_its_first_byte_does_not_leave_the_receive_wai
     );
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     drop(ctl);
+}
+
+/// A connection reset while it writes nothing that could fail (here its
+/// writes just stop; a helper past its EOD does not write at all) is
+/// found through the kernel's word (`Delivery::closed`): what it carried,
+/// acknowledged or not, goes again on the others. Its peer read its
+/// first MiB and dropped it, as a reset drops what a socket holds unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_in_the_endgame_learns_of_a_reset_from_the_probe() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::AsyncReadExt;
+    let data = pattern(8 * 1024 * 1024 + 5, 81);
+    let len = data.len() as u64;
+    let (tx, mut rx) = wires(3, usize::MAX, 0);
+    let victim = rx.pop().unwrap();
+    let dst = Arc::new(MemFile::default());
+    let cfg = SendConfig {
+        record_size: 128 * 1024,
+        endgame: true,
+        ..SendConfig::default()
+    };
+    let drop_then_reset = async move {
+        let WireRx(mut d, wire, _) = victim;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut got = 0usize;
+        while got < 1 << 20 {
+            match d.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got += n;
+                    wire.read.fetch_add(n as u64, SeqCst);
+                }
+            }
+        }
+        wire.closed.store(true, SeqCst);
+        got
+    };
+    let run = async {
+        tokio::join!(
+            drop_then_reset,
+            send_file(Arc::new(MemFile::from(data.clone())), len, tx, &cfg),
+            Receiver::file_endgame(dst.clone(), len, Default::default(), rx).finish()
+        )
+    };
+    let (got, s, r) = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the transfer ends");
+    assert!(got >= 1 << 20, "{got}");
+    let s = s.expect("the sender goes on without the reset connection");
+    r.expect("the receiver gets every byte");
+    assert!(dst.to_vec() == data, "content");
+    assert!(s.duplicate_bytes >= 1 << 20, "{}", s.duplicate_bytes);
 }
