@@ -234,20 +234,7 @@ impl Books {
         for (a, z) in suspect.iter() {
             again.union(a, z);
         }
-        let mut out = RangeSet::new();
-        for (a, z) in again.iter() {
-            let mut at = a;
-            for (x, y) in self.delivered.overlaps(a, z) {
-                if x > at {
-                    out.union(at, x);
-                }
-                at = at.max(y);
-            }
-            if at < z {
-                out.union(at, z);
-            }
-        }
-        out
+        again.minus(&self.delivered)
     }
 
     /// Whether connection `idx` was lost ([`Books::lost`]).

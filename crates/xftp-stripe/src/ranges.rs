@@ -196,6 +196,24 @@ impl RangeSet {
         out
     }
 
+    /// The parts of the set that `other` does not cover.
+    pub fn minus(&self, other: &RangeSet) -> RangeSet {
+        let mut out = RangeSet::new();
+        for (a, z) in self.iter() {
+            let mut at = a;
+            for (x, y) in other.overlaps(a, z) {
+                if x > at {
+                    out.union(at, x);
+                }
+                at = at.max(y);
+            }
+            if at < z {
+                out.union(at, z);
+            }
+        }
+        out
+    }
+
     /// The part of the set below `len`.
     pub fn clamped(&self, len: u64) -> RangeSet {
         let mut r = RangeSet::new();

@@ -120,10 +120,9 @@ struct State {
     app_waker: Option<Waker>,
     /// The endgame's books and sockets, when it is on.
     endgame: Option<EndgameState>,
-    /// Connections lost while others went on ([`lose`]), and the error
-    /// of the last: once one is lost, the transfer is over only when
-    /// every byte is delivered again, not when the EOF is written.
-    lost: usize,
+    /// The error of the last connection lost while others went on
+    /// ([`lose`]): once one is lost, the transfer is over only when every
+    /// byte is delivered again, not when the EOF is written.
     lost_error: Option<StripeError>,
 }
 
@@ -136,9 +135,6 @@ struct EndgameState {
     ended: Vec<bool>,
     /// Per connection: to be reset, its records delivered by others.
     abort: Vec<bool>,
-    /// Per connection: lost (reset by the network or the peer) while
-    /// others went on; what it carried goes again on them ([`lose`]).
-    lost: Vec<bool>,
     /// Per connection: its EOD (or EOF) was written.
     wrote_end: Vec<bool>,
     /// Per connection: its task has returned.
@@ -160,7 +156,6 @@ impl EndgameState {
             self.probes.resize_with(idx + 1, || None);
             self.ended.resize(idx + 1, false);
             self.abort.resize(idx + 1, false);
-            self.lost.resize(idx + 1, false);
             self.wrote_end.resize(idx + 1, false);
             self.gone.resize(idx + 1, false);
         }
@@ -251,7 +246,6 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             probes: Vec::new(),
             ended: Vec::new(),
             abort: Vec::new(),
-            lost: Vec::new(),
             wrote_end: Vec::new(),
             gone: Vec::new(),
             last_observed: None,
@@ -328,7 +322,6 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
                 result: None,
                 app_waker: None,
                 endgame,
-                lost: 0,
                 lost_error: None,
             }),
             wake: Notify::new(),
@@ -567,12 +560,12 @@ async fn drive<S: AsyncWrite + DataSocket + Unpin + Send + 'static>(
             st.endgame.as_ref().is_some_and(|e| {
                 st.active == 0
                     && st.ends_written == st.ends_taken
-                    && ((st.eof_sent && st.lost == 0) || e.books.all_delivered())
+                    && ((st.eof_sent && st.lost_error.is_none()) || e.books.all_delivered())
             })
         };
         if set.is_empty() || over_in_endgame {
             let st = shared.lock();
-            if (st.eof_sent && st.lost == 0) || over_in_endgame {
+            if (st.eof_sent && st.lost_error.is_none()) || over_in_endgame {
                 let streams = st.stats.clone();
                 let resent = st.endgame.as_ref().map_or(0, |e| e.resent);
                 if resent > 0 {
@@ -758,23 +751,21 @@ fn lose(st: &mut State, idx: usize, err: &StripeError) -> bool {
         ends_written,
         failed,
         stream,
-        lost,
         lost_error,
         ..
     } = st;
     let Some(e) = endgame.as_mut() else {
         return false;
     };
-    if e.lost.get(idx).copied().unwrap_or(true) {
-        return e.lost.get(idx).copied().unwrap_or(false);
+    if idx >= e.gone.len() || e.books.is_lost(idx) {
+        return e.books.is_lost(idx);
     }
-    let others = (0..e.lost.len())
-        .filter(|&j| j != idx && !e.lost[j] && !e.gone[j] && !e.abort[j])
+    let others = (0..e.gone.len())
+        .filter(|&j| j != idx && !e.books.is_lost(j) && !e.gone[j] && !e.abort[j])
         .count();
     if failed.is_some() || stream.is_some() || others == 0 || e.books.all_delivered() {
         return false;
     }
-    e.lost[idx] = true;
     if !e.ended[idx] {
         e.ended[idx] = true;
         *active -= 1;
@@ -784,12 +775,10 @@ fn lose(st: &mut State, idx: usize, err: &StripeError) -> bool {
     }
     let _ = sched.retire(idx);
     let again = e.books.lost(idx);
-    let ranges: Vec<_> = again.iter().collect();
-    for (a, z) in ranges.into_iter().rev() {
+    for (a, z) in again.iter() {
         sched.give_back(a, z);
     }
     e.resent += again.covered();
-    *lost += 1;
     *lost_error = Some(err.clone());
     true
 }
@@ -841,7 +830,7 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
             if let Some(e) = &st.failed {
                 return Err(StripeError::Aborted(e.to_string()));
             }
-            if st.endgame.as_ref().is_some_and(|e| e.lost[idx]) {
+            if st.endgame.as_ref().is_some_and(|e| e.books.is_lost(idx)) {
                 return Ok(Ended::Lost);
             }
             match st.sched.next(idx) {
@@ -986,7 +975,7 @@ async fn end_of_data<S: AsyncWrite + Unpin>(
     let mut st = sh.lock();
     if let Some(e) = st.endgame.as_mut() {
         e.books.written(idx, hdr.encode().len() as u64);
-        if std::mem::replace(&mut e.wrote_end[idx], true) || e.lost[idx] {
+        if std::mem::replace(&mut e.wrote_end[idx], true) || e.books.is_lost(idx) {
             // Counted when it was lost.
             return Ok(());
         }
@@ -1056,7 +1045,7 @@ async fn help<S: AsyncWrite + DataSocket + Unpin>(
             let Some(e) = endgame.as_mut() else {
                 return Ok((buf, true));
             };
-            if e.lost[idx] {
+            if e.books.is_lost(idx) {
                 return Ok((buf, true));
             }
             if let Some((offset, len)) = sched.next_leftover() {

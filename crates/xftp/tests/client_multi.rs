@@ -360,6 +360,10 @@ mod cutter {
     }
 }
 
+/// Four connections, static: each carries 4 MiB, so a cut after 1 MiB
+/// always happens (a dynamic late joiner could carry less and escape it).
+const CUT_OPTS: &[&str] = &["-p", "4", "--static", "--json", "--timeout", "20"];
+
 /// A data connection closed early (the proxy ends it after 1 MiB): in the
 /// endgame the server sends what it carried again on the other three and
 /// the download completes; without it, the download fails and leaves
@@ -372,18 +376,7 @@ fn losing_one_data_connection_completes_a_get_in_the_endgame_only() {
     write_prng_file(&d.srv.join("k.bin"), len, 5);
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    // Static: each connection carries 4 MiB, so the 1 MiB cut always
-    // happens (a dynamic late joiner could carry less and escape it).
-    let args = [
-        "get",
-        &url,
-        "-p",
-        "4",
-        "--static",
-        "--json",
-        "--timeout",
-        "20",
-    ];
+    let args = [&["get", url.as_str()][..], CUT_OPTS].concat();
     let j = json_ok(&xftp(&args, &d.local), "get losing a data connection");
     // What reached the client before the cut came again.
     assert!(j["bytes_received_twice"].as_u64().unwrap_or(0) > 0, "{j}");
@@ -394,16 +387,7 @@ fn losing_one_data_connection_completes_a_get_in_the_endgame_only() {
     std::fs::remove_file(d.local.join("k.bin")).unwrap();
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToClient);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    let args = [
-        "get",
-        &url,
-        "-p",
-        "4",
-        "--static",
-        "--json",
-        "--timeout",
-        "20",
-    ];
+    let args = [&["get", url.as_str()][..], CUT_OPTS].concat();
     let out = xftp_no_endgame(&args, &d.local);
     assert!(
         !out.status.success(),
@@ -471,17 +455,7 @@ fn losing_one_data_connection_completes_a_put_in_the_endgame_only() {
     write_prng_file(&src, len, 6);
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    let args = [
-        "put",
-        "k.bin",
-        &url,
-        "-p",
-        "4",
-        "--static",
-        "--json",
-        "--timeout",
-        "20",
-    ];
+    let args = [&["put", "k.bin", url.as_str()][..], CUT_OPTS].concat();
     // In the endgame (an upload of 1 MiB and more to xftp) the client
     // sends what the lost connection carried again on the other three.
     let j = json_ok(&xftp(&args, &d.local), "put losing a data connection");
@@ -493,17 +467,7 @@ fn losing_one_data_connection_completes_a_put_in_the_endgame_only() {
     std::fs::remove_file(d.srv.join("k.bin")).unwrap();
     let (proxy, _) = cutter::start(server.port, 1, 1024 * 1024, cutter::Dir::ToServer);
     let url = format!("ftp://127.0.0.1:{proxy}/k.bin");
-    let args = [
-        "put",
-        "k.bin",
-        &url,
-        "-p",
-        "4",
-        "--static",
-        "--json",
-        "--timeout",
-        "20",
-    ];
+    let args = [&["put", "k.bin", url.as_str()][..], CUT_OPTS].concat();
     let out = xftp_no_endgame(&args, &d.local);
     assert!(
         !out.status.success(),
