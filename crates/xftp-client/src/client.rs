@@ -250,6 +250,17 @@ enum Setup {
     ListenEach(Vec<TcpListener>),
 }
 
+/// What became of one directory of [`Client::mkd_all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Made {
+    /// Made now (MKD's 257): nothing is in it yet.
+    New,
+    /// There already (MKD refused, CWD into it accepted).
+    There,
+    /// Not there and not made: MKD's reply code and text.
+    Refused(u16, String),
+}
+
 /// An FTP session over one control connection.
 #[derive(Debug)]
 pub struct Client {
@@ -1822,13 +1833,13 @@ impl Client {
     }
 
     /// Create remote directories, parents first, with the commands
-    /// pipelined (a round trip for many, not one each). For each, `None`
-    /// when it is there afterwards (made, or there already), else the code
-    /// and text of the refused MKD: a refusal is looked into with CWD (and
-    /// CWD back to where the session was), so that a directory that could
-    /// not be made is told from one that exists.
-    pub async fn mkd_all(&mut self, paths: &[String]) -> Result<Vec<Option<(u16, String)>>> {
-        let mut out = vec![None; paths.len()];
+    /// pipelined (a round trip for many, not one each). For each, whether
+    /// it was made, was there already, or could not be made: a refusal is
+    /// looked into with CWD (and CWD back to where the session was), so
+    /// that a directory that could not be made is told from one that
+    /// exists.
+    pub async fn mkd_all(&mut self, paths: &[String]) -> Result<Vec<Made>> {
+        let mut out = vec![Made::New; paths.len()];
         let mut refused = Vec::new();
         // Bounded, so the server's replies never wait on our reading.
         for (k, chunk) in paths.chunks(64).enumerate() {
@@ -1860,9 +1871,11 @@ impl Client {
                 if back.code != 250 {
                     return Err(unexpected(&Cmd::with("CWD", &home), &back));
                 }
-                if !there {
-                    out[*i] = Some(why.clone());
-                }
+                out[*i] = if there {
+                    Made::There
+                } else {
+                    Made::Refused(why.0, why.1.clone())
+                };
             }
         }
         Ok(out)

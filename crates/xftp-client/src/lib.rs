@@ -49,8 +49,9 @@ pub mod url;
 mod watchdog;
 
 pub use client::{
-    AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, SessionFactory,
-    Timeline, TlsSetup, TransferReport, UploadItem, Verify, ANONYMOUS_PASSWORD, MAX_LISTING,
+    AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, Made,
+    SessionFactory, Timeline, TlsSetup, TransferReport, UploadItem, Verify, ANONYMOUS_PASSWORD,
+    MAX_LISTING,
 };
 pub use error::{ClientError, Result};
 pub use negotiate::Features;

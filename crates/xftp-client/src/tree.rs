@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use xftp_proto::facts::Kind;
 
-use crate::client::{local_err, BatchItem, Client, UploadItem};
+use crate::client::{local_err, BatchItem, Client, Made, UploadItem};
 use crate::error::{ClientError, Result};
 
 /// Which kind of session a tree asks for.
@@ -702,10 +702,10 @@ pub async fn put_tree(
         .collect();
     mkd.extend(dirs.iter().map(|d| join(remote, d)));
     let made = first.mkd_all(&mkd).await?;
-    let subdirs = if top.is_empty() {
-        &made[..]
+    let (top_new, subdirs) = if top.is_empty() {
+        (false, &made[..])
     } else {
-        if let Some((code, text)) = &made[0] {
+        if let Made::Refused(code, text) = &made[0] {
             // Nowhere to put anything.
             return Err(ClientError::Reply {
                 command: format!("MKD {top}"),
@@ -713,20 +713,48 @@ pub async fn put_tree(
                 text: format!("{text} (and no such directory)"),
             });
         }
-        &made[1..]
+        (made[0] == Made::New, &made[1..])
     };
-    for (d, why) in dirs.iter().zip(subdirs) {
-        match why {
-            None => report.dirs += 1,
-            Some((code, text)) => report.failed.push((
+    // Directories made just now hold nothing: only those there before are
+    // listed for what is complete in them.
+    let mut existed = HashSet::new();
+    if !top_new {
+        existed.insert(String::new());
+    }
+    for (d, m) in dirs.iter().zip(subdirs) {
+        match m {
+            Made::New => report.dirs += 1,
+            Made::There => {
+                report.dirs += 1;
+                existed.insert(d.clone());
+            }
+            Made::Refused(code, text) => report.failed.push((
                 format!("{d}/"),
                 format!("MKD refused: {code} {text} (and no such directory)"),
             )),
         }
     }
     let jobs = only(opt, jobs, &mut report);
+    let mut ready = vec![first];
     let jobs = if opt.skip_complete {
-        let there = remote_files(&mut first, &top, remote, &dirs).await?;
+        // Only the directories that hold files to send, in the order
+        // walked (parents first).
+        let holding: HashSet<&str> = jobs.iter().map(|j| parent(&j.rel)).collect();
+        let here = if top.is_empty() { "." } else { top.as_str() };
+        let listed: Vec<(String, String)> = std::iter::once(String::new())
+            .chain(dirs.iter().cloned())
+            .filter(|d| existed.contains(d) && holding.contains(d.as_str()))
+            .map(|d| {
+                let path = if d.is_empty() {
+                    here.to_owned()
+                } else {
+                    join(remote, &d)
+                };
+                (d, path)
+            })
+            .collect();
+        let (there, sessions) = remote_files(ready, &connect, listed, opt.concurrency).await?;
+        ready = sessions;
         let before = jobs.len();
         let jobs: Vec<Job> = jobs
             .into_iter()
@@ -792,7 +820,7 @@ pub async fn put_tree(
             w.end().await
         }
     };
-    let reports = spread(vec![first], connect, q, opt, run).await;
+    let reports = spread(ready, connect, q, opt, run).await;
     report.merge(reports);
     report.elapsed = start.elapsed();
     Ok(report)
@@ -1018,42 +1046,117 @@ impl TreeReport {
     }
 }
 
-/// The files the server holds in the tree's top (`top`, under `remote`
-/// as given) and in `dirs` below it, by their paths relative to the top:
-/// size and modification time, for an upload that skips the files
-/// complete there (`skip_complete`). A directory that cannot be listed
-/// (refused, not there) holds nothing complete.
+/// The directory `rel` (relative to a tree's top, `/`-separated) is in:
+/// `""` for the top.
+fn parent(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+/// The files the server holds in `listed` (each a directory relative to
+/// the tree's top, and its path on the server), by their paths relative
+/// to the top: size and modification time, for an upload that skips the
+/// files complete there (`skip_complete`). A directory that cannot be
+/// listed (refused, not there) holds nothing complete.
+///
+/// A listing costs round trips (a data connection, then the reply), so
+/// the directories are listed by up to `concurrency` sessions at once:
+/// `sessions`, and more opened while there is more than one directory to
+/// list. A session that breaks leaves its directory to the others.
+/// Returns the sessions still open, for the transfers.
 async fn remote_files(
-    c: &mut Client,
-    top: &str,
-    remote: &str,
-    dirs: &[String],
-) -> Result<std::collections::HashMap<String, (u64, Option<i64>)>> {
-    let mut out = std::collections::HashMap::new();
-    let here = if top.is_empty() { "." } else { top };
-    let listed = std::iter::once((String::new(), here.to_owned()))
-        .chain(dirs.iter().map(|d| (d.clone(), join(remote, d))));
-    for (d, path) in listed {
-        let entries = match c.entries(&path).await {
-            Ok(e) => e,
-            Err(e) if e.reply_code().is_some_and(|code| code >= 400) => {
-                tracing::debug!("{path}: not listed ({e}): nothing in it is skipped");
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        for e in entries {
-            if let (Kind::File, Some(size)) = (e.kind, e.size) {
-                let rel = if d.is_empty() {
-                    e.name
-                } else {
-                    format!("{d}/{}", e.name)
-                };
-                out.insert(rel, (size, e.modify));
+    sessions: Vec<Client>,
+    connect: &Connect,
+    listed: Vec<(String, String)>,
+    concurrency: usize,
+) -> Result<(
+    std::collections::HashMap<String, (u64, Option<i64>)>,
+    Vec<Client>,
+)> {
+    type Found = Vec<(String, (u64, Option<i64>))>;
+    async fn lister(
+        mut c: Client,
+        todo: Arc<Mutex<VecDeque<(String, String)>>>,
+    ) -> (Option<Client>, Found, Option<ClientError>) {
+        let mut found = Vec::new();
+        loop {
+            let Some((d, path)) = lock(&todo).pop_front() else {
+                return (Some(c), found, None);
+            };
+            let entries = match c.entries(&path).await {
+                Ok(e) => e,
+                Err(e) if e.reply_code().is_some_and(|code| code >= 400) => {
+                    tracing::debug!("{path}: not listed ({e}): nothing in it is skipped");
+                    continue;
+                }
+                Err(e) => {
+                    // The session is gone; another lists this one.
+                    lock(&todo).push_front((d, path));
+                    return (None, found, Some(e));
+                }
+            };
+            for e in entries {
+                if let (Kind::File, Some(size)) = (e.kind, e.size) {
+                    let rel = if d.is_empty() {
+                        e.name
+                    } else {
+                        format!("{d}/{}", e.name)
+                    };
+                    found.push((rel, (size, e.modify)));
+                }
             }
         }
     }
-    Ok(out)
+    let extra = concurrency
+        .saturating_sub(sessions.len())
+        .min(listed.len().saturating_sub(1));
+    let todo = Arc::new(Mutex::new(VecDeque::from(listed)));
+    let mut set = tokio::task::JoinSet::new();
+    for c in sessions {
+        set.spawn(lister(c, todo.clone()));
+    }
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..extra {
+        let c = connect.clone();
+        opening.spawn(async move { c(Role::Small).await });
+    }
+    while let Some(r) = opening.join_next().await {
+        match r {
+            Ok(Ok(c)) => {
+                set.spawn(lister(c, todo.clone()));
+            }
+            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
+            Err(e) => tracing::warn!("one session fewer: {e}"),
+        }
+    }
+    let mut out = std::collections::HashMap::new();
+    let mut broke = None;
+    loop {
+        let mut open = Vec::new();
+        while let Some(r) = set.join_next().await {
+            let Ok((c, found, err)) = r else {
+                continue;
+            };
+            out.extend(found);
+            open.extend(c);
+            if let Some(e) = err {
+                tracing::warn!("a session broke while listing ({e})");
+                broke = Some(e);
+            }
+        }
+        let left = !lock(&todo).is_empty();
+        if !left && !open.is_empty() {
+            return Ok((out, open));
+        }
+        if open.is_empty() {
+            // Every session broke (or none opened at all).
+            return Err(broke.unwrap_or(ClientError::Closed));
+        }
+        // A session broke after the others had finished: they list what
+        // it left.
+        for c in open {
+            set.spawn(lister(c, todo.clone()));
+        }
+    }
 }
 
 /// The files `opt` asks for ([`TreeOptions::only`]); one asked for that

@@ -179,9 +179,12 @@ fn trees_both_ways_keep_bytes_times_and_modes() {
     same_tree(&root.join("src"), &work.join("copy"));
 
     // put -r -c: the files complete on the server are skipped; one
-    // removed there and one changed here go again.
+    // removed there and one changed here go again, and so does a new
+    // directory's file (a directory made now is not listed).
     std::fs::remove_file(root.join("up/a/f0.dat")).unwrap();
     std::fs::write(work.join("copy/a/b/f1.dat"), b"changed here").unwrap();
+    std::fs::create_dir_all(work.join("copy/a/new")).unwrap();
+    std::fs::write(work.join("copy/a/new/n.dat"), b"new here").unwrap();
     let out = xftp(
         &["put", "-r", "-c", "--json", "copy", &format!("{base}/up/")],
         &work,
@@ -190,7 +193,7 @@ fn trees_both_ways_keep_bytes_times_and_modes() {
     let j = json(&out);
     assert_eq!(
         (j["files"].as_u64(), j["skipped"].as_u64()),
-        (Some(2), Some(n as u64 - 2)),
+        (Some(3), Some(n as u64 - 2)),
         "{j}"
     );
     same_tree(&work.join("copy"), &root.join("up"));
@@ -355,6 +358,23 @@ fn trees_against_pyftpdlib() {
         mtime(&root.join("up/a/f0.dat")),
         mtime(&root.join("src/a/f0.dat"))
     );
+    // -c against a stock server's MKD replies (550 for a directory that
+    // is there): only what is missing or new goes.
+    std::fs::remove_file(root.join("up/a/f0.dat")).unwrap();
+    std::fs::create_dir_all(work.join("copy/a/new")).unwrap();
+    std::fs::write(work.join("copy/a/new/n.dat"), b"new here").unwrap();
+    let out = xftp(
+        &["put", "-r", "-c", "--json", "copy", &format!("{base}/up/")],
+        &work,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j = json(&out);
+    assert_eq!(
+        (j["files"].as_u64(), j["skipped"].as_u64()),
+        (Some(2), Some(n as u64 - 1)),
+        "{j}"
+    );
+    same_tree(&work.join("copy"), &root.join("up"));
 }
 
 #[test]
