@@ -586,3 +586,93 @@ fn tls_sessions_and_their_status() {
         "{se}"
     );
 }
+
+/// Run `xftp ARGS` and SIGKILL it after `after`; whether it was still
+/// running then (cut).
+fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
+    let mut child = Command::new(XFTP)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp");
+    std::thread::sleep(after);
+    let cut = matches!(child.try_wait(), Ok(None));
+    let _ = child.kill();
+    let _ = child.wait();
+    cut
+}
+
+#[test]
+fn reget_and_reput_continue_what_a_cut_transfer_left() {
+    const SIZE: u64 = 12_000_007;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    for d in [&root, &local] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    write_prng_file(&root.join("f.bin"), SIZE, 7);
+    write_prng_file(&local.join("u.bin"), SIZE, 8);
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    // At 4 MiB/s the transfers take about 3 s: cut after 1.2 s, past the
+    // first record of ranges (written every half second).
+    let get = format!("{base}/f.bin");
+    let put = format!("{base}/up.bin");
+    let cut = Duration::from_millis(1200);
+    assert!(xftp_killed(
+        &["get", "-c", "-p", "4", "--limit-rate", "4M", &get, "f.bin"],
+        &local,
+        cut
+    ));
+    assert!(xftp_killed(
+        &["put", "-c", "-p", "4", "--limit-rate", "4M", "u.bin", &put],
+        &local,
+        cut
+    ));
+    assert!(!local.join("f.bin").exists() && !root.join("up.bin").exists());
+
+    let script = format!("open {base}/\nmult 4\nreget f.bin\nreput u.bin up.bin\nquit\n");
+    let out = run_script(&[], &script, &local, &cache);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
+    assert_eq!(
+        sha256_file(&root.join("up.bin")),
+        sha256_file(&local.join("u.bin"))
+    );
+    // Each moved only what was missing; the download says what it found.
+    for name in ["f.bin", "up.bin"] {
+        let moved = err
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(": ")?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no summary for {name}: {err}"));
+        assert!(moved < SIZE, "{name} moved whole: {err}");
+    }
+    assert!(err.contains("bytes were in place already"), "{err}");
+    // Nothing left behind at either end.
+    for d in [&local, &root] {
+        let left: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("xftp-part"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

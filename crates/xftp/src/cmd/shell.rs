@@ -164,6 +164,16 @@ const COMMANDS: &[Help] = &[
         about: "upload a file (REMOTE ending in / or absent: under the local name)",
     },
     Help {
+        names: &["reget"],
+        args: "REMOTE [LOCAL]",
+        about: "download a file resumably (get -c): a partial copy left by an earlier reget is continued, only its missing ranges move; a failed reget keeps what arrived",
+    },
+    Help {
+        names: &["reput"],
+        args: "LOCAL [REMOTE]",
+        about: "upload a file resumably (put -c, xftp servers): a partial upload the server kept is continued; a failed reput leaves what arrived there for the next",
+    },
+    Help {
         names: &["mget"],
         args: "PATTERN...",
         about: "download the remote files matching each pattern (*, ?, [..] in the last path component) into the local directory",
@@ -375,6 +385,9 @@ enum Op {
     Login,
     Get,
     Put,
+    /// `reget`, `reput`: what arrived is kept when they fail.
+    Reget,
+    Reput,
     List,
     Cd,
     Other,
@@ -618,13 +631,16 @@ impl Shell {
                 let _ = out.write_all(&listing);
                 let _ = out.flush();
             }
-            "get" => {
+            "get" | "reget" => {
                 want(1, 2)?;
-                self.get(&args[0], args.get(1).map(PathBuf::from)).await?;
+                let resume = name == "reget";
+                self.get(&args[0], args.get(1).map(PathBuf::from), resume)
+                    .await?;
             }
-            "put" => {
+            "put" | "reput" => {
                 want(1, 2)?;
-                self.put(Path::new(&args[0]), args.get(1).map(String::as_str))
+                let resume = name == "reput";
+                self.put(Path::new(&args[0]), args.get(1).map(String::as_str), resume)
                     .await?;
             }
             "mget" => {
@@ -990,7 +1006,13 @@ impl Shell {
     }
 
     /// Download one file; the bytes moved.
-    async fn get(&mut self, remote: &str, local: Option<PathBuf>) -> anyhow::Result<u64> {
+    /// Download one file (resumably: `reget`); the bytes moved.
+    async fn get(
+        &mut self,
+        remote: &str,
+        local: Option<PathBuf>,
+        resume: bool,
+    ) -> anyhow::Result<u64> {
         let name = base_name(remote).ok_or_else(|| {
             anyhow::anyhow!(
                 "{remote} names a directory, not a file — give a file's name (see `ls`)"
@@ -1013,18 +1035,29 @@ impl Shell {
         let r = {
             let c = self.client(true).await?;
             let display = super::progress::start_next(progress, mode);
+            c.set_resume(resume);
             let r = c.download(&remote, &target).await;
+            c.set_resume(false);
             display.finish().await;
             r
         };
         self.notices();
-        let r = r.map_err(|e| self.explain(e, Op::Get))?;
+        let op = if resume { Op::Reget } else { Op::Get };
+        let r = r.map_err(|e| self.explain(e, op))?;
         self.conclude(name, &r, start);
+        if r.already > 0 {
+            eprintln!("{name}: {} bytes were in place already", r.already);
+        }
         Ok(r.bytes)
     }
 
     /// Upload one file; the bytes moved.
-    async fn put(&mut self, local: &Path, remote: Option<&str>) -> anyhow::Result<u64> {
+    async fn put(
+        &mut self,
+        local: &Path,
+        remote: Option<&str>,
+        resume: bool,
+    ) -> anyhow::Result<u64> {
         if !local.is_file() {
             anyhow::bail!(
                 "{} is not a readable regular file — check the local path (`lpwd`)",
@@ -1045,12 +1078,15 @@ impl Shell {
         let r = {
             let c = self.client(true).await?;
             let display = super::progress::start_next(progress, mode);
+            c.set_resume(resume);
             let r = c.upload(local, &remote).await;
+            c.set_resume(false);
             display.finish().await;
             r
         };
         self.notices();
-        let r = r.map_err(|e| self.explain(e, Op::Put))?;
+        let op = if resume { Op::Reput } else { Op::Put };
+        let r = r.map_err(|e| self.explain(e, op))?;
         self.conclude(&remote, &r, start);
         Ok(r.bytes)
     }
@@ -1064,7 +1100,7 @@ impl Shell {
         }
         let mut bytes = 0u64;
         for remote in &files {
-            bytes += self.get(remote, None).await?;
+            bytes += self.get(remote, None, false).await?;
         }
         if files.len() > 1 {
             eprintln!("mget: {} files, {bytes} bytes", files.len());
@@ -1083,7 +1119,7 @@ impl Shell {
         }
         let mut bytes = 0u64;
         for f in &files {
-            bytes += self.put(f, None).await?;
+            bytes += self.put(f, None, false).await?;
         }
         if files.len() > 1 {
             eprintln!("mput: {} files, {bytes} bytes", files.len());
@@ -1402,6 +1438,44 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
     if requires_tls(&e) {
         return anyhow::anyhow!("{e} — the server requires TLS: open ftpes://{authority}/");
     }
+    if let (ClientError::Usage(m), Op::Reput) = (&e, op) {
+        if m.starts_with("-c for uploads") {
+            return anyhow::anyhow!(
+                "reput needs an xftp server (SITE RESUMABLE with MODE E), and this one does not list MULT and MODE E — use `put`, which sends the file whole"
+            );
+        }
+    }
+    // A transfer cut on the way, which running it again may complete.
+    let cut = match &e {
+        ClientError::Reply { code, .. } => matches!(code, 421 | 425 | 426),
+        ClientError::ShortTransfer { expected, got } => got <= expected,
+        ClientError::StripeFault(m) => !m.starts_with("storage:"),
+        ClientError::Timeout { .. }
+        | ClientError::Closed
+        | ClientError::ControlIo(_)
+        | ClientError::DataIo(_)
+        | ClientError::Stripe(_) => true,
+        _ => false,
+    };
+    let again = match op {
+        Op::Get if cut => Some("`reget` keeps what arrives and continues where a cut left off"),
+        Op::Put if cut => Some("`reput` (xftp servers) keeps what arrives for the next"),
+        Op::Reget if cut => {
+            Some("what arrived is kept: `reget` again fetches only what is missing")
+        }
+        Op::Reput if cut => {
+            Some("what arrived is kept on the server: `reput` again sends only what is missing")
+        }
+        _ => None,
+    };
+    if let (Some(a), Op::Reget | Op::Reput) = (again, op) {
+        return anyhow::anyhow!("{e} — {a}");
+    }
+    let op = match op {
+        Op::Reget => Op::Get,
+        Op::Reput => Op::Put,
+        o => o,
+    };
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
             (550, Op::Get) => Some("check the name with `ls`".into()),
@@ -1457,9 +1531,11 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
         _ => None,
     };
-    match fix {
-        Some(f) => anyhow::anyhow!("{e} — {f}"),
-        None => anyhow::Error::new(e),
+    match (fix, again) {
+        (Some(f), Some(a)) => anyhow::anyhow!("{e} — {f}; {a}"),
+        (Some(f), None) => anyhow::anyhow!("{e} — {f}"),
+        (None, Some(a)) => anyhow::anyhow!("{e} — {a}"),
+        (None, None) => anyhow::Error::new(e),
     }
 }
 
@@ -1626,5 +1702,34 @@ mod tests {
         };
         assert!(!keeps_session(&closing));
         assert!(!keeps_session(&ClientError::Closed));
+    }
+
+    #[test]
+    fn a_cut_transfer_points_to_reget_and_reput() {
+        let cut = || ClientError::ShortTransfer {
+            expected: 10,
+            got: 4,
+        };
+        let get = explain(cut(), Op::Get, "h").to_string();
+        assert!(
+            get.contains("nothing was kept") && get.contains("`reget`"),
+            "{get}"
+        );
+        let reget = explain(cut(), Op::Reget, "h").to_string();
+        assert!(!reget.contains("nothing was kept"), "{reget}");
+        assert!(reget.contains("what arrived is kept"), "{reget}");
+        let reput = explain(cut(), Op::Reput, "h").to_string();
+        assert!(reput.contains("`reput` again"), "{reput}");
+        // Not for what running again cannot mend.
+        let refused = ClientError::Reply {
+            command: "RETR f".into(),
+            code: 550,
+            text: "no such file".into(),
+        };
+        let r = explain(refused, Op::Reget, "h").to_string();
+        assert!(r.contains("check the name") && !r.contains("reget"), "{r}");
+        let stock = ClientError::Usage("-c for uploads needs an xftp server".into());
+        let r = explain(stock, Op::Reput, "h").to_string();
+        assert!(r.contains("use `put`"), "{r}");
     }
 }

@@ -264,7 +264,7 @@ impl Completer for Helper {
                 Ok((0, names))
             }
             Some(i) => match head[..i].to_ascii_lowercase().as_str() {
-                "put" | "mput" | "lcd" => self.files.complete(line, pos, ctx),
+                "put" | "reput" | "mput" | "lcd" => self.files.complete(line, pos, ctx),
                 _ => Ok((pos, Vec::new())),
             },
         }
