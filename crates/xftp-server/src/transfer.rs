@@ -246,19 +246,49 @@ fn lock_exclusive(f: &File) -> std::io::Result<()> {
 const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Directories this process has swept of stale upload temporaries.
-static SWEPT: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
-    std::sync::LazyLock::new(Default::default);
+static SWEPT: std::sync::LazyLock<std::sync::Mutex<Swept>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(Swept::new(SWEPT_MAX)));
 
-/// Remove, once per directory in this process's life and off the async
-/// threads, the temporaries of uploads whose writer is gone (a server
-/// killed mid-upload). Each upload holds an exclusive lock on its
-/// temporary while it writes ([`Upload::begin`]), which the kernel drops
-/// with the process.
+/// Directories [`SWEPT`] remembers at most: then it starts afresh, so a
+/// server that receives trees for months does not grow with every
+/// directory ever written to (a directory swept again costs one listing).
+const SWEPT_MAX: usize = 4096;
+
+/// A set of directories, emptied when it would hold more than `max`.
+struct Swept {
+    dirs: std::collections::HashSet<PathBuf>,
+    max: usize,
+}
+
+impl Swept {
+    fn new(max: usize) -> Swept {
+        Swept {
+            dirs: Default::default(),
+            max,
+        }
+    }
+
+    /// Whether `dir` is new to the set (it is in it afterwards).
+    fn first(&mut self, dir: &Path) -> bool {
+        if self.dirs.contains(dir) {
+            return false;
+        }
+        if self.dirs.len() >= self.max {
+            self.dirs.clear();
+            self.dirs.shrink_to_fit();
+        }
+        self.dirs.insert(dir.to_owned())
+    }
+}
+
+/// Remove, once per directory in this process's life (or until
+/// [`SWEPT_MAX`] others came after it) and off the async threads, the
+/// temporaries of uploads whose writer is gone (a server killed
+/// mid-upload). Each upload holds an exclusive lock on its temporary
+/// while it writes ([`Upload::begin`]), which the kernel drops with the
+/// process.
 fn sweep_once(dir: &Path) {
-    let first = SWEPT
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(dir.to_owned());
+    let first = SWEPT.lock().unwrap_or_else(|e| e.into_inner()).first(dir);
     if !first {
         return;
     }
@@ -509,6 +539,19 @@ impl Drop for Upload {
 #[cfg(test)]
 mod temp_tests {
     use super::*;
+
+    #[test]
+    fn the_swept_set_is_bounded() {
+        let mut s = Swept::new(3);
+        let p = |i: u32| PathBuf::from(format!("/d{i}"));
+        assert!(s.first(&p(1)) && s.first(&p(2)) && s.first(&p(3)));
+        assert!(!s.first(&p(2)), "a directory is swept once");
+        // A fourth empties the set: each is swept once more, later.
+        assert!(s.first(&p(4)));
+        assert_eq!(s.dirs.len(), 1);
+        assert!(!s.first(&p(4)));
+        assert!(s.first(&p(1)));
+    }
 
     #[test]
     fn only_the_temporaries_of_dead_uploads_are_swept() {
