@@ -144,6 +144,23 @@ const LONG_RTT: Duration = Duration::from_millis(200);
 /// cuts files into records of 256 KiB, smaller at the end).
 const RECORD_BITS: f64 = 256.0 * 1024.0 * 8.0;
 
+/// A connection's first flight: Linux's initial window of 10 segments.
+const FIRST_FLIGHT: f64 = 10.0 * 1448.0;
+
+/// Share of the start's first flights that must be delivered before rule
+/// 11 reads the RTT (some of the last may still be on the way).
+const FLIGHTS_IN: f64 = 0.8;
+
+/// RTT, against the handshake's, under which the first flights met no
+/// queue (rule 11).
+const FLIGHT_RTT: f64 = 1.1;
+
+/// Shortest path (the handshake's RTT) for rule 11. From 200 ms it also
+/// took the emulated ds3 profile (45 Mbit/s, 64 KiB windows, best 32) to
+/// 64 and cost it 3-8 %, and a 178 Mbit/s, 280 ms autotuned CUBIC path
+/// 5-10 % (64 connections' tail) (docs/tuning.md).
+const FLIGHTS_RTT: Duration = Duration::from_millis(300);
+
 /// Knobs; the defaults are documented in docs/tuning.md.
 #[derive(Debug, Clone)]
 pub struct TuneConfig {
@@ -454,6 +471,8 @@ pub struct Controller {
     /// The last epoch's goodput was well below `best_g` with a queue that
     /// therefore was no full link's.
     starved: bool,
+    /// Rule 11 has looked at the start's first flights.
+    flights_read: bool,
     history: Vec<Step>,
 }
 
@@ -490,6 +509,7 @@ impl Controller {
             quiet_loss: None,
             best_g: None,
             starved: false,
+            flights_read: false,
             history: Vec::new(),
         }
     }
@@ -566,6 +586,9 @@ impl Controller {
         if let Some(r) = s.rtt.filter(|r| !r.is_zero()) {
             self.floor = Some(self.floor.map_or(r, |f| f.min(r)));
             self.epoch_rtt = Some(self.epoch_rtt.map_or(r, |e| e.min(r)));
+        }
+        if let Some(d) = self.first_flights(&s) {
+            return Some(d);
         }
         let Some(start) = self.epoch_start else {
             self.epoch_start = Some(s);
@@ -767,6 +790,52 @@ impl Controller {
         } else {
             None
         }
+    }
+
+    /// Rule 11: on a long path ([`FLIGHTS_RTT`]), the start's first
+    /// flights (each connection's initial window) delivered at the
+    /// handshake's RTT with nothing retransmitted met no queue: the pipe
+    /// holds all of them with room, so four times the count goes into the
+    /// ramp at once, a round trip in, where growth after the start's
+    /// first epoch would come two steps of several seconds later (and,
+    /// where every connection is held by a window cap, two steps a
+    /// doubling each). Read once, before that epoch ends. A narrow long
+    /// path's bottleneck queues or drops the first flights' burst (the T1
+    /// satellite hop lost 9 % of them).
+    fn first_flights(&mut self, s: &Sample) -> Option<Decision> {
+        if self.flights_read || !matches!(self.phase, Phase::Start) || self.start_epochs > 0 {
+            return None;
+        }
+        let hint = self.rtt_hint?;
+        let flights = f64::from(self.n) * FIRST_FLIGHT;
+        if (s.bytes as f64) < FLIGHTS_IN * flights {
+            return None;
+        }
+        self.flights_read = true;
+        let calm = s.rtt.is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT)) && s.retrans == 0;
+        let to = self.n.saturating_mul(4).min(self.cap);
+        // Each added connection takes a record at least.
+        let room = s.remaining.map_or(true, |r| {
+            r as f64 * 8.0 >= f64::from(to - self.n.min(to)) * RECORD_BITS
+        });
+        if hint < FLIGHTS_RTT || !calm || !room || !self.may_grow() || to <= self.n {
+            return None;
+        }
+        self.history.push(Step {
+            at_s: s.at.as_secs_f64(),
+            streams: self.n,
+            goodput_bps: s.bytes as f64 * 8.0 / s.at.as_secs_f64().max(1e-3),
+            rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
+            queue_ms: None,
+            loss: 0.0,
+            next: to,
+            reason: Reason::Grow,
+        });
+        self.n = to;
+        Some(Decision {
+            streams: to,
+            reason: Reason::Grow,
+        })
     }
 
     fn min(&self) -> u32 {
@@ -2081,6 +2150,52 @@ mod tests {
         feed_with(&mut c, &mut f, 3, 400e6, 0.0, |_| 100, None);
         feed_with(&mut c, &mut f, 3, 800e6, 0.0, |_| 100, None);
         assert_eq!(c.streams(), 8, "{:?}", c.history());
+    }
+
+    #[test]
+    fn a_long_paths_first_flights_with_room_quadruple_the_start() {
+        // Rule 11: 16 connections on a 400 ms path; their first flights
+        // (16 × 10 segments, 232 KB) come back at the handshake's RTT with
+        // nothing retransmitted, within the first epoch (1.2 s).
+        let start = |rtt_ms: u64| {
+            let mut c = Controller::new(TuneConfig::default(), 16);
+            c.hint_rtt(Duration::from_millis(rtt_ms));
+            started(c)
+        };
+        let (mut c, mut f) = start(400);
+        feed_with(&mut c, &mut f, 7, 4e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 16, "not before the flights are in");
+        feed_with(&mut c, &mut f, 1, 4e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 64, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Grow));
+        // Once: the rest of the ramp is the start's, as before.
+        feed_with(&mut c, &mut f, 10, 40e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 64, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Grow));
+        // Not where the flights met a queue (a narrow link's), lost a
+        // segment, the path is under 300 ms, the count is at its cap, or
+        // the rest of the file would not give each added connection a
+        // record.
+        let (mut c, mut f) = start(400);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 460, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        let (mut c, mut f) = start(400);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.01, |_| 420, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        let (mut c, mut f) = start(250);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 260, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        let (mut c, mut f) = start(400);
+        c.limit(16);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        let (mut c, mut f) = start(400);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, Some(4 << 20));
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        // And with no handshake RTT to read the flights' against.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 16));
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
     }
 
     #[test]
