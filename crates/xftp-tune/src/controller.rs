@@ -812,7 +812,12 @@ impl Controller {
             return None;
         }
         self.flights_read = true;
-        let calm = s.rtt.is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT)) && s.retrans == 0;
+        // (Only from the data connections' own counts: a download from a
+        // server that reports none samples the control connection's RTT,
+        // which says nothing of the flights.)
+        let calm = s.segs_out > 0
+            && s.retrans == 0
+            && s.rtt.is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT));
         let to = self.n.saturating_mul(4).min(self.cap);
         // Each added connection takes a record at least.
         let room = s.remaining.map_or(true, |r| {
@@ -2195,6 +2200,18 @@ mod tests {
         // And with no handshake RTT to read the flights' against.
         let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 16));
         feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, None);
+        assert_eq!(c.streams(), 16, "{:?}", c.history());
+        // Nor where the data connections report no segments (a server
+        // without counts: the RTT is the control connection's).
+        let (mut c, _) = start(400);
+        for i in 1..12u64 {
+            c.on_sample(Sample {
+                at: Duration::from_millis(50 * i),
+                bytes: 25_000 * i,
+                rtt: Some(Duration::from_millis(400)),
+                ..Sample::default()
+            });
+        }
         assert_eq!(c.streams(), 16, "{:?}", c.history());
     }
 
