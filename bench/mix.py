@@ -15,7 +15,8 @@ window) and on each TRANSFERS transfers out of:
     globus-url-copy -p N (MODE E);
   * `xftp get/put` against stock servers: pyftpdlib, and
     globus-gridftp-server (xftp's GridFTP client, MODE E);
-  * `xftp shell` as a script: mult N, a get, ls and a put on one session.
+  * `xftp shell` as a script: mult N, a get, ls and a put on one session
+    (every other one as reget and reput).
 
 File sizes come from the edges (0, 1, a record and one byte either side)
 and from random sizes bounded by what the link carries in a few seconds.
@@ -403,7 +404,10 @@ class Mix:
             write_random(os.path.join(srv, name), size, rnd)
             up = os.path.join(d, "up.bin")
             write_random(up, pick_size(rnd, cap), rnd)
-            script = f"mult {p}\nget {name} {cli}\nls\nput {up} s{ti}.bin\nquit\n"
+            # Every other one resumably (reget, reput; chosen by the
+            # transfer's index so that a seed's draw stays the same).
+            g, pu = ("reget", "reput") if ti % 2 else ("get", "put")
+            script = f"mult {p}\n{g} {name} {cli}\nls\n{pu} {up} s{ti}.bin\nquit\n"
             cmd = x + ["shell", base, "--timeout", "30"] + (["--insecure"] if tls else [])
             stdin = script
             expect = ("files", [(cli, os.path.join(srv, name)), (os.path.join(srv, f"s{ti}.bin"), up)], None)
