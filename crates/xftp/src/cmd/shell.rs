@@ -1005,7 +1005,6 @@ impl Shell {
         r.map_err(|e| self.explain(e, Op::List))
     }
 
-    /// Download one file; the bytes moved.
     /// Download one file (resumably: `reget`); the bytes moved.
     async fn get(
         &mut self,
@@ -1051,7 +1050,7 @@ impl Shell {
         Ok(r.bytes)
     }
 
-    /// Upload one file; the bytes moved.
+    /// Upload one file (resumably: `reput`); the bytes moved.
     async fn put(
         &mut self,
         local: &Path,
