@@ -967,6 +967,27 @@ impl Client {
             ))
         })?;
         let mdtm = self.mdtm(remote).await?;
+        // The copy a finished `-c` run left (it took the source's time, as
+        // a tree's copies do): nothing to fetch. Without a time from the
+        // server a copy of the same size is no proof, and moves again.
+        let mtime = mdtm.as_deref().and_then(xftp_proto::facts::parse_time);
+        if mtime.is_some_and(|t| complete_copy(local, size, t)) {
+            let checksum = match verify {
+                Some(v) => Some(self.verify_file(remote, local, size, v).await?),
+                None => None,
+            };
+            tracing::info!("{}: complete already (same size and time)", local.display());
+            return Ok(TransferReport {
+                bytes: 0,
+                per_stream_bytes: Vec::new(),
+                elapsed: start.elapsed(),
+                timeline: None,
+                checksum,
+                already: size,
+                received_twice: 0,
+                sent_twice: 0,
+            });
+        }
         let source = format!("{}/{}", self.ctl.peer(), remote.trim_start_matches('/'));
         let meta = resume::SourceMeta { size, mdtm };
         let partial = match resume::Partial::open(local, &source, meta) {
@@ -1039,6 +1060,16 @@ impl Client {
             .checkpoint()
             .map_err(|e| local_err(&partial.path, e))?;
         set_new_file_mode(&partial.path, local);
+        if let Some(t) = mtime {
+            // So that the next `-c` knows the copy complete (above).
+            let set = std::fs::File::options()
+                .write(true)
+                .open(&partial.path)
+                .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
+            if let Err(e) = set {
+                tracing::debug!("{}: time not set: {e}", partial.path.display());
+            }
+        }
         std::fs::rename(&partial.path, local).map_err(|e| local_err(local, e))?;
         partial.remove_record();
         guard.0 = None;
@@ -3277,6 +3308,21 @@ impl Drop for KeepPartial<'_> {
             }
         }
     }
+}
+
+/// `local` is a regular file (not followed through a link) of `size`
+/// bytes modified at `mtime` (seconds), with no partial download beside
+/// it: a copy a finished `-c` run left.
+fn complete_copy(local: &Path, size: u64, mtime: i64) -> bool {
+    if resume::partial_path(local).exists() {
+        return false;
+    }
+    std::fs::symlink_metadata(local).is_ok_and(|m| {
+        m.is_file()
+            && m.len() == size
+            && m.modified()
+                .is_ok_and(|t| xftp_proto::facts::epoch_secs(t) == mtime)
+    })
 }
 
 fn describe_meta(m: &resume::SourceMeta) -> String {

@@ -145,6 +145,65 @@ fn killed_downloads_resume_to_the_whole_file() {
 }
 
 #[test]
+fn a_finished_resumable_download_is_not_fetched_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&root.join("f.bin"), 3_000_017, 9);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
+    let get = |extra: &[&str]| {
+        let mut args = vec!["get", "-c", "-p", "4", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[&url, "f.bin"]);
+        let out = xftp(&args, &local);
+        assert!(out.status.success(), "{out:?}");
+        json(&out)
+    };
+    let j = get(&[]);
+    assert_eq!(j["bytes"], 3_000_017, "{j}");
+    // The copy took the source's time: the next -c finds it complete.
+    let src = std::fs::metadata(root.join("f.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let copy = std::fs::metadata(local.join("f.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let secs =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert_eq!(secs(src), secs(copy));
+    let j = get(&[]);
+    assert_eq!(
+        (j["bytes"].as_u64(), j["bytes_already_present"].as_u64()),
+        (Some(0), Some(3_000_017)),
+        "{j}"
+    );
+    // --verify still compares what is there.
+    let j = get(&["--verify"]);
+    assert_eq!(j["bytes"], 0, "{j}");
+    assert!(j["checksum"].is_string(), "{j}");
+    // Another time (or size) is no proof: the file moves again, whole.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(local.join("f.bin"))
+        .unwrap();
+    f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000))
+        .unwrap();
+    drop(f);
+    let j = get(&[]);
+    assert_eq!(j["bytes"], 3_000_017, "{j}");
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
+    assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
+}
+
+#[test]
 fn a_changed_source_is_refused_and_the_partial_kept() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");

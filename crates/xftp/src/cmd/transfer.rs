@@ -1444,6 +1444,12 @@ fn finish_runs(
             summary.streams,
             if summary.streams == 1 { "" } else { "s" }
         );
+        if summary.bytes_already_present > 0 {
+            eprintln!(
+                "xftp {what}: {} bytes were in place already",
+                summary.bytes_already_present
+            );
+        }
         if let (Some(a), Some(v)) = (&summary.checksum_algorithm, &summary.checksum) {
             eprintln!("xftp {what}: verified, {a} {v} at both ends");
         }
