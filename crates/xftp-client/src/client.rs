@@ -214,6 +214,20 @@ impl TransferReport {
     pub fn streams(&self) -> usize {
         self.per_stream_bytes.len()
     }
+
+    /// A resumable transfer that found the copy complete: nothing moved.
+    fn in_place(size: u64, start: Instant, checksum: Option<Checksum>) -> TransferReport {
+        TransferReport {
+            bytes: 0,
+            per_stream_bytes: Vec::new(),
+            elapsed: start.elapsed(),
+            timeline: None,
+            checksum,
+            already: size,
+            received_twice: 0,
+            sent_twice: 0,
+        }
+    }
 }
 
 /// What a transfer's count may be fitted to (`Client::fit_count`).
@@ -972,21 +986,14 @@ impl Client {
         // server a copy of the same size is no proof, and moves again.
         let mtime = mdtm.as_deref().and_then(xftp_proto::facts::parse_time);
         if mtime.is_some_and(|t| complete_copy(local, size, t)) {
-            let checksum = match verify {
-                Some(v) => Some(self.verify_file(remote, local, size, v).await?),
-                None => None,
-            };
-            tracing::info!("{}: complete already (same size and time)", local.display());
-            return Ok(TransferReport {
-                bytes: 0,
-                per_stream_bytes: Vec::new(),
-                elapsed: start.elapsed(),
-                timeline: None,
-                checksum,
-                already: size,
-                received_twice: 0,
-                sent_twice: 0,
-            });
+            // With --verify a copy whose checksum differs is fetched again.
+            if let Some(checksum) = self
+                .verified_or_differs(remote, local, size, verify)
+                .await?
+            {
+                tracing::info!("{}: complete already (same size and time)", local.display());
+                return Ok(TransferReport::in_place(size, start, checksum));
+            }
         }
         let source = format!("{}/{}", self.ctl.peer(), remote.trim_start_matches('/'));
         let meta = resume::SourceMeta { size, mdtm };
@@ -1298,10 +1305,18 @@ impl Client {
             ));
         }
         let tmp = temp_remote_name(remote);
-        // What the server holds of an earlier attempt.
+        // What the server holds of an earlier attempt, and of the target
+        // (in the same round trip).
         let c = Cmd::with("SITE", format!("RANGES {tmp}"));
-        self.send(&[&c]).await?;
+        let (cs, cm) = (Cmd::with("SIZE", remote), Cmd::with("MDTM", remote));
+        self.send(&[&c, &cs, &cm]).await?;
         let r = self.ctl.read_reply().await?;
+        let rs = self.ctl.read_reply().await?;
+        let rm = self.ctl.read_reply().await?;
+        // The copy a finished `put -c` left (it set the time, MFMT).
+        let complete = negotiate::size_value(&rs) == Some(len)
+            && rm.code == 213
+            && xftp_proto::facts::parse_time(reply_text(&rm).trim()) == Some(mtime);
         let mut have = None;
         if r.code == 213 {
             let text = reply_text(&r);
@@ -1332,6 +1347,11 @@ impl Client {
                 }
             }
             have = Some(h);
+        } else if complete {
+            if let Some(checksum) = self.verified_or_differs(remote, local, len, verify).await? {
+                tracing::info!("{remote}: complete already on the server (same size and time)");
+                return Ok(TransferReport::in_place(len, start, checksum));
+            }
         }
         // Framed, so that ranges can be sent.
         let framed_before = self.mode_e;
@@ -1367,9 +1387,47 @@ impl Client {
                 }
             }
         }
-        self.rename(&tmp, remote).await?;
+        // The source's time on the partial first, in the RNFR's round trip
+        // (harmless if the rename fails; a rename keeps it), so that the
+        // next `put -c` knows the copy complete (above).
+        let t = Cmd::with(
+            "MFMT",
+            format!("{} {tmp}", xftp_proto::facts::format_time(mtime)),
+        );
+        let a = Cmd::with("RNFR", &tmp);
+        self.send(&[&t, &a]).await?;
+        if self.ctl.read_reply().await?.code != 213 {
+            tracing::debug!("{tmp}: the server did not take the time (MFMT)");
+        }
+        self.ctl.expect(&a, &[350]).await?;
+        let b = Cmd::with("RNTO", remote);
+        self.send(&[&b]).await?;
+        self.ctl.expect(&b, &[250]).await?;
         rep.already = already;
         Ok(rep)
+    }
+
+    /// For a copy complete by size and time: `Some` (with the checksum
+    /// when `verify` asks for one) if it is taken as complete, `None` if
+    /// its checksum differs from the source's and it must move again.
+    async fn verified_or_differs(
+        &mut self,
+        remote: &str,
+        local: &Path,
+        size: u64,
+        verify: Option<(Algorithm, Via)>,
+    ) -> Result<Option<Option<Checksum>>> {
+        let Some(v) = verify else {
+            return Ok(Some(None));
+        };
+        match self.verify_file(remote, local, size, v).await {
+            Ok(c) => Ok(Some(Some(c))),
+            Err(ClientError::ChecksumMismatch { .. }) => {
+                tracing::info!("{remote}: same size and time, another checksum: moving it again");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// RNFR `from`, RNTO `to`.

@@ -186,14 +186,18 @@ fn a_finished_resumable_download_is_not_fetched_again() {
     let j = get(&["--verify"]);
     assert_eq!(j["bytes"], 0, "{j}");
     assert!(j["checksum"].is_string(), "{j}");
+    // Other bytes under the same size and time: --verify finds them and
+    // the file moves again, whole.
+    write_prng_file(&local.join("f.bin"), 3_000_017, 10);
+    set_time(&local.join("f.bin"), src);
+    let j = get(&["--verify"]);
+    assert_eq!(j["bytes"], 3_000_017, "{j}");
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
     // Another time (or size) is no proof: the file moves again, whole.
-    let f = std::fs::File::options()
-        .write(true)
-        .open(local.join("f.bin"))
-        .unwrap();
-    f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000))
-        .unwrap();
-    drop(f);
+    set_time(&local.join("f.bin"), old_time());
     let j = get(&[]);
     assert_eq!(j["bytes"], 3_000_017, "{j}");
     assert_eq!(
@@ -201,6 +205,75 @@ fn a_finished_resumable_download_is_not_fetched_again() {
         sha256_file(&root.join("f.bin"))
     );
     assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
+}
+
+fn set_time(p: &Path, t: std::time::SystemTime) {
+    let f = std::fs::File::options().write(true).open(p).unwrap();
+    f.set_modified(t).unwrap();
+}
+
+fn old_time() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000)
+}
+
+#[test]
+fn a_finished_resumable_upload_is_not_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("u.bin"), 2_500_003, 11);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/u.bin", srv.port);
+    let put = |extra: &[&str]| {
+        let mut args = vec!["put", "-c", "-p", "4", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["u.bin", &url]);
+        let out = xftp(&args, &local);
+        assert!(out.status.success(), "{out:?}");
+        json(&out)
+    };
+    let j = put(&[]);
+    assert_eq!(j["bytes"], 2_500_003, "{j}");
+    // The server's copy took the local file's time (MFMT): the next -c
+    // finds it complete and sends nothing.
+    let t = std::fs::metadata(local.join("u.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let secs =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let there = std::fs::metadata(root.join("u.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(secs(t), secs(there));
+    let j = put(&[]);
+    assert_eq!(
+        (j["bytes"].as_u64(), j["bytes_already_present"].as_u64()),
+        (Some(0), Some(2_500_003)),
+        "{j}"
+    );
+    // Other bytes there under the same size and time: --verify sends the
+    // file again.
+    write_prng_file(&root.join("u.bin"), 2_500_003, 12);
+    set_time(&root.join("u.bin"), t);
+    let j = put(&["--verify"]);
+    assert_eq!(j["bytes"], 2_500_003, "{j}");
+    assert_eq!(
+        sha256_file(&root.join("u.bin")),
+        sha256_file(&local.join("u.bin"))
+    );
+    // A local file with another time goes again, whole.
+    set_time(&local.join("u.bin"), old_time());
+    let j = put(&[]);
+    assert_eq!(j["bytes"], 2_500_003, "{j}");
+    assert_eq!(
+        sha256_file(&root.join("u.bin")),
+        sha256_file(&local.join("u.bin"))
+    );
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
 }
 
 #[test]
