@@ -1044,7 +1044,7 @@ impl Shell {
         let op = if resume { Op::Reget } else { Op::Get };
         let r = r.map_err(|e| self.explain(e, op))?;
         self.conclude(name, &r, start);
-        if r.already > 0 {
+        if r.bytes > 0 && r.already > 0 {
             eprintln!("{name}: {} bytes were in place already", r.already);
         }
         Ok(r.bytes)
@@ -1197,6 +1197,16 @@ impl Shell {
     /// Print the summary of a transfer, as get and put do, and record an
     /// automatic transfer in the path cache.
     fn conclude(&mut self, what: &str, r: &TransferReport, start: Instant) {
+        if r.bytes == 0 && r.already > 0 {
+            eprintln!(
+                "{what}: complete already ({} bytes in place, the same size and time): nothing moved",
+                r.already
+            );
+            if let Some(c) = &r.checksum {
+                eprintln!("{what}: verified, {} {} at both ends", c.algorithm, c.value);
+            }
+            return;
+        }
         let secs = r.elapsed.as_secs_f64();
         let rate = if secs > 0.0 {
             r.bytes as f64 / secs

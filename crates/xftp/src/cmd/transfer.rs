@@ -1436,15 +1436,22 @@ fn finish_runs(
         let line = serde_json::to_string(&summary).context("cannot format the JSON summary")?;
         println!("{line}");
     } else if summary.status == "ok" && what != "ls" && !quiet {
-        eprintln!(
-            "xftp {what}: {} bytes in {:.3} s ({:.1} MB/s, {} connection{})",
-            summary.bytes,
-            summary.seconds,
-            summary.throughput_bps / 1e6,
-            summary.streams,
-            if summary.streams == 1 { "" } else { "s" }
-        );
-        if summary.bytes_already_present > 0 {
+        if summary.bytes == 0 && summary.bytes_already_present > 0 {
+            eprintln!(
+                "xftp {what}: complete already ({} bytes in place, the same size and time): nothing moved",
+                summary.bytes_already_present
+            );
+        } else {
+            eprintln!(
+                "xftp {what}: {} bytes in {:.3} s ({:.1} MB/s, {} connection{})",
+                summary.bytes,
+                summary.seconds,
+                summary.throughput_bps / 1e6,
+                summary.streams,
+                if summary.streams == 1 { "" } else { "s" }
+            );
+        }
+        if summary.bytes > 0 && summary.bytes_already_present > 0 {
             eprintln!(
                 "xftp {what}: {} bytes were in place already",
                 summary.bytes_already_present
