@@ -1114,19 +1114,9 @@ async fn remote_files(
     for c in sessions {
         set.spawn(lister(c, todo.clone()));
     }
-    let mut opening = tokio::task::JoinSet::new();
-    for _ in 0..extra {
-        let c = connect.clone();
-        opening.spawn(async move { c(Role::Small).await });
-    }
-    while let Some(r) = opening.join_next().await {
-        match r {
-            Ok(Ok(c)) => {
-                set.spawn(lister(c, todo.clone()));
-            }
-            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
-            Err(e) => tracing::warn!("one session fewer: {e}"),
-        }
+    // (The sessions above list while these log in.)
+    for c in open_sessions(connect, Role::Small, extra).await {
+        set.spawn(lister(c, todo.clone()));
     }
     let mut out = std::collections::HashMap::new();
     let mut broke = None;

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod support;
-use support::{serve, sha256_file, write_prng_file, Ctl};
+use support::{serve, sha256_file, write_prng_file, xftp_killed, Ctl};
 
 fn xftp(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xftp"))
@@ -19,23 +19,6 @@ fn xftp(args: &[&str], cwd: &Path) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run xftp")
-}
-
-/// Run xftp and SIGKILL it after `after` (if it is still running).
-fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn xftp");
-    std::thread::sleep(after);
-    let killed = matches!(child.try_wait(), Ok(None));
-    let _ = child.kill();
-    let _ = child.wait();
-    killed
 }
 
 fn seed() -> u64 {

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{serve, sha256_file, write_prng_file};
+use support::{serve, sha256_file, write_prng_file, xftp_killed};
 
 const XFTP: &str = env!("CARGO_BIN_EXE_xftp");
 
@@ -585,24 +585,6 @@ fn tls_sessions_and_their_status() {
         se.contains("line 1:") && se.contains("open ftpes://localhost:"),
         "{se}"
     );
-}
-
-/// Run `xftp ARGS` and SIGKILL it after `after`; whether it was still
-/// running then (cut).
-fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
-    let mut child = Command::new(XFTP)
-        .args(args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn xftp");
-    std::thread::sleep(after);
-    let cut = matches!(child.try_wait(), Ok(None));
-    let _ = child.kill();
-    let _ = child.wait();
-    cut
 }
 
 #[test]

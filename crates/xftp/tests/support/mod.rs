@@ -333,3 +333,21 @@ pub fn wait_listening(child: &mut Child, port: u16, what: &str, detail: impl Fn(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Run `xftp ARGS` in `cwd` and SIGKILL it after `after`; whether it was
+/// still running then (cut).
+pub fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn xftp");
+    std::thread::sleep(after);
+    let killed = matches!(child.try_wait(), Ok(None));
+    let _ = child.kill();
+    let _ = child.wait();
+    killed
+}
