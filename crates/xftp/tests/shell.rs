@@ -658,3 +658,97 @@ fn reget_and_reput_continue_what_a_cut_transfer_left() {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[test]
+fn mget_and_mput_with_c_continue_a_cut_file_and_skip_complete_ones() {
+    const SIZE: u64 = 12_000_007;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    for d in [&root, &local] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    write_prng_file(&root.join("a.bin"), SIZE, 11);
+    write_prng_file(&root.join("b.bin"), 300_001, 12);
+    write_prng_file(&local.join("c.up"), SIZE, 13);
+    write_prng_file(&local.join("d.up"), 200_003, 14);
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    // A cut download of a.bin and a cut upload of c.up, as in the reget
+    // test: 4 MiB/s, cut after 1.2 s.
+    let cut = Duration::from_millis(1200);
+    let (get, put) = (format!("{base}/a.bin"), format!("{base}/c.up"));
+    assert!(xftp_killed(
+        &["get", "-c", "-p", "4", "--limit-rate", "4M", &get, "a.bin"],
+        &local,
+        cut
+    ));
+    assert!(xftp_killed(
+        &["put", "-c", "-p", "4", "--limit-rate", "4M", "c.up", &put],
+        &local,
+        cut
+    ));
+    assert!(!local.join("a.bin").exists() && !root.join("c.up").exists());
+
+    let moved = |err: &str, name: &str| -> u64 {
+        err.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(": ")?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no summary for {name}: {err}"))
+    };
+    let script = format!("open {base}/\nmult 4\nmget -c *.bin\nmput -c *.up\nquit\n");
+    let out = run_script(&[], &script, &local, &cache);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for (a, b) in [("a.bin", "a.bin"), ("b.bin", "b.bin")] {
+        assert_eq!(sha256_file(&local.join(a)), sha256_file(&root.join(b)));
+    }
+    for n in ["c.up", "d.up"] {
+        assert_eq!(sha256_file(&root.join(n)), sha256_file(&local.join(n)));
+    }
+    // The cut files continued; the others moved whole.
+    assert!(moved(&err, "a.bin") < SIZE, "{err}");
+    assert!(moved(&err, "c.up") < SIZE, "{err}");
+    assert_eq!(moved(&err, "b.bin"), 300_001, "{err}");
+    assert_eq!(moved(&err, "d.up"), 200_003, "{err}");
+
+    // Again: all four are complete, nothing moves.
+    let out = run_script(&[], &script, &local, &cache);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        err.matches("complete already").count(),
+        4,
+        "every file is in place: {err}"
+    );
+    assert!(err.contains("mget: 2 files, 0 bytes"), "{err}");
+    assert!(err.contains("mput: 2 files, 0 bytes"), "{err}");
+
+    // Without -c the same command moves them again; `-c` alone is an error.
+    let out = run_script(
+        &[],
+        &format!("open {base}/\nmget *.bin\nmget -c\nquit\n"),
+        &local,
+        &cache,
+    );
+    let err = text(&out.stderr);
+    assert!(err.contains("mget: 2 files, 12300008 bytes"), "{err}");
+    assert!(err.contains("mget -c needs a pattern"), "{err}");
+    for d in [&local, &root] {
+        let left: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("xftp-part"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

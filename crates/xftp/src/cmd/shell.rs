@@ -175,13 +175,13 @@ const COMMANDS: &[Help] = &[
     },
     Help {
         names: &["mget"],
-        args: "PATTERN...",
-        about: "download the remote files matching each pattern (*, ?, [..] in the last path component) into the local directory",
+        args: "[-c] PATTERN...",
+        about: "download the remote files matching each pattern (*, ?, [..] in the last path component) into the local directory; -c: each as reget (run again after a cut, only what is missing moves)",
     },
     Help {
         names: &["mput"],
-        args: "PATTERN...",
-        about: "upload the local files matching each pattern into the remote directory",
+        args: "[-c] PATTERN...",
+        about: "upload the local files matching each pattern into the remote directory; -c: each as reput",
     },
     Help {
         names: &["mkdir"],
@@ -1090,7 +1090,8 @@ impl Shell {
         Ok(r.bytes)
     }
 
-    async fn mget(&mut self, patterns: &[String]) -> anyhow::Result<()> {
+    async fn mget(&mut self, args: &[String]) -> anyhow::Result<()> {
+        let (resume, patterns) = resume_flag("mget", args)?;
         // Every pattern is expanded first: one that matches nothing fails
         // the command before anything moves.
         let mut files = Vec::new();
@@ -1099,7 +1100,7 @@ impl Shell {
         }
         let mut bytes = 0u64;
         for remote in &files {
-            bytes += self.get(remote, None, false).await?;
+            bytes += self.get(remote, None, resume).await?;
         }
         if files.len() > 1 {
             eprintln!("mget: {} files, {bytes} bytes", files.len());
@@ -1107,7 +1108,8 @@ impl Shell {
         Ok(())
     }
 
-    async fn mput(&mut self, patterns: &[String]) -> anyhow::Result<()> {
+    async fn mput(&mut self, args: &[String]) -> anyhow::Result<()> {
+        let (resume, patterns) = resume_flag("mput", args)?;
         let mut files = Vec::new();
         for pat in patterns {
             let matches = local_glob(pat)?;
@@ -1118,7 +1120,7 @@ impl Shell {
         }
         let mut bytes = 0u64;
         for f in &files {
-            bytes += self.put(f, None, false).await?;
+            bytes += self.put(f, None, resume).await?;
         }
         if files.len() > 1 {
             eprintln!("mput: {} files, {bytes} bytes", files.len());
@@ -1627,6 +1629,20 @@ fn local_dir() -> anyhow::Result<String> {
 fn base_name(path: &str) -> Option<&str> {
     let name = path.rsplit('/').next().unwrap_or("");
     (!name.is_empty() && name != "." && name != "..").then_some(name)
+}
+
+/// `mget`/`mput`'s leading `-c` (resumable, as `reget`/`reput`) and the
+/// patterns after it. A file named `-c` is `./-c`.
+fn resume_flag<'a>(cmd: &str, args: &'a [String]) -> anyhow::Result<(bool, &'a [String])> {
+    match args.split_first() {
+        Some((flag, rest)) if flag == "-c" => {
+            if rest.is_empty() {
+                anyhow::bail!("{cmd} -c needs a pattern — e.g. `{cmd} -c *.bin`");
+            }
+            Ok((true, rest))
+        }
+        _ => Ok((false, args)),
+    }
 }
 
 fn has_wildcard(s: &str) -> bool {
