@@ -83,6 +83,11 @@ pub fn passive_listener(
         if let Some(b) = bufsize {
             xftp_tune::sockbuf::apply(&sock, b)?;
         }
+        // The server closes data connections first, so their ports sit in
+        // TIME-WAIT for a minute: without this a `--passive-ports` range
+        // of ten ports refused the eleventh download within that minute.
+        // (Another listener on the port still makes the bind fail.)
+        sock.set_reuseaddr(true)?;
         sock.bind(SocketAddr::new(local, port))?;
         sock.listen(256)
     };

@@ -384,6 +384,18 @@ fn passive_ports_come_from_the_range_and_a_full_range_says_so() {
     d.read_to_end(&mut v).unwrap();
     assert_eq!(v, b"data");
     assert!(b.reply().starts_with("226"));
+    drop(d);
+    // The server closed first, so the port's last connection sits in
+    // TIME-WAIT: the one port still serves the next transfers.
+    for _ in 0..3 {
+        assert_eq!(b.epsv(), p);
+        let mut d = TcpStream::connect(("127.0.0.1", p)).unwrap();
+        assert!(b.cmd("RETR f").starts_with("150"));
+        let mut v = Vec::new();
+        d.read_to_end(&mut v).unwrap();
+        assert_eq!(v, b"data");
+        assert!(b.reply().starts_with("226"));
+    }
 }
 
 #[test]
