@@ -182,9 +182,12 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("XFTP_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // No colour codes in a log file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
