@@ -362,6 +362,10 @@ async fn walk(
         other: usize,
         unlisted: usize,
         failed: Option<ClientError>,
+        /// The `unique` facts of the directories taken (where the server
+        /// gives them), by path: a directory whose fact one above it has
+        /// is a link back up the tree.
+        uniques: std::collections::HashMap<String, String>,
     }
     fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, WalkState> {
         sh.st.lock().unwrap_or_else(|p| p.into_inner())
@@ -388,6 +392,25 @@ async fn walk(
             };
             match e.kind {
                 Kind::Dir => {
+                    if let Some(u) = &e.unique {
+                        // A server that lists a link to a directory as the
+                        // directory (pyftpdlib): `x -> .` would copy the
+                        // tree into itself until the path is too long.
+                        let mut up = d;
+                        let mut looped = false;
+                        while !up.is_empty() && !looped {
+                            looped = st.uniques.get(up) == Some(u);
+                            up = up.rsplit_once('/').map_or("", |(a, _)| a);
+                        }
+                        if looped {
+                            tracing::warn!(
+                                "{rel}: a link to a directory above it; left out (the tree would loop)"
+                            );
+                            st.other += 1;
+                            continue;
+                        }
+                        st.uniques.insert(rel.clone(), u.clone());
+                    }
                     let p = local_path(local, &rel);
                     std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
                     st.ndirs += 1;

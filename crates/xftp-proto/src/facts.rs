@@ -99,6 +99,9 @@ pub struct Entry {
     pub modify: Option<i64>,
     /// `UNIX.mode` fact (permission bits only).
     pub mode: Option<u32>,
+    /// `unique` fact: the same for two names of one directory (a link
+    /// to it), so a walk can tell a loop.
+    pub unique: Option<String>,
 }
 
 /// The `type` fact.
@@ -128,6 +131,7 @@ pub fn parse_mlsx(line: &str) -> Option<Entry> {
         size: None,
         modify: None,
         mode: None,
+        unique: None,
     };
     for fact in facts.split(';').filter(|f| !f.is_empty()) {
         let Some((k, v)) = fact.split_once('=') else {
@@ -145,6 +149,7 @@ pub fn parse_mlsx(line: &str) -> Option<Entry> {
             "size" => e.size = v.parse().ok(),
             "modify" => e.modify = parse_time(v),
             "unix.mode" => e.mode = u32::from_str_radix(v, 8).ok().map(|m| m & 0o7777),
+            "unique" if !v.is_empty() => e.unique = Some(v.to_ascii_lowercase()),
             _ => {}
         }
     }
@@ -203,6 +208,7 @@ pub fn parse_list_line(line: &str) -> Option<Entry> {
         size: None,
         modify: None,
         mode: None,
+        unique: None,
     };
     if first.len() >= 8
         && first.as_bytes()[2] == b'-'
@@ -376,8 +382,12 @@ mod tests {
             (e.size, e.modify, e.mode),
             (Some(10), Some(1_700_000_000), Some(0o644))
         );
-        let d = parse_mlsx("Type=dir;Modify=20231114221320; sub\r\n").unwrap();
+        assert_eq!(e.unique, None);
+        let d = parse_mlsx("Type=dir;Modify=20231114221320;Unique=803G1A; sub\r\n").unwrap();
         assert_eq!(d.kind, Kind::Dir);
+        assert_eq!(d.unique.as_deref(), Some("803g1a"));
+        let l = parse_mlsx("type=OS.unix=symlink;unique=803g1a; link").unwrap();
+        assert_eq!(l.kind, Kind::Other);
         assert_eq!(parse_mlsx("type=cdir; .").map(|e| e.kind), None);
         assert_eq!(
             parse_mlsx("type=pdir; up").unwrap().kind,

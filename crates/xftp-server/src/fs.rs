@@ -229,10 +229,17 @@ fn mode_string(md: &Metadata) -> String {
 }
 
 /// One `ls -l` style line (LIST), without CRLF. Name bytes are kept as is.
-pub fn list_line(name: &[u8], md: &Metadata) -> Vec<u8> {
+/// `link_to`: the entry is a symbolic link to a directory, `md` that
+/// directory's, listed as `l... name -> target` (the target's path in the
+/// root).
+pub fn list_line(name: &[u8], md: &Metadata, link_to: Option<&[u8]>) -> Vec<u8> {
+    let mut mode = mode_string(md);
+    if link_to.is_some() {
+        mode.replace_range(0..1, "l");
+    }
     let mut line = format!(
         "{} {:>3} {:<8} {:<8} {:>12} {} ",
-        mode_string(md),
+        mode,
         md.nlink(),
         md.uid(),
         md.gid(),
@@ -241,6 +248,10 @@ pub fn list_line(name: &[u8], md: &Metadata) -> Vec<u8> {
     )
     .into_bytes();
     line.extend_from_slice(name);
+    if let Some(t) = link_to {
+        line.extend_from_slice(b" -> ");
+        line.extend_from_slice(t);
+    }
     line
 }
 
@@ -281,11 +292,15 @@ pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) ->
         (false, true) => "radfw",
         (false, false) => "r",
     };
+    // `unique` (RFC 3659 7.5.2): one value for every name of an object,
+    // so that a client walking a tree sees a loop through a link.
     format!(
-        "type={kind};size={};modify={};perm={perm};UNIX.mode=0{:o}; ",
+        "type={kind};size={};modify={};perm={perm};UNIX.mode=0{:o};unique={:x}g{:x}; ",
         md.len(),
         mdtm_string(mtime_secs(md)),
-        md.permissions().mode() & 0o7777
+        md.permissions().mode() & 0o7777,
+        md.dev(),
+        md.ino()
     )
 }
 

@@ -2831,12 +2831,14 @@ fn listing(
     let md = std::fs::metadata(real)?;
     let mut out = Vec::new();
     let mut unlisted = Unlisted::default();
-    let mut push = |name: &[u8], md: &std::fs::Metadata| {
+    // `link_to`: a symbolic link to a directory, and where it leads.
+    let mut push = |name: &[u8], md: &std::fs::Metadata, link_to: Option<&[u8]>| {
         match kind {
-            ListKind::List => out.extend_from_slice(&fs::list_line(name, md)),
+            ListKind::List => out.extend_from_slice(&fs::list_line(name, md, link_to)),
             ListKind::Nlst => out.extend_from_slice(name),
             ListKind::Mlsd => {
-                out.extend_from_slice(fs::mlsx_facts(md, writable, None).as_bytes());
+                let kind = link_to.map(|_| "OS.unix=symlink");
+                out.extend_from_slice(fs::mlsx_facts(md, writable, kind).as_bytes());
                 out.extend_from_slice(name);
             }
         }
@@ -2850,7 +2852,7 @@ fn listing(
             .file_name()
             .map(|n| n.as_bytes().to_vec())
             .unwrap_or_default();
-        push(&name, &md);
+        push(&name, &md, None);
         return Ok((out, unlisted));
     }
     let mut entries: Vec<_> = std::fs::read_dir(real)?.filter_map(Result::ok).collect();
@@ -2869,26 +2871,38 @@ fn listing(
         let Ok(lmd) = std::fs::symlink_metadata(e.path()) else {
             continue;
         };
-        // Links are listed by what they point to, and only if that stays
-        // inside the root; dangling or escaping links are left out.
-        let md = if lmd.file_type().is_symlink() {
-            match std::fs::canonicalize(e.path()) {
-                Ok(t) if t.starts_with(root.path()) => match std::fs::metadata(&t) {
-                    Ok(m) => m,
-                    Err(_) => {
-                        unlisted.links += 1;
-                        continue;
-                    }
-                },
-                _ => {
+        // Links are listed only if they stay inside the root; dangling or
+        // escaping links are left out. A link to a file is listed as the
+        // file. A link to a directory is listed as a link (`l`,
+        // `OS.unix=symlink`), as ls and vsftpd do: a client's `rm -r`
+        // then removes the link, not what it leads to (lftp's did, when it
+        // read `d`), and a tree walk does not loop through `x -> .`.
+        if !lmd.file_type().is_symlink() {
+            push(name, &lmd, None);
+            continue;
+        }
+        let (target, md) = match std::fs::canonicalize(e.path()) {
+            Ok(t) if t.starts_with(root.path()) => match std::fs::metadata(&t) {
+                Ok(m) => (t, m),
+                Err(_) => {
                     unlisted.links += 1;
                     continue;
                 }
+            },
+            _ => {
+                unlisted.links += 1;
+                continue;
             }
-        } else {
-            lmd
         };
-        push(name, &md);
+        if md.is_dir() {
+            // Its path in the root, not on the server's disk.
+            let inside = target.strip_prefix(root.path()).unwrap_or(&target);
+            let mut shown = b"/".to_vec();
+            shown.extend_from_slice(inside.as_os_str().as_bytes());
+            push(name, &md, Some(&shown));
+        } else {
+            push(name, &md, None);
+        }
     }
     Ok((out, unlisted))
 }

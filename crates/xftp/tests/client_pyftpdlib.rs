@@ -496,3 +496,41 @@ fn put_c_of_an_empty_file_works_on_a_stock_server() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs an xftp server"));
 }
+
+/// pyftpdlib lists a link to a directory as the directory (with its
+/// `unique` fact): `get -r` takes a link back up the tree once, not into
+/// itself until the path is too long.
+#[test]
+fn get_r_does_not_loop_through_a_link_back_up_the_tree() {
+    if !have_pyftpdlib("get_r_does_not_loop_through_a_link_back_up_the_tree") {
+        return;
+    }
+    let d = dirs();
+    std::fs::create_dir_all(d.srv.join("tree/sub")).unwrap();
+    std::fs::write(d.srv.join("tree/a"), b"a").unwrap();
+    std::fs::write(d.srv.join("tree/sub/b"), b"b").unwrap();
+    std::os::unix::fs::symlink(".", d.srv.join("tree/current")).unwrap();
+    std::os::unix::fs::symlink("..", d.srv.join("tree/sub/up")).unwrap();
+    let server = pyftpd(&d.srv);
+    let url = format!("ftp://127.0.0.1:{}/tree/", server.port);
+    let out = xftp(&["get", "-r", &url, "copy", "--json"], &d.local);
+    assert_ok(&out, "get -r of a tree with links back up");
+    let j = json_of(&out);
+    // a, sub/b, and the one copy each link's first step makes (the top's
+    // own `unique` is not listed, so `current` and `sub/up` are copied
+    // once; their links back, 4 of them, are left out).
+    assert_eq!(j["other"], 4, "{j}");
+    let deepest = walkdir_depth(&d.local.join("copy"));
+    assert!(deepest <= 3, "the copy went {deepest} levels deep");
+    assert_eq!(std::fs::read(d.local.join("copy/sub/b")).unwrap(), b"b");
+}
+
+fn walkdir_depth(p: &Path) -> usize {
+    std::fs::read_dir(p)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| 1 + walkdir_depth(&e.path()))
+        .max()
+        .unwrap_or(0)
+}

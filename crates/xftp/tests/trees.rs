@@ -631,3 +631,88 @@ fn entries_the_server_cannot_list_are_reported_not_dropped_silently() {
         "{err}"
     );
 }
+
+#[test]
+fn links_to_directories_are_listed_as_links() {
+    // A link to a directory inside the root is listed as a link (`l ...
+    // name -> /its/path`, `type=OS.unix=symlink`), as ls and vsftpd do:
+    // a client's recursive delete then removes the link, not what it
+    // leads to (lftp's `rm -r` emptied the target when it read `d`), and
+    // `get -r` does not loop through `current -> .`. A link to a file is
+    // listed as the file. MLSD gives `unique` facts.
+    let dir = tempfile::tempdir().unwrap();
+    let (root, work) = (dir.path().join("root"), dir.path().join("work"));
+    std::fs::create_dir_all(root.join("top/real")).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(root.join("top/real/precious"), b"keep").unwrap();
+    std::fs::write(root.join("top/a"), b"a").unwrap();
+    std::os::unix::fs::symlink("real", root.join("top/lnk")).unwrap();
+    std::os::unix::fs::symlink(".", root.join("top/current")).unwrap();
+    std::os::unix::fs::symlink("a", root.join("top/alink")).unwrap();
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+
+    let out = xftp(&["ls", &format!("{base}/top/")], &work);
+    let list = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = |name: &str| {
+        list.lines()
+            .find(|l| l.split_whitespace().nth(8) == Some(name))
+            .unwrap_or_else(|| panic!("no {name}: {list}"))
+            .to_string()
+    };
+    assert!(line("lnk").starts_with('l') && line("lnk").ends_with("lnk -> /top/real"));
+    assert!(line("current").ends_with("current -> /top"), "{list}");
+    assert!(line("alink").starts_with('-'), "{list}");
+    assert!(line("real").starts_with('d'), "{list}");
+
+    let mut c = support::Ctl::login(srv.port);
+    let port = c.epsv_port();
+    let mut d = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(c.cmd("MLSD top").starts_with("150"));
+    let mut mlsd = String::new();
+    std::io::Read::read_to_string(&mut d, &mut mlsd).unwrap();
+    assert!(c.reply().starts_with("226"));
+    let facts = |name: &str| {
+        mlsd.lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .unwrap_or_else(|| panic!("no {name}: {mlsd}"))
+            .to_ascii_lowercase()
+    };
+    let unique = |l: &str| {
+        l.split(';')
+            .find(|f| f.starts_with("unique="))
+            .map(str::to_string)
+    };
+    assert!(facts("lnk").starts_with("type=os.unix=symlink;"), "{mlsd}");
+    assert_eq!(unique(&facts("lnk")), unique(&facts("real")), "{mlsd}");
+    assert!(unique(&facts("real")).is_some(), "{mlsd}");
+    assert!(facts("alink").starts_with("type=file;"), "{mlsd}");
+
+    // What a recursive delete does with an `l` entry: DELE of the link.
+    assert!(c.cmd("RMD top/lnk").starts_with("550"));
+    assert!(c.cmd("DELE top/lnk").starts_with("250"));
+    assert!(!root.join("top/lnk").exists());
+    assert_eq!(
+        std::fs::read(root.join("top/real/precious")).unwrap(),
+        b"keep"
+    );
+
+    // get -r leaves the directory link out and ends.
+    let out = xftp(
+        &["get", "-r", &format!("{base}/top/"), "copy", "--json"],
+        &work,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    assert_eq!(
+        (j["files"].as_u64(), j["other"].as_u64()),
+        (Some(3), Some(1)),
+        "{j}"
+    );
+    assert!(!work.join("copy/current").exists());
+    assert_eq!(std::fs::read(work.join("copy/alink")).unwrap(), b"a");
+}
