@@ -2895,10 +2895,23 @@ fn listing(
             }
         };
         if md.is_dir() {
-            // Its path in the root, not on the server's disk.
-            let inside = target.strip_prefix(root.path()).unwrap_or(&target);
-            let mut shown = b"/".to_vec();
-            shown.extend_from_slice(inside.as_os_str().as_bytes());
+            // What the link says where it stays below its directory (a
+            // mirror then makes the same link), else the target's path in
+            // the root: never a path on the server's disk.
+            let raw = std::fs::read_link(e.path()).ok().filter(|r| {
+                r.is_relative()
+                    && r.components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)))
+            });
+            let shown = match raw {
+                Some(r) => r.as_os_str().as_bytes().to_vec(),
+                None => {
+                    let inside = target.strip_prefix(root.path()).unwrap_or(&target);
+                    let mut v = b"/".to_vec();
+                    v.extend_from_slice(inside.as_os_str().as_bytes());
+                    v
+                }
+            };
             push(name, &md, Some(&shown));
         } else {
             push(name, &md, None);
