@@ -1600,8 +1600,32 @@ impl Client {
             self.inline_digest = self
                 .verify_alg
                 .map(|a| (xftp_proto::cksum::Digest::new(a), 0));
-            let v = match self.send_plain(conns, &mut file, local, count).await {
+            let v = match self.send_plain(conns, &mut file, local, len, count).await {
                 Ok(b) => vec![b],
+                Err(ClientError::LocalFileChanged { expected, read, .. }) => {
+                    // The data connection was reset; the server ends the
+                    // transfer with an error. A stock server wrote what came
+                    // under the target's name (STOR truncates it first), so
+                    // it goes: a prefix of a file must not look like the
+                    // file. An xftp server (MULT) kept nothing.
+                    let reset = std::io::Error::other("reset: the local file changed");
+                    let _ = self
+                        .after_failure(&c_stor, ClientError::DataIo(reset))
+                        .await;
+                    let xftp = self.mult_ok || self.features().await.is_ok_and(|f| f.mult);
+                    let mut cleared = xftp;
+                    if !xftp {
+                        let c = Cmd::with("DELE", remote);
+                        if self.send(&[&c]).await.is_ok() {
+                            cleared = self.ctl.read_reply().await.is_ok_and(|r| r.code == 250);
+                        }
+                    }
+                    return Err(ClientError::LocalFileChanged {
+                        expected,
+                        read,
+                        cleared,
+                    });
+                }
                 Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
             };
             self.expect_complete(&c_stor).await?;
@@ -3051,6 +3075,7 @@ impl Client {
         mut conns: Vec<Stream>,
         src: &mut R,
         src_path: &Path,
+        len: u64,
         count: Option<Arc<std::sync::atomic::AtomicU64>>,
     ) -> Result<u64> {
         let mut conn = ResetUnlessDone(conns.pop());
@@ -3068,6 +3093,15 @@ impl Client {
             if n == 0 {
                 break;
             }
+            // The file grew since its size was taken: stop before the
+            // server has more than that (an error resets the connection).
+            if sent + n as u64 > len {
+                return Err(ClientError::LocalFileChanged {
+                    expected: len,
+                    read: sent + n as u64,
+                    cleared: false,
+                });
+            }
             match tokio::time::timeout(t, c.write_all(&buf[..n])).await {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(t, sent)),
@@ -3081,6 +3115,15 @@ impl Client {
                 r.take(n).await;
             }
             sent += n as u64;
+        }
+        // It shrank: a clean close would tell the server the file ends
+        // here (a stream-mode upload has no other end marker).
+        if sent < len {
+            return Err(ClientError::LocalFileChanged {
+                expected: len,
+                read: sent,
+                cleared: false,
+            });
         }
         // Half-close: end of file for the server, then wait for its close.
         match tokio::time::timeout(t, c.shutdown()).await {

@@ -151,6 +151,20 @@ pub enum ClientError {
         /// What the server says now.
         now: String,
     },
+    /// The local file changed size while a one-connection (stream mode)
+    /// upload read it: the data connection was reset, so the server
+    /// cannot take what it got for the whole file.
+    #[error("the local file changed while it was sent: it had {expected} bytes when the upload began, and {read} were read; {}", if *cleared { "the server holds nothing of this upload" } else { "the server may hold what arrived under the target's name" })]
+    LocalFileChanged {
+        /// The size when the upload began.
+        expected: u64,
+        /// Bytes read before the change showed (past `expected`: it grew).
+        read: u64,
+        /// The server holds nothing of the upload: an xftp server drops a
+        /// reset upload; a stock server's copy (STOR wrote it in place) was
+        /// deleted.
+        cleared: bool,
+    },
     /// `--verify`: the server's checksum of the file and ours differ. The
     /// downloaded file was not put in place (an upload's was removed).
     #[error("checksum mismatch ({algorithm}): the server has {remote}, the local copy {local}")]

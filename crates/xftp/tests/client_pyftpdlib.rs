@@ -534,3 +534,54 @@ fn walkdir_depth(p: &Path) -> usize {
         .max()
         .unwrap_or(0)
 }
+
+/// A one-connection upload whose local file shrinks or grows while it is
+/// sent fails, and the stock server's copy (written in place under the
+/// target's name) is deleted: a prefix must not look like the file.
+#[test]
+fn an_upload_of_a_file_that_changes_leaves_no_copy_on_a_stock_server() {
+    if !have_pyftpdlib("an_upload_of_a_file_that_changes_leaves_no_copy_on_a_stock_server") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    let shrink = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(3_000_000)
+            .unwrap()
+    };
+    let grow = |p: &Path| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        std::io::Write::write_all(&mut f, &[7u8; 1_000_000]).unwrap();
+    };
+    for (name, out) in [
+        (
+            "shrunk",
+            support::put_while_changing(
+                &d.local,
+                &format!("ftp://127.0.0.1:{}/shrunk", server.port),
+                shrink,
+            ),
+        ),
+        (
+            "grown",
+            support::put_while_changing(
+                &d.local,
+                &format!("ftp://127.0.0.1:{}/grown", server.port),
+                grow,
+            ),
+        ),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {err}");
+        assert!(
+            err.contains("the local file changed while it was sent")
+                && err.contains("the server holds nothing of this upload"),
+            "{name}: {err}"
+        );
+        assert!(!d.srv.join(name).exists(), "{name} left on the server");
+    }
+}

@@ -648,3 +648,40 @@ fn rename_and_delete_leave_a_users_ranges_file_alone() {
     assert!(r.starts_with("553") && r.contains("another name"), "{r}");
     assert_eq!(std::fs::read(root.join("data.ranges")).unwrap(), b"0-10\n");
 }
+
+/// The same against `xftp serve`: the reset upload is dropped, and a file
+/// already under the target's name stays as it was.
+#[test]
+fn an_upload_of_a_file_that_changes_leaves_the_old_copy_on_an_xftp_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local) = (dir.path().join("root"), dir.path().join("local"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(root.join("t.bin"), b"the old copy").unwrap();
+    let srv = serve(&root, &[]);
+    let out = support::put_while_changing(
+        &local,
+        &format!("ftp://127.0.0.1:{}/t.bin", srv.port),
+        |p| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_len(3_000_000)
+                .unwrap()
+        },
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the local file changed") && err.contains("holds nothing"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(root.join("t.bin")).unwrap(), b"the old copy");
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}

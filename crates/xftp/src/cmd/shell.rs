@@ -1523,6 +1523,9 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
         ClientError::ShortTransfer { .. } => {
             Some("the transfer was cut short (nothing was kept); try again".into())
         }
+        ClientError::LocalFileChanged { .. } => {
+            Some("something is writing the local file: send it again once it is complete".into())
+        }
         ClientError::UploadMismatch { .. } => Some(
             "the upload was cut short, or the file was changed on the server meanwhile; check it, or try again"
                 .into(),

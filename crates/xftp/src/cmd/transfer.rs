@@ -1357,6 +1357,9 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         // What the server holds differs from what was sent: cut short, or
         // replaced by another upload in the meantime; the remote file is
         // the server's business either way.
+        ClientError::LocalFileChanged { .. } => {
+            Some("something is writing the local file: send it again once it is complete".into())
+        }
         ClientError::UploadMismatch { .. } => Some(
             "the upload was cut short, or the file was changed on the server meanwhile (by another upload?); check it, or run it again"
                 .into(),

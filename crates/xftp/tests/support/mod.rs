@@ -351,3 +351,23 @@ pub fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
     let _ = child.wait();
     killed
 }
+
+/// `xftp put -p 1 --limit-rate 4M LOCAL URL` in `cwd`, with `change`
+/// done to LOCAL (12 MB) after 0.6 s, mid-transfer: what the upload
+/// then says.
+pub fn put_while_changing(cwd: &Path, url: &str, change: impl FnOnce(&Path)) -> Output {
+    let local = cwd.join("changing.bin");
+    write_prng_file(&local, 12_000_000, 77);
+    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["put", "-p", "1", "--limit-rate", "4M", "changing.bin", url])
+        .current_dir(cwd)
+        .env("HOME", cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn xftp put");
+    std::thread::sleep(Duration::from_millis(600));
+    change(&local);
+    child.wait_with_output().expect("wait for xftp put")
+}
