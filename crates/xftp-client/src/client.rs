@@ -3379,7 +3379,7 @@ fn temp_remote_name(remote: &str) -> String {
         Some(i) => remote.split_at(i + 1),
         None => ("", remote),
     };
-    format!("{dir}.{name}.xftp-part")
+    format!("{dir}.{}.xftp-part", xftp_proto::name::part_stem(name))
 }
 
 /// Aborts a task when dropped (a download future dropped by Ctrl-C).

@@ -66,7 +66,8 @@ pub(crate) enum ResumeError {
 }
 
 /// Where `-c` keeps the partial download of `target`:
-/// `dir/.NAME.xftp-part` (its record of ranges: the same name + `.ranges`).
+/// `dir/.NAME.xftp-part` (its record of ranges: the same name + `.ranges`;
+/// a long NAME shortened by [`xftp_proto::name::part_stem`]).
 pub fn partial_path(target: &Path) -> PathBuf {
     let dir = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -76,6 +77,7 @@ pub fn partial_path(target: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "download".into());
+    let name = xftp_proto::name::part_stem(&name);
     dir.join(format!(".{name}.xftp-part"))
 }
 

@@ -11,6 +11,33 @@
 /// The first character of the escapes (byte 0x80).
 const BASE: u32 = 0xF700;
 
+/// The longest NAME kept whole in the names of a resumable transfer's
+/// partial files: `.NAME.xftp-part.ranges` and the temporaries of that
+/// record (`.NNNN.new` more) must fit in a file name (255 bytes).
+pub const PART_STEM_MAX: usize = 160;
+
+/// `name` as it goes into a partial file's name: whole when short, else
+/// its first bytes (on a character boundary), `~` and a hash of all of
+/// it, so that the partial of a long name is found again by the next run
+/// and two long names that begin alike do not share one.
+pub fn part_stem(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= PART_STEM_MAX {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut keep = PART_STEM_MAX - 17;
+    while !name.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    // FNV-1a: the same in every build (std's hasher promises no such
+    // thing), and a run after an upgrade must find the partial.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    std::borrow::Cow::Owned(format!("{}~{h:016x}", &name[..keep]))
+}
+
 /// `bytes` as a `String`: valid UTF-8 as it is, every other byte escaped.
 pub fn decode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
@@ -79,6 +106,21 @@ fn unescape(c: char) -> Option<u8> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_long_names_part_stem_is_short_stable_and_its_own() {
+        assert_eq!(part_stem("a.bin"), "a.bin");
+        let long = "\u{65e5}".repeat(80); // 240 bytes
+        let stem = part_stem(&long);
+        assert!(stem.len() <= PART_STEM_MAX, "{}", stem.len());
+        assert!(format!(".{stem}.xftp-part.ranges.4194304-18446744073709551615.new").len() <= 255);
+        assert_eq!(stem, part_stem(&long), "the next run finds it");
+        assert!(stem.starts_with("\u{65e5}"));
+        let other = format!("{}x", "\u{65e5}".repeat(79));
+        assert_ne!(part_stem(&other), stem);
+        let exact = "b".repeat(PART_STEM_MAX);
+        assert_eq!(part_stem(&exact), exact.as_str());
+    }
 
     #[test]
     fn utf8_is_unchanged_and_latin1_round_trips() {

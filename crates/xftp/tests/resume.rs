@@ -685,3 +685,34 @@ fn an_upload_of_a_file_that_changes_leaves_the_old_copy_on_an_xftp_server() {
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
 }
+
+/// A name of 240 bytes (80 CJK characters) fits a file name, but its
+/// partial's record (`.NAME.xftp-part.ranges`) would not: the partials
+/// of long names are shortened, both ways.
+#[test]
+fn resumable_transfers_of_a_long_name_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local) = (dir.path().join("root"), dir.path().join("local"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let name = "\u{65e5}".repeat(80);
+    write_prng_file(&root.join(&name), 300_003, 5);
+    write_prng_file(&local.join(format!("u{name}")), 200_003, 6);
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let u = format!("u{name}");
+    let (get, put) = (format!("{base}/{name}"), format!("{base}/{u}"));
+    for args in [["get", "-c", &get, "."], ["put", "-c", &u, &put]] {
+        let out = xftp(&args, &local);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        sha256_file(&local.join(&name)),
+        sha256_file(&root.join(&name))
+    );
+    assert_eq!(sha256_file(&root.join(&u)), sha256_file(&local.join(&u)));
+}
