@@ -975,7 +975,15 @@ impl Client {
         let start = Instant::now();
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
-        let size = self.size(remote).await?.ok_or_else(|| {
+        let c_size = Cmd::with("SIZE", remote);
+        self.send(&[&c_size]).await?;
+        let r = self.ctl.read_reply().await?;
+        // 550: no such file (or not a plain one): the reply says so, not
+        // that the server cannot tell sizes.
+        if r.code == 550 {
+            return Err(unexpected(&c_size, &r));
+        }
+        let size = negotiate::size_value(&r).ok_or_else(|| {
             ClientError::Usage(format!(
                 "-c: the server does not tell the size of {remote} (SIZE), so what is missing cannot be known; run without -c"
             ))

@@ -716,3 +716,27 @@ fn resumable_transfers_of_a_long_name_work() {
     );
     assert_eq!(sha256_file(&root.join(&u)), sha256_file(&local.join(&u)));
 }
+
+/// A -c transfer refused for good (over the upload limit, a missing
+/// file) does not say that what arrived is kept for the next run.
+#[test]
+fn a_refused_resumable_transfer_does_not_promise_a_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local) = (dir.path().join("root"), dir.path().join("local"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("u"), 300_000, 3);
+    let srv = serve(&root, &["--max-upload-size", "100k"]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let put = xftp(&["put", "-c", "u", &format!("{base}/u")], &local);
+    let get = xftp(&["get", "-c", &format!("{base}/missing")], &local);
+    for (what, out, code) in [("put", put, "552"), ("get", get, "550")] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(code), "{what}: {err}");
+        assert!(
+            !err.contains("kept") && !err.contains("keeps"),
+            "{what}: {err}"
+        );
+    }
+    assert!(!local.join(".missing.xftp-part").exists());
+}

@@ -621,12 +621,9 @@ fn explain_resumable(
     op: Op,
     url: &FtpUrl,
     resume: bool,
-    kept: &str,
+    kept: Option<&str>,
 ) -> anyhow::Error {
     let short = short_if_transient(&e);
-    let keeps = resume
-        && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
-        && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }));
     // A download cut midway without -c: say what -c would have kept.
     // (Not a file that grew: -c would refuse it as changed.)
     let cut = match &e {
@@ -639,10 +636,20 @@ fn explain_resumable(
         ClientError::ShortTransfer { expected, got } => got < expected,
         e => matches!(e.reply_code(), Some(426 | 451)),
     };
+    // "Kept, run it again" only where that is so and may help: a partial
+    // download on the disk (`kept` is None where there is none), an
+    // upload that the network cut or that may pass (not a 552 quota, a
+    // 553 read-only disk: the server keeps nothing there, and the same
+    // command fails the same way).
+    let keeps = resume
+        && kept.is_some()
+        && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
+        && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }))
+        && (op == Op::Get || cut || e.is_transient());
     // What happened to the bytes is said once: here, where it is known.
     let told = keeps || (cut && !resume && op == Op::Get);
     let e = explain_noting(e, op, url, !told);
-    let e = if keeps {
+    let e = if let (true, Some(kept)) = (keeps, kept) {
         anyhow::anyhow!("{e:#} — {kept}")
     } else if told {
         anyhow::anyhow!("{e:#} — {NOT_KEPT}")
@@ -810,11 +817,12 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     display.finish().await;
     show_notices(&mut client, a.t.quiet);
     let r = r.map_err(|e| {
-        let kept = format!(
+        let partial = xftp_client::partial_path(&target);
+        let kept = partial.exists().then(|| format!(
             "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
-            xftp_client::partial_path(&target).display()
-        );
-        explain_resumable(e, Op::Get, &url, a.resume, &kept)
+            partial.display()
+        ));
+        explain_resumable(e, Op::Get, &url, a.resume, kept.as_deref())
     })?;
     let summary = conclude(&client, &url, &r, start);
     client.quit().await;
@@ -896,7 +904,7 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
     show_notices(&mut client, a.t.quiet);
     let r = r.map_err(|e| {
         let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
-        explain_resumable(e, Op::Put, &url, a.resume, kept)
+        explain_resumable(e, Op::Put, &url, a.resume, Some(kept))
     })?;
     let summary = conclude(&client, &url, &r, start);
     client.quit().await;
