@@ -416,6 +416,12 @@ impl Client {
         let mut r = ctl.read_reply().await.map_err(|e| match e {
             ClientError::Timeout { after, .. } => ClientError::NoGreeting { after },
             ClientError::Protocol(p) => ClientError::NotFtp(p.to_string()),
+            // An FTP server that will not serve says so (421); one that
+            // closes without a word is most often something else: an
+            // implicit-TLS port waiting for a ClientHello that gave up.
+            ClientError::Closed if tls.is_none() => {
+                ClientError::NotFtp("the server closed the connection without one".into())
+            }
             other => other,
         })?;
         // 120: "service ready in nnn minutes"; the 220 follows.

@@ -624,6 +624,24 @@ fn a_port_that_is_no_ftp_servers_is_named_as_such() {
         t.join().unwrap();
         assert!(entries(dir.path()).is_empty());
     }
+    // Closed without a word (an implicit-TLS port that gave up waiting
+    // for a ClientHello): named as no greeting, with ftps:// in the hint,
+    // not as a server that hung up and may be tried again.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = thread::spawn(move || drop(l.accept().unwrap()));
+    let out = xftp(
+        &["get", &format!("ftp://127.0.0.1:{port}/f"), "f"],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no FTP server's greeting: the server closed the connection without one")
+            && err.contains("ftps:// for implicit TLS"),
+        "{err}"
+    );
+    t.join().unwrap();
 }
 
 /// Round trips (issue 3 point 9), counted without a clock on the client
