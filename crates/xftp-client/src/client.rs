@@ -1849,6 +1849,24 @@ impl Client {
         Ok(f)
     }
 
+    /// Whether the session is still open after sitting idle: false when
+    /// the server has closed it (an idle timeout's 421, then its close) or
+    /// sent a reply nothing asked for. Waits for nothing: a quiet
+    /// connection is taken as open.
+    pub async fn still_open(&mut self) -> bool {
+        if self.ctl.unanswered() > 0 {
+            return true;
+        }
+        match self.ctl.read_reply_within(Duration::ZERO).await {
+            Err(ClientError::Timeout { .. }) => true,
+            Ok(r) => {
+                tracing::info!("the server said, unasked: {}", reply_text(&r));
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The kernel's smoothed RTT of the control connection (`TCP_INFO`).
     pub fn control_rtt(&self) -> Option<Duration> {
         self.ctl.rtt()

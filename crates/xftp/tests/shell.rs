@@ -17,6 +17,11 @@ const XFTP: &str = env!("CARGO_BIN_EXE_xftp");
 
 /// Run `xftp shell ARGS` with `script` on stdin; killed after 120 s.
 fn run_script(args: &[&str], script: &str, cwd: &Path, cache: &Path) -> Output {
+    run_paced(args, &[script], Duration::ZERO, cwd, cache)
+}
+
+/// [`run_script`] with the script in `chunks`, `pause` between them.
+fn run_paced(args: &[&str], chunks: &[&str], pause: Duration, cwd: &Path, cache: &Path) -> Output {
     let mut child = Command::new(XFTP)
         .arg("shell")
         .args(args)
@@ -29,8 +34,17 @@ fn run_script(args: &[&str], script: &str, cwd: &Path, cache: &Path) -> Output {
         .spawn()
         .expect("spawn xftp shell");
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(script.as_bytes()).unwrap();
-    drop(stdin);
+    let chunks: Vec<String> = chunks.iter().map(|c| c.to_string()).collect();
+    let feeder = std::thread::spawn(move || {
+        for (i, c) in chunks.iter().enumerate() {
+            if i > 0 {
+                std::thread::sleep(pause);
+            }
+            if stdin.write_all(c.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -54,6 +68,7 @@ fn run_script(args: &[&str], script: &str, cwd: &Path, cache: &Path) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let _ = feeder.join();
     Output {
         status,
         stdout: t_out.join().unwrap(),
@@ -166,7 +181,7 @@ bye
     assert!(so.contains("Mult: auto"), "{so}");
     assert!(so.contains("Bufsize: 131072 bytes"), "{so}");
     assert!(so.contains("Verify: off"), "{so}");
-    assert!(so.contains("mput PATTERN..."), "{so}");
+    assert!(so.contains("mput [-c] PATTERN..."), "{so}");
     assert!(so.contains("(also: win, sockbuf)"), "{so}");
     // stderr: the summaries, the reconnect, the verification.
     assert!(se.contains("Connected to 127.0.0.1"), "{se}");
@@ -751,4 +766,36 @@ fn mget_and_mput_with_c_continue_a_cut_file_and_skip_complete_ones() {
             .collect();
         assert!(left.is_empty(), "{left:?}");
     }
+}
+
+#[test]
+fn a_session_the_server_closed_while_idle_is_opened_again_for_the_next_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(root.join("d/f.txt"), b"hello").unwrap();
+    let srv = serve(&root, &["--idle-timeout", "1"]);
+    let base = format!("ftp://127.0.0.1:{}/", srv.port);
+    // The server closes the session 1 s into the pause; the script goes
+    // on, in the directory it had changed to.
+    let out = run_paced(
+        &[&base],
+        &["cd d\n", "get f.txt x\npwd\nquit\n"],
+        Duration::from_millis(2500),
+        &local,
+        &cache,
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the server closed the idle connection"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(local.join("x")).unwrap(), b"hello");
+    assert_eq!(text(&out.stdout).trim(), "/d");
 }

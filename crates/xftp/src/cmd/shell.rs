@@ -910,7 +910,15 @@ impl Shell {
         let Some(conn) = self.conn.as_mut() else {
             anyhow::bail!(NOT_CONNECTED);
         };
-        let why = if conn.client.is_none() {
+        let closed = match conn.client.as_mut() {
+            Some(c) => !c.still_open().await,
+            None => false,
+        };
+        let why = if closed {
+            // An idle timeout: the user and directory are known, so the
+            // command goes on, on a new connection.
+            Some("(the server closed the idle connection)".to_string())
+        } else if conn.client.is_none() {
             Some("(the last connection was lost or interrupted)".to_string())
         } else if data && !conn.stale.is_empty() {
             Some(format!("to apply {}", conn.stale.join(", ")))
