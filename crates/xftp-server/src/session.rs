@@ -2680,16 +2680,50 @@ impl Session {
             }
             a.to_vec()
         });
-        let v = match arg.filter(|a| !a.is_empty()) {
-            Some(a) => self.vpath(&a)?,
+        let arg = arg.filter(|a| !a.is_empty());
+        let v = match &arg {
+            Some(a) => self.vpath(a)?,
             None => self.cwd.clone(),
         };
-        let real = self.root.existing(&v).map_err(|e| {
-            let (c, t) = fs_reply(&e);
-            (c, format!("{}: {t}.", v.display()))
-        })?;
         let writable = self.may_write();
         let root = self.root.clone();
+        let real = match self.root.existing(&v) {
+            Ok(r) => r,
+            Err(e) => {
+                // `NLST *.txt` (ftp(1)'s mget) and `LIST dir/a?`: a last
+                // component with wildcards that names nothing is matched
+                // against its directory's names, as a shell (and vsftpd)
+                // would. Only there: no wildcards in directories above, no
+                // recursion.
+                let glob = match (&arg, v.file_name()) {
+                    (Some(a), Some(last)) if !matches!(kind, ListKind::Mlsd) => {
+                        wildcard(last).map(|p| (p, a.clone()))
+                    }
+                    _ => None,
+                };
+                let Some((pattern, a)) = glob else {
+                    let (c, t) = fs_reply(&e);
+                    return Err((c, format!("{}: {t}.", v.display())));
+                };
+                let dir = self.root.existing(&v.parent()).map_err(|e| {
+                    let (c, t) = fs_reply(&e);
+                    (c, format!("{}: {t}.", v.parent().display()))
+                })?;
+                // Names come back as the pattern was given: `d/*.txt`
+                // lists `d/a.txt`, which RETR takes as it is.
+                let prefix = match a.iter().rposition(|b| *b == b'/') {
+                    Some(i) => a[..=i].to_vec(),
+                    None => Vec::new(),
+                };
+                let shown = v.display();
+                return tokio::task::spawn_blocking(move || {
+                    matching(&root, &dir, kind, writable, &pattern, &prefix)
+                })
+                .await
+                .map_err(|e| (451, e.to_string()))?
+                .map_err(|e| (550, format!("{shown}: {e}")));
+            }
+        };
         tokio::task::spawn_blocking(move || listing(&root, &real, kind, writable))
             .await
             .map_err(|e| (451, e.to_string()))?
@@ -2821,11 +2855,65 @@ fn is_part_file(name: &[u8]) -> bool {
     name.starts_with(b".") && name.windows(11).any(|w| w == b".xftp-part-")
 }
 
+/// A shell pattern (`*`, `?`, `[...]`) where `name` holds one.
+fn wildcard(name: &[u8]) -> Option<glob::Pattern> {
+    if !name.iter().any(|b| matches!(b, b'*' | b'?' | b'[')) {
+        return None;
+    }
+    glob::Pattern::new(&xftp_proto::name::decode(name)).ok()
+}
+
+/// The entries of `dir` whose names match `pattern` (a shell's rules:
+/// `*` does not match a leading dot), as [`listing`] gives them, each
+/// name after `prefix`. None matching is 550, as a missing name is.
+fn matching(
+    root: &fs::Root,
+    dir: &std::path::Path,
+    kind: ListKind,
+    writable: bool,
+    pattern: &glob::Pattern,
+    prefix: &[u8],
+) -> std::io::Result<(Vec<u8>, Unlisted)> {
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: true,
+    };
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "No such file or directory",
+        ));
+    }
+    let keep = |name: &[u8]| pattern.matches_with(&xftp_proto::name::decode(name), opts);
+    let (body, unlisted) = listing_where(root, dir, kind, writable, &keep, prefix)?;
+    if body.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "No such file or directory (nothing matches)",
+        ));
+    }
+    Ok((body, unlisted))
+}
+
 fn listing(
     root: &fs::Root,
     real: &std::path::Path,
     kind: ListKind,
     writable: bool,
+) -> std::io::Result<(Vec<u8>, Unlisted)> {
+    listing_where(root, real, kind, writable, &|_| true, b"")
+}
+
+/// [`listing`] of the entries whose names `keep` takes, each listed as
+/// `prefix` and its name.
+fn listing_where(
+    root: &fs::Root,
+    real: &std::path::Path,
+    kind: ListKind,
+    writable: bool,
+    keep: &dyn Fn(&[u8]) -> bool,
+    prefix: &[u8],
 ) -> std::io::Result<(Vec<u8>, Unlisted)> {
     use std::os::unix::ffi::OsStrExt;
     let md = std::fs::metadata(real)?;
@@ -2833,6 +2921,13 @@ fn listing(
     let mut unlisted = Unlisted::default();
     // `link_to`: a symbolic link to a directory, and where it leads.
     let mut push = |name: &[u8], md: &std::fs::Metadata, link_to: Option<&[u8]>| {
+        let shown;
+        let name = if prefix.is_empty() {
+            name
+        } else {
+            shown = [prefix, name].concat();
+            &shown[..]
+        };
         match kind {
             ListKind::List => out.extend_from_slice(&fs::list_line(name, md, link_to)),
             ListKind::Nlst => out.extend_from_slice(name),
@@ -2860,7 +2955,7 @@ fn listing(
     for e in entries {
         let name = e.file_name();
         let name = name.as_bytes();
-        if is_part_file(name) {
+        if is_part_file(name) || !keep(name) {
             continue;
         }
         if name.contains(&b'\n') || name.contains(&b'\r') {

@@ -422,3 +422,60 @@ fn globus_url_copy_mode_e_both_directions() {
         }
     }
 }
+
+/// ftp(1)'s `mget *.txt` sends `NLST *.txt` and fetches the names that
+/// come back: the server matches a last component with wildcards against
+/// its directory (`d/*.txt` gives `d/x.txt`); `*` skips dot files; no
+/// match is 550.
+#[test]
+fn nlst_and_list_expand_wildcards_in_the_last_component() {
+    let py = python();
+    if Command::new(py)
+        .arg("-c")
+        .arg("import ftplib")
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("python3 with ftplib is required");
+        }
+        eprintln!("SKIP: no python3");
+        return;
+    }
+    let srv = serve(&["--anonymous"]);
+    let root = srv.root.path();
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    for f in ["a.txt", "b.txt", "c.bin", ".h.txt", "d/x.txt", "d/y.dat"] {
+        std::fs::write(root.join(f), f).unwrap();
+    }
+    let script = r#"
+import ftplib, sys
+f = ftplib.FTP()
+f.connect('127.0.0.1', int(sys.argv[1]), timeout=60)
+f.login()
+assert f.nlst('*.txt') == ['a.txt', 'b.txt'], f.nlst('*.txt')
+assert f.nlst('d/*.t?t') == ['d/x.txt'], f.nlst('d/*.t?t')
+lines = []
+f.retrlines('LIST [ab].*', lines.append)
+assert [l.split()[-1] for l in lines] == ['a.txt', 'b.txt'], lines
+for pat in ('*.zip', 'nod/*.txt', 'd/*/x'):
+    try:
+        f.nlst(pat)
+        raise SystemExit('no error for ' + pat)
+    except ftplib.error_perm as e:
+        assert str(e).startswith('550'), e
+f.retrbinary('RETR d/x.txt', lambda b: None)
+f.quit()
+"#;
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(srv.port.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ftplib: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
