@@ -122,6 +122,25 @@ impl Partial {
                 std::io::Error::other("not a regular file: remove it and run again"),
             )
         })?;
+        // One run at a time: a second `-c` of the same target would write
+        // the same partial and rename it from under the first.
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid descriptor; the lock lives as long as `file`.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = io::Error::last_os_error();
+                return Err(ResumeError::Io(
+                    path.clone(),
+                    if e.kind() == io::ErrorKind::WouldBlock {
+                        io::Error::other(
+                            "another xftp is resuming this download now: wait for it to end",
+                        )
+                    } else {
+                        e
+                    },
+                ));
+            }
+        }
         let md = file.metadata().map_err(io_err(&path))?;
         let on_disk = md.len();
         let mut had = RangeSet::new();
@@ -261,6 +280,22 @@ mod tests {
             Partial::open(&target, "h:21/f.bin", m),
             Err(ResumeError::Changed { .. })
         ));
+    }
+
+    #[test]
+    fn one_run_at_a_time_resumes_a_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f");
+        let first = Partial::open(&target, "s", meta(10)).unwrap();
+        match Partial::open(&target, "s", meta(10)) {
+            Err(ResumeError::Io(p, e)) => {
+                assert_eq!(p, partial_path(&target));
+                assert!(e.to_string().contains("another xftp"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(first);
+        assert!(Partial::open(&target, "s", meta(10)).is_ok());
     }
 
     #[test]
