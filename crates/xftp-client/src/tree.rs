@@ -247,9 +247,10 @@ pub async fn get_tree(
     let start = Instant::now();
     let first = connect(Role::Small).await?;
     let mut report = TreeReport::default();
+    let made = !local.exists();
     std::fs::create_dir_all(local).map_err(|e| local_err(local, e))?;
     // A run over some files only lists their directories.
-    let walked = walk(
+    let walked = match walk(
         first,
         &connect,
         remote,
@@ -257,7 +258,20 @@ pub async fn get_tree(
         opt.concurrency,
         opt.only.as_deref(),
     )
-    .await?;
+    .await
+    {
+        Ok(w) => w,
+        Err(e) => {
+            // A remote that is a file or is missing: no empty directory
+            // left behind for it (one that holds what was listed stays).
+            if made {
+                let _ = std::fs::remove_dir(local);
+            }
+            return Err(e);
+        }
+    };
+    let dir_facts = walked.dir_facts;
+    let top = local.to_owned();
     report.dirs = walked.dirs;
     report.other = walked.other;
     report.unlisted = walked.unlisted;
@@ -315,8 +329,37 @@ pub async fn get_tree(
     };
     let reports = spread(sessions, connect, q, opt, run).await;
     report.merge(reports);
+    if opt.preserve {
+        keep_dir_facts(&top, dir_facts);
+    }
     report.elapsed = start.elapsed();
     Ok(report)
+}
+
+/// The remote directories' times and permission bits on the local ones,
+/// once their files are in (a file put in a directory changes its time).
+/// The owner keeps full rights to each, so that a later `-c` run can
+/// still add to it (a remote 555 comes back 755).
+fn keep_dir_facts(local: &Path, mut facts: Vec<(String, Option<i64>, Option<u32>)>) {
+    use std::os::unix::fs::PermissionsExt;
+    // The deepest first; none of this changes a parent's time.
+    facts.sort_by_key(|(rel, ..)| std::cmp::Reverse(rel.matches('/').count()));
+    for (rel, mtime, mode) in facts {
+        let p = local_path(local, &rel);
+        if let Some(m) = mode {
+            let m = (m & 0o777) | 0o700;
+            if let Err(e) = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)) {
+                tracing::warn!("{}: cannot set the permissions: {e}", p.display());
+            }
+        }
+        if let Some(t) = mtime {
+            let r = std::fs::File::open(&p)
+                .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
+            if let Err(e) = r {
+                tracing::warn!("{}: cannot set the modification time: {e}", p.display());
+            }
+        }
+    }
 }
 
 /// What walking a remote tree found.
@@ -327,6 +370,8 @@ struct Walked {
     dirs: usize,
     other: usize,
     unlisted: usize,
+    /// Each directory's time and mode, as listed: set once its files are in.
+    dir_facts: Vec<(String, Option<i64>, Option<u32>)>,
 }
 
 /// List the tree under `remote` (MLSD gives sizes, times, modes; LIST
@@ -366,6 +411,7 @@ async fn walk(
         /// gives them), by path: a directory whose fact one above it has
         /// is a link back up the tree.
         uniques: std::collections::HashMap<String, String>,
+        dir_facts: Vec<(String, Option<i64>, Option<u32>)>,
     }
     fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, WalkState> {
         sh.st.lock().unwrap_or_else(|p| p.into_inner())
@@ -414,6 +460,7 @@ async fn walk(
                     let p = local_path(local, &rel);
                     std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
                     st.ndirs += 1;
+                    st.dir_facts.push((rel.clone(), e.modify, e.mode));
                     if sh.needed.as_ref().map_or(true, |n| n.contains(&rel)) {
                         st.dirs.push_back(rel);
                     }
@@ -527,6 +574,7 @@ async fn walk(
         dirs: st.ndirs,
         other: st.other,
         unlisted: st.unlisted,
+        dir_facts: st.dir_facts,
     })
 }
 

@@ -716,3 +716,43 @@ fn links_to_directories_are_listed_as_links() {
     assert!(!work.join("copy/current").exists());
     assert_eq!(std::fs::read(work.join("copy/alink")).unwrap(), b"a");
 }
+
+#[test]
+fn get_r_keeps_directory_times_and_modes_and_leaves_nothing_for_a_missing_tree() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, work) = (dir.path().join("root"), dir.path().join("work"));
+    std::fs::create_dir_all(root.join("t/a/b")).unwrap();
+    std::fs::create_dir_all(root.join("t/ro")).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(root.join("t/a/b/f"), b"f").unwrap();
+    std::fs::write(root.join("t/ro/g"), b"g").unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_577_934_245);
+    for (d, mode) in [("t/a", 0o750), ("t/a/b", 0o711), ("t/ro", 0o555)] {
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::File::open(root.join(d))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let srv = serve(&root, &[]);
+    let base = format!("ftp://127.0.0.1:{}", srv.port);
+    let out = xftp(&["get", "-r", &format!("{base}/t/"), "copy"], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The owner keeps full rights: a remote 555 comes back 755.
+    for (d, mode) in [("a", 0o750), ("a/b", 0o711), ("ro", 0o755)] {
+        let md = std::fs::metadata(work.join("copy").join(d)).unwrap();
+        assert_eq!(md.mode() & 0o777, mode, "{d}");
+        assert_eq!(md.modified().unwrap(), old, "{d}");
+    }
+    // A missing tree, or a file given as one: no empty directory left.
+    for remote in ["nope/", "t/a/b/f/"] {
+        let out = xftp(&["get", "-r", &format!("{base}/{remote}"), "gone"], &work);
+        assert!(!out.status.success());
+        assert!(!work.join("gone").exists(), "{remote}");
+    }
+}
