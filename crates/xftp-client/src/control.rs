@@ -106,6 +106,9 @@ pub struct Control {
     unanswered: usize,
 }
 
+/// What the replies of an exchange that failed part-way are owed to.
+const FAILED_EXCHANGE: &str = "(a command of a failed exchange)";
+
 impl Control {
     /// Wrap a connected stream.
     pub fn new(stream: impl Into<Stream>, reply_timeout: Duration) -> Result<Control> {
@@ -266,7 +269,13 @@ impl Control {
             return None;
         }
         if let Some(c) = self.owed.pop_front() {
-            if !r.is_success() {
+            // A command sent without waiting that failed is worth a
+            // warning; the rest of an exchange that failed already is
+            // not: its error says it once (six logins of a `-p 4` to a
+            // server that requires TLS printed six 530s).
+            if !r.is_success() && c.verb == FAILED_EXCHANGE {
+                tracing::debug!("{}: {} {}", c.verb, r.code, reply_text(&r));
+            } else if !r.is_success() {
                 tracing::warn!("{}: {} {}", c.display(), r.code, reply_text(&r));
             }
             return None;
@@ -287,8 +296,7 @@ impl Control {
     pub async fn skip_unanswered(&mut self, grace: Duration) -> bool {
         let left = self.unanswered.saturating_sub(self.owed.len());
         for _ in 0..left {
-            self.owed
-                .push_back(Cmd::bare("(a command of a failed exchange)"));
+            self.owed.push_back(Cmd::bare(FAILED_EXCHANGE));
         }
         let deadline = tokio::time::Instant::now() + grace;
         while !self.owed.is_empty() {

@@ -545,13 +545,15 @@ async fn walk(
         let c = connect.clone();
         opening.spawn(async move { c(Role::Small).await });
     }
+    let mut refused = Vec::new();
     while let Some(r) = opening.join_next().await {
         match r {
             Ok(Ok(c)) => spawn(&mut set, c),
-            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
-            Err(e) => tracing::warn!("one session fewer: {e}"),
+            Ok(Err(e)) => refused.push(e.to_string()),
+            Err(e) => refused.push(e.to_string()),
         }
     }
+    warn_fewer(&refused);
     let mut sessions = Vec::new();
     while let Some(r) = set.join_next().await {
         if let Ok(c) = r {
@@ -918,15 +920,33 @@ async fn open_sessions(connect: &Connect, role: Role, k: usize) -> Vec<Client> {
         let c = connect.clone();
         opening.spawn(async move { c(role).await });
     }
-    let mut out = Vec::new();
+    let (mut out, mut refused) = (Vec::new(), Vec::new());
     while let Some(r) = opening.join_next().await {
         match r {
             Ok(Ok(c)) => out.push(c),
-            Ok(Err(e)) => tracing::warn!("one session fewer: {e}"),
-            Err(e) => tracing::warn!("one session fewer: {e}"),
+            Ok(Err(e)) => refused.push(e.to_string()),
+            Err(e) => refused.push(e.to_string()),
         }
     }
+    warn_fewer(&refused);
     out
+}
+
+/// One warning for the sessions that could not be opened (a server's
+/// per-address limit refuses them all alike), not one each.
+fn warn_fewer(refused: &[String]) {
+    match refused {
+        [] => {}
+        [e] => tracing::warn!("one session fewer: {e}"),
+        [e, ..] if refused.iter().all(|r| r == e) => {
+            tracing::warn!("{} sessions fewer: {e}", refused.len())
+        }
+        [e, ..] => tracing::warn!(
+            "{} sessions fewer: {e} (and {} other errors)",
+            refused.len(),
+            refused.len() - 1
+        ),
+    }
 }
 
 /// Run the workers: the large-file sessions if there are large files
