@@ -142,7 +142,7 @@ pub enum ClientError {
     #[error("TLS: {0}")]
     Tls(String),
     /// `-c`: the source is not the one the partial file came from.
-    #[error("the source changed since the partial download ({was}; now {now}): resuming would splice two versions")]
+    #[error("the source changed since the partial transfer ({was}; now {now}): resuming would splice two versions")]
     SourceChanged {
         /// The partial file, left as it was.
         partial: PathBuf,

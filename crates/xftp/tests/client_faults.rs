@@ -884,3 +884,39 @@ fn a_range_reset_mid_read_leaves_its_session_in_step() {
     assert!(retrs >= 3, "{cmds:?}");
     assert!(cmds.iter().any(|c| c == "PWD"), "no resync: {cmds:?}");
 }
+
+/// Local mistakes are named before anything connects (port 1 has no
+/// server): `-` as a target, a target directory that is not there, a
+/// tree to upload that is missing or is a file.
+#[test]
+fn local_mistakes_are_named_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    for (args, says) in [
+        (
+            &["get", "ftp://127.0.0.1:1/f", "-"][..],
+            "(standard output) is not a target",
+        ),
+        (
+            &["get", "ftp://127.0.0.1:1/f", "nd/"],
+            "nd/ does not exist as a directory",
+        ),
+        (
+            &["put", "-r", "missing", "ftp://127.0.0.1:1/x/"],
+            "missing does not exist",
+        ),
+        (
+            &["put", "-r", "file", "ftp://127.0.0.1:1/x/"],
+            "file is not a directory",
+        ),
+    ] {
+        let out = xftp(args, dir.path());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("cannot connect"), "{args:?}: {err}");
+    }
+    assert!(!dir.path().join("-").exists() && !dir.path().join("nd").exists());
+}

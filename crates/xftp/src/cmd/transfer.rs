@@ -799,6 +799,14 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     let target = match &a.local {
         None => xftp_proto::name::to_path(&name),
         Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(&name)),
+        // Checked before connecting: each is a mistake the user can fix.
+        Some(p) if p.as_os_str() == "-" => anyhow::bail!(
+            "`-` (standard output) is not a target: a download goes to a file and is renamed into place once complete — give a file name (./- for a file named -)"
+        ),
+        Some(p) if p.as_os_str().as_encoded_bytes().ends_with(b"/") => anyhow::bail!(
+            "{} does not exist as a directory — make it first (mkdir -p), or drop the trailing / to name the file",
+            p.display()
+        ),
         Some(p) => p.clone(),
     };
     let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
@@ -836,9 +844,15 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
     if a.t.recursive {
         let r = async {
             let url = FtpUrl::parse(&a.url)?;
+            if !a.local.exists() {
+                anyhow::bail!(
+                    "{} does not exist — put -r takes a local directory",
+                    a.local.display()
+                );
+            }
             if !a.local.is_dir() {
                 anyhow::bail!(
-                    "{} is not a directory — put -r takes a local directory",
+                    "{} is not a directory — put -r takes a local directory (put without -r sends one file)",
                     a.local.display()
                 );
             }
@@ -1330,6 +1344,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 url.authority()
             )),
             (550, Op::Ls) => Some("check the directory path".into()),
+            (550 | 553, Op::Put) if e.to_string().contains("Is a directory") => Some(
+                "the target is a directory: end the URL with / to upload into it under the local name"
+                    .into(),
+            ),
             (550 | 553, Op::Put) => Some(
                 "check that the remote directory exists and that you may write there (`xftp ls`)"
                     .into(),
