@@ -953,7 +953,7 @@ impl Session {
             "CKSM MD5:10;ADLER32:10;CRC32:10;CRC32C:10;SHA1:10;SHA256:11;SHA512:12;",
             "MDTM",
             "MFMT",
-            "MLST type*;size*;modify*;perm*;UNIX.mode*;",
+            "MLST type*;size*;modify*;perm*;UNIX.mode*;unique*;",
             "MULT",
             "MODE E",
             "CACHE",
@@ -1102,7 +1102,7 @@ impl Session {
                 }
             }
         } else if up.starts_with("MLST") {
-            self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;")
+            self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;unique;")
                 .await
         } else {
             self.reply(501, format!("Option not understood: {o}")).await
@@ -1445,10 +1445,15 @@ impl Session {
             Err(e) => return self.reply_fs(&v, &e).await,
         };
         let when = xftp_proto::facts::system_time(secs);
-        let r = crate::fs::open_plain_read(&p).and_then(|f| f.set_modified(when));
+        // The time the file has now: a file system clamps what it cannot
+        // hold (year 9999 became 2446 on ext4), and the reply says so.
+        let r = crate::fs::open_plain_read(&p).and_then(|f| {
+            f.set_modified(when)?;
+            f.metadata()
+        });
         match r {
-            Ok(()) => {
-                let t = fs::mdtm_string(secs);
+            Ok(md) => {
+                let t = fs::mdtm_string(fs::mtime_secs(&md));
                 self.reply(213, format!("Modify={t}; {}", v.display()))
                     .await
             }

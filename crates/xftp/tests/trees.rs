@@ -627,6 +627,10 @@ fn entries_the_server_cannot_list_are_reported_not_dropped_silently() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
+        err.contains("the server left 1 entry out of this listing"),
+        "{err}"
+    );
+    assert!(
         err.contains("1 entry not listed (1 with a line break"),
         "{err}"
     );

@@ -938,6 +938,15 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| explain(e, Op::Ls, &url))?;
         let elapsed = t0.elapsed();
         let tls = client.tls_info();
+        // The final reply's "N entries not listed" (xftp serve): said, so
+        // that a listing is not taken for all there is.
+        let unlisted = client.take_unlisted();
+        if unlisted > 0 && !a.common.json {
+            eprintln!(
+                "xftp ls: the server left {unlisted} entr{} out of this listing (see its final reply with -v)",
+                if unlisted == 1 { "y" } else { "ies" }
+            );
+        }
         client.quit().await;
         Ok::<_, anyhow::Error>((listing, elapsed, tls))
     }
