@@ -309,7 +309,31 @@ pub fn json(out: &Output) -> serde_json::Value {
 
 /// A loopback port free a moment ago, for a server that takes its port
 /// on the command line.
+/// A port for a server that takes its port as a number (vsftpd,
+/// ProFTPD, ...): free now, and below the kernel's ephemeral range, so
+/// that no other test's passive listener or outgoing connection takes it
+/// before the server binds it (a vsftpd's passive port once did, and the
+/// server started on it could not listen).
 pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.max(10_100));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut x = u64::from(nanos) ^ (u64::from(std::process::id()) << 32);
+    for _ in 0..1000 {
+        // xorshift: a different start in each test and process.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = from + (x % u64::from(to - from)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
