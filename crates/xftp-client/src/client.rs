@@ -1627,13 +1627,7 @@ impl Client {
                         .after_failure(&c_stor, ClientError::DataIo(reset))
                         .await;
                     let xftp = self.mult_ok || self.features().await.is_ok_and(|f| f.mult);
-                    let mut cleared = xftp;
-                    if !xftp {
-                        let c = Cmd::with("DELE", remote);
-                        if self.send(&[&c]).await.is_ok() {
-                            cleared = self.ctl.read_reply().await.is_ok_and(|r| r.code == 250);
-                        }
-                    }
+                    let cleared = xftp || self.command("DELE", Some(remote), &[250]).await.is_ok();
                     return Err(ClientError::LocalFileChanged {
                         expected,
                         read,

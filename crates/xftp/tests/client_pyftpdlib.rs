@@ -545,14 +545,7 @@ fn an_upload_of_a_file_that_changes_leaves_no_copy_on_a_stock_server() {
     }
     let d = dirs();
     let server = pyftpd(&d.srv);
-    let shrink = |p: &Path| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_len(3_000_000)
-            .unwrap()
-    };
+    let shrink = |p: &Path| support::shrink(p, 3_000_000);
     let grow = |p: &Path| {
         let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
         std::io::Write::write_all(&mut f, &[7u8; 1_000_000]).unwrap();

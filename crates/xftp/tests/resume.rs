@@ -662,14 +662,7 @@ fn an_upload_of_a_file_that_changes_leaves_the_old_copy_on_an_xftp_server() {
     let out = support::put_while_changing(
         &local,
         &format!("ftp://127.0.0.1:{}/t.bin", srv.port),
-        |p| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(p)
-                .unwrap()
-                .set_len(3_000_000)
-                .unwrap()
-        },
+        |p| support::shrink(p, 3_000_000),
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");

@@ -240,19 +240,9 @@ fn lftp_get_put_ls_mirror_and_pget() {
 
 #[test]
 fn python_ftplib_passive_and_active() {
-    let py = python();
-    if Command::new(py)
-        .arg("-c")
-        .arg("import ftplib")
-        .status()
-        .map_or(true, |s| !s.success())
-    {
-        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("python3 with ftplib is required");
-        }
-        eprintln!("SKIP: no python3");
+    let Some(py) = python_with_ftplib() else {
         return;
-    }
+    };
     let srv = serve(&["--anonymous-write"]);
     let local = tempfile::tempdir().unwrap();
     let srcs = sources(srv.root.path());
@@ -429,19 +419,9 @@ fn globus_url_copy_mode_e_both_directions() {
 /// match is 550.
 #[test]
 fn nlst_and_list_expand_wildcards_in_the_last_component() {
-    let py = python();
-    if Command::new(py)
-        .arg("-c")
-        .arg("import ftplib")
-        .status()
-        .map_or(true, |s| !s.success())
-    {
-        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("python3 with ftplib is required");
-        }
-        eprintln!("SKIP: no python3");
+    let Some(py) = python_with_ftplib() else {
         return;
-    }
+    };
     let srv = serve(&["--anonymous"]);
     let root = srv.root.path();
     std::fs::create_dir_all(root.join("d")).unwrap();
@@ -478,4 +458,23 @@ f.quit()
         "ftplib: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A Python with ftplib, or `None` after saying why the test skips (a
+/// failure instead under XFTP_REQUIRE_PEERS=1).
+fn python_with_ftplib() -> Option<&'static str> {
+    let py = python();
+    let ok = Command::new(py)
+        .arg("-c")
+        .arg("import ftplib")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("python3 with ftplib is required");
+        }
+        eprintln!("SKIP: no python3");
+        return None;
+    }
+    Some(py)
 }

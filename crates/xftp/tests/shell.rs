@@ -649,29 +649,11 @@ fn reget_and_reput_continue_what_a_cut_transfer_left() {
     );
     // Each moved only what was missing; the download says what it found.
     for name in ["f.bin", "up.bin"] {
-        let moved = err
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(": ")?
-                    .split(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no summary for {name}: {err}"));
-        assert!(moved < SIZE, "{name} moved whole: {err}");
+        assert!(moved(&err, name) < SIZE, "{name} moved whole: {err}");
     }
     assert!(err.contains("bytes were in place already"), "{err}");
     // Nothing left behind at either end.
-    for d in [&local, &root] {
-        let left: Vec<_> = std::fs::read_dir(d)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().contains("xftp-part"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
-    }
+    assert_no_partials(&[&local, &root]);
 }
 
 #[test]
@@ -708,18 +690,6 @@ fn mget_and_mput_with_c_continue_a_cut_file_and_skip_complete_ones() {
     ));
     assert!(!local.join("a.bin").exists() && !root.join("c.up").exists());
 
-    let moved = |err: &str, name: &str| -> u64 {
-        err.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(": ")?
-                    .split(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no summary for {name}: {err}"))
-    };
     let script = format!("open {base}/\nmult 4\nmget -c *.bin\nmput -c *.up\nquit\n");
     let out = run_script(&[], &script, &local, &cache);
     let err = text(&out.stderr);
@@ -758,14 +728,7 @@ fn mget_and_mput_with_c_continue_a_cut_file_and_skip_complete_ones() {
     let err = text(&out.stderr);
     assert!(err.contains("mget: 2 files, 12300008 bytes"), "{err}");
     assert!(err.contains("mget -c needs a pattern"), "{err}");
-    for d in [&local, &root] {
-        let left: Vec<_> = std::fs::read_dir(d)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().contains("xftp-part"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
-    }
+    assert_no_partials(&[&local, &root]);
 }
 
 #[test]
@@ -798,4 +761,31 @@ fn a_session_the_server_closed_while_idle_is_opened_again_for_the_next_command()
     );
     assert_eq!(std::fs::read(local.join("x")).unwrap(), b"hello");
     assert_eq!(text(&out.stdout).trim(), "/d");
+}
+
+/// The bytes the shell's summary line for `name` says moved
+/// (`NAME: BYTES bytes in ...`).
+fn moved(err: &str, name: &str) -> u64 {
+    err.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(": ")?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no summary for {name}: {err}"))
+}
+
+/// No partial (`*xftp-part*`) left in any of `dirs`.
+fn assert_no_partials(dirs: &[&Path]) {
+    for d in dirs {
+        let left: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("xftp-part"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }

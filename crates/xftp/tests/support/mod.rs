@@ -395,3 +395,13 @@ pub fn put_while_changing(cwd: &Path, url: &str, change: impl FnOnce(&Path)) -> 
     change(&local);
     child.wait_with_output().expect("wait for xftp put")
 }
+
+/// Cut `path` to `len` bytes in place (a file shrinking under a reader).
+pub fn shrink(path: &Path, len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap()
+}
