@@ -347,6 +347,14 @@ fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
     assert!(err.contains("with -c a cut download is kept"), "{err}");
     assert!(!err.contains("nothing was kept"), "{err}");
     assert_eq!(entries(dir.path()), Vec::<String>::new());
+    // The JSON object says what moved before the failure.
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        (&j["status"], &j["bytes"]),
+        (&"error".into(), &600.into()),
+        "{j}"
+    );
+    assert_eq!(j["per_stream_bytes"], serde_json::json!([600]), "{j}");
 }
 
 #[test]

@@ -258,8 +258,35 @@ fn progress_for(
 ) {
     let v = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
     let mode = super::progress::Mode::choose(t.quiet, json, t.json_progress, v);
-    let p = (mode.bar || mode.json).then(make);
+    // Counted for `--json` too, so that a failure's summary can say what
+    // had moved before it.
+    let p = (mode.bar || mode.json || json).then(make);
+    if let Some(p) = &p {
+        COUNTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p.clone());
+    }
     (p, mode)
+}
+
+/// The progress counters of every run of this command, read when it fails.
+static COUNTED: std::sync::Mutex<Vec<std::sync::Arc<xftp_client::Progress>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Bytes the data connections of every run so far carried, and those of
+/// the last run per connection (a failure's summary).
+fn counted_so_far() -> (u64, Vec<u64>) {
+    let runs = COUNTED.lock().unwrap_or_else(|e| e.into_inner());
+    let snaps: Vec<_> = runs.iter().map(|p| p.snapshot()).collect();
+    let bytes = snaps.iter().map(|s| s.bytes).sum();
+    (
+        bytes,
+        snaps
+            .last()
+            .map(|s| s.per_stream.clone())
+            .unwrap_or_default(),
+    )
 }
 
 fn parse_rate(s: &str) -> Result<u64, String> {
@@ -439,7 +466,8 @@ impl LsArgs {
 /// The one JSON object of a get, put or ls stopped by a signal, as for any
 /// other failure.
 pub fn print_interrupted(why: &str, total: Duration) {
-    let s = Summary::failed(format!("interrupted ({why})"), total);
+    let mut s = Summary::failed(format!("interrupted ({why})"), total);
+    (s.bytes, s.per_stream_bytes) = counted_so_far();
     if let Ok(line) = serde_json::to_string(&s) {
         println!("{line}");
     }
@@ -1464,10 +1492,9 @@ fn finish_runs(
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");
-            (
-                Summary::failed(msg, start.elapsed()).runs(runs),
-                ExitCode::FAILURE,
-            )
+            let mut s = Summary::failed(msg, start.elapsed()).runs(runs);
+            (s.bytes, s.per_stream_bytes) = counted_so_far();
+            (s, ExitCode::FAILURE)
         }
     };
     if json {
