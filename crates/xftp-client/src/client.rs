@@ -1877,12 +1877,42 @@ impl Client {
     }
 
     /// `LIST [path]` over one plain data connection; the raw listing.
+    ///
+    /// An empty listing of a path that is no directory (CWD) and no file
+    /// (SIZE) is [`ClientError::NotThere`]: some servers (vsftpd) answer
+    /// a missing path with nothing and 226, which would read as an empty
+    /// directory.
     pub async fn list(&mut self, path: Option<&str>) -> Result<Vec<u8>> {
         let c_list = match path {
             Some(p) if !p.is_empty() => Cmd::with("LIST", p),
             _ => Cmd::bare("LIST"),
         };
-        self.listing(c_list).await
+        let out = self.listing(c_list).await?;
+        match path {
+            // `-l` and such are options of the server's ls, not paths.
+            Some(p) if out.is_empty() && !p.is_empty() && !p.starts_with('-') => {
+                if !self.is_dir(p).await? && self.size(p).await?.is_none() {
+                    return Err(ClientError::NotThere { path: p.to_owned() });
+                }
+                Ok(out)
+            }
+            _ => Ok(out),
+        }
+    }
+
+    /// Whether `path` is a directory the session can enter: CWD into it
+    /// and back to where the session was.
+    pub async fn is_dir(&mut self, path: &str) -> Result<bool> {
+        let home = self.pwd().await?;
+        let there = Cmd::with("CWD", path);
+        let back = Cmd::with("CWD", &home);
+        self.send(&[&there, &back]).await?;
+        let entered = self.ctl.read_reply().await?.code == 250;
+        let r = self.ctl.read_reply().await?;
+        if r.code != 250 {
+            return Err(unexpected(&back, &r));
+        }
+        Ok(entered)
     }
 
     /// A listing command over one plain data connection, at most

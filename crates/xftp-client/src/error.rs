@@ -31,6 +31,14 @@ pub enum ClientError {
         /// Why it failed.
         reason: String,
     },
+    /// A listing came back empty for a path that is neither a directory
+    /// (CWD) nor a file (SIZE) there: vsftpd and others answer LIST of a
+    /// missing path with an empty listing and 226.
+    #[error("{path}: no such file or directory on the server (its LIST sent nothing, and neither CWD nor SIZE finds the path)")]
+    NotThere {
+        /// The path as listed.
+        path: String,
+    },
     /// The server answered a command with a code we did not expect.
     /// `code` and `text` are the server's own words.
     #[error("{command}: server replied {code} {text}")]

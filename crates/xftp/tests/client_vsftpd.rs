@@ -175,6 +175,21 @@ fn get_and_put_against_vsftpd_without_mult() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("550"));
     assert!(!got.exists());
+    // vsftpd lists a missing path as nothing and 226: ls says it is
+    // missing and fails; an empty directory lists as empty and passes.
+    let out = xftp(&["ls", &format!("{base}/missing/")], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no such file or directory on the server"),
+        "{err}"
+    );
+    std::fs::create_dir(d.root.join("pub/empty")).unwrap();
+    let out = ok(
+        xftp(&["ls", &format!("{base}/empty/")], &d.local),
+        "ls empty",
+    );
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -1440,6 +1440,7 @@ fn keeps_session(e: &ClientError) -> bool {
     match e {
         ClientError::Reply { code, .. } => *code != 421,
         ClientError::BadArgument { .. }
+        | ClientError::NotThere { .. }
         | ClientError::Usage(_)
         | ClientError::ChecksumMismatch { .. } => true,
         _ => false,

@@ -1405,6 +1405,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             url.authority()
         )),
         ClientError::Resolve { .. } => Some("check the host name in the URL".into()),
+        ClientError::NotThere { .. } => Some(format!(
+            "check the path with `xftp ls ftp://{}/` (paths are relative to the login directory)",
+            url.authority()
+        )),
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; raise --timeout, or try --active / passive"
                 .into(),
