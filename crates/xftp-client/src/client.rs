@@ -1626,15 +1626,18 @@ impl Client {
                     let _ = self
                         .after_failure(&c_stor, ClientError::DataIo(reset))
                         .await;
-                    let xftp = self.mult_ok || self.features().await.is_ok_and(|f| f.mult);
-                    let cleared = xftp || self.command("DELE", Some(remote), &[250]).await.is_ok();
+                    let cleared = self.clear_cut_upload(remote, false).await;
                     return Err(ClientError::LocalFileChanged {
                         expected,
                         read,
                         cleared,
                     });
                 }
-                Err(e) => return Err(self.reason_from_server(&c_stor, e).await),
+                Err(e) => {
+                    let e = self.reason_from_server(&c_stor, e).await;
+                    self.clear_cut_upload(remote, true).await;
+                    return Err(e);
+                }
             };
             self.expect_complete(&c_stor).await?;
             let b = v[0];
@@ -1654,7 +1657,10 @@ impl Client {
                             tracing::info!("{e}, after the server had every byte (226): the upload is complete");
                             (sent, len - already, 0)
                         }
-                        (e, _) => return Err(e),
+                        (e, _) => {
+                            self.clear_cut_upload(remote, true).await;
+                            return Err(e);
+                        }
                     }
                 }
             }
@@ -1688,6 +1694,28 @@ impl Client {
             received_twice: 0,
             sent_twice,
         })
+    }
+
+    /// After an upload failed once its data had begun to move: a server
+    /// that writes STOR in place (a stock or GridFTP server; not an xftp
+    /// server, which lists MULT and keeps the old file until the new one
+    /// is whole) holds a prefix, or for MODE E scattered pieces, under the
+    /// target's name, where it would pass for the file. It is deleted
+    /// (STOR had truncated the old file already). Whether nothing is left:
+    /// `say` warns either way, since the user may need to act.
+    async fn clear_cut_upload(&mut self, remote: &str, say: bool) -> bool {
+        if self.mult_ok || self.features().await.is_ok_and(|f| f.mult) {
+            return true;
+        }
+        let cleared = self.command("DELE", Some(remote), &[250]).await.is_ok();
+        if say && cleared {
+            tracing::warn!("deleted the incomplete copy the server had written under {remote}");
+        } else if say {
+            tracing::warn!(
+                "the server may keep an incomplete copy under {remote} (it writes uploads in place, and could not be asked to delete it): delete it, or upload again"
+            );
+        }
+        cleared
     }
 
     // ---- automatic mode ----

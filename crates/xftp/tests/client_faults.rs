@@ -377,7 +377,7 @@ fn a_file_that_grew_during_the_download_is_not_called_short() {
 #[test]
 fn an_upload_the_server_gives_up_on_reports_its_reason() {
     // The reset data connection is not the story: the server's 426 is.
-    let (port, _) = fake_server(Script::DiskFull);
+    let (port, seen) = fake_server(Script::DiskFull);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big"), vec![7u8; 32 << 20]).unwrap();
     let url = format!("ftp://127.0.0.1:{port}/big");
@@ -385,6 +385,14 @@ fn an_upload_the_server_gives_up_on_reports_its_reason() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("No space left on device"), "{err}");
+    // A stock server wrote the prefix under the target's name: the client
+    // asks it to go, and says it may still be there (this one has no DELE).
+    let cmds: Vec<String> = seen.try_iter().collect();
+    assert!(cmds.iter().any(|c| c == "DELE big"), "{cmds:?}");
+    assert!(
+        err.contains("may keep an incomplete copy under big"),
+        "{err}"
+    );
 }
 
 #[test]
