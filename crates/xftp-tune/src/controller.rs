@@ -2454,12 +2454,14 @@ mod yardstick {
             _ => env("XFTP_TUNE_SEED", 2026),
         };
         let k: u64 = env("XFTP_TUNE_PATHS", 40);
+        // `XFTP_TUNE_FIRST=i XFTP_TUNE_PATHS=i+1`: path i alone.
+        let first: u64 = env("XFTP_TUNE_FIRST", 0);
         let max: u32 = env("XFTP_TUNE_MAX", 64);
         let cfg = TuneConfig {
             max_streams: max,
             ..TuneConfig::default()
         };
-        let v = (0..k)
+        let v = (first.min(k)..k)
             .map(|i| {
                 judge(
                     &GridPath::draw(seed, i),
@@ -2499,7 +2501,8 @@ mod yardstick {
             .ok()
             .and_then(|s| s.parse::<usize>().ok())
         {
-            v.get(i).map(print_steps);
+            let first: usize = env("XFTP_TUNE_FIRST", 0);
+            v.get(i.wrapping_sub(first)).map(print_steps);
         }
         let all = Score::of(&v);
         let near: Vec<Verdict> = v
