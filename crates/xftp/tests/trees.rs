@@ -229,6 +229,28 @@ fn a_tree_that_cannot_be_written_fails_loudly() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("550"));
+    // With --json, a tree's object, saying why.
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            "--json",
+            &format!("ftp://127.0.0.1:{}/nope/", srv.port),
+        ],
+        &work,
+    );
+    assert!(!out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        (&j["status"], &j["files"]),
+        (&"error".into(), &0.into()),
+        "{j}"
+    );
+    assert!(
+        j["error"].as_str().is_some_and(|e| e.contains("550")),
+        "{j}"
+    );
+    assert!(j["failed"].is_array(), "{j}");
     // put -r of a file.
     let out = xftp(
         &[

@@ -1215,6 +1215,10 @@ struct TreeSummary {
     /// Runs of the tree (`--retries`), when more than one.
     #[serde(skip_serializing_if = "is_one")]
     runs: u32,
+    /// Why the tree as a whole failed (no session, no listing): the
+    /// cause and the fix, as on stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 fn tree_finish(
@@ -1227,6 +1231,33 @@ fn tree_finish(
 ) -> anyhow::Result<ExitCode> {
     let r = match r {
         Ok(r) => r,
+        Err(e) if json => {
+            // The tree's shape, so that a program reads one schema.
+            let msg = format!("{e:#}");
+            eprintln!("xftp {what}: {msg}");
+            let (bytes, _) = counted_so_far();
+            let secs = start.elapsed().as_secs_f64();
+            let s = TreeSummary {
+                status: "error",
+                files: 0,
+                dirs: 0,
+                bytes,
+                skipped: 0,
+                other: 0,
+                unlisted: 0,
+                seconds: secs,
+                throughput_bps: 0.0,
+                sessions: 0,
+                large_files: 0,
+                large_bytes: 0,
+                large_seconds: 0.0,
+                failed: Vec::new(),
+                runs,
+                error: Some(msg),
+            };
+            println!("{}", serde_json::to_string(&s).context("formatting JSON")?);
+            return Ok(ExitCode::FAILURE);
+        }
         Err(e) => return finish_runs(Err(e), json, quiet, start, what, runs),
     };
     let secs = r.elapsed.as_secs_f64();
@@ -1250,6 +1281,7 @@ fn tree_finish(
         large_seconds: r.large.elapsed().as_secs_f64(),
         failed: r.failed.clone(),
         runs,
+        error: None,
     };
     if json {
         println!("{}", serde_json::to_string(&s).context("formatting JSON")?);
