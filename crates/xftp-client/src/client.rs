@@ -36,6 +36,10 @@ use crate::watchdog::Watchdog;
 /// Password sent for anonymous logins (RFC 1635 asks for an e-mail-like string).
 pub const ANONYMOUS_PASSWORD: &str = "xftp@example.invalid";
 
+/// How long a greeting may take before the user is told that the client
+/// is still waiting for one.
+const GREETING_NOTICE: Duration = Duration::from_secs(5);
+
 /// Chunk size for single-stream copies.
 const CHUNK: usize = 1024 * 1024;
 
@@ -395,6 +399,7 @@ impl Client {
     /// Use an already connected control stream; reads the greeting.
     pub async fn from_stream(stream: TcpStream, cfg: ClientConfig) -> Result<Client> {
         keepalive(&stream, cfg.reply_timeout);
+        let peer = stream.peer_addr().ok();
         let tls = match &cfg.tls {
             Some(t) => Some((
                 ClientTls::new(&t.verify, &t.server_name)
@@ -413,7 +418,26 @@ impl Client {
             _ => Control::new(stream, cfg.reply_timeout)?,
         };
         let greet = Cmd::bare("(greeting)");
-        let mut r = ctl.read_reply().await.map_err(|e| match e {
+        // An FTP server greets at once; a port that says nothing first (an
+        // implicit-TLS port waiting for a ClientHello, another service)
+        // would leave the user looking at nothing for the whole timeout.
+        let first = {
+            let read = ctl.read_reply();
+            tokio::pin!(read);
+            tokio::select! {
+                r = &mut read => r,
+                () = tokio::time::sleep(GREETING_NOTICE), if cfg.reply_timeout > GREETING_NOTICE => {
+                    tracing::warn!(
+                        "no greeting from {} after {} s; waiting up to {} s (--timeout). An FTP server greets at once: is this an implicit-TLS port (ftps://) or another service?",
+                        peer.map_or_else(|| "the server".to_owned(), |a| a.to_string()),
+                        GREETING_NOTICE.as_secs(),
+                        cfg.reply_timeout.as_secs()
+                    );
+                    read.await
+                }
+            }
+        };
+        let mut r = first.map_err(|e| match e {
             ClientError::Timeout { after, .. } => ClientError::NoGreeting { after },
             ClientError::Protocol(p) => ClientError::NotFtp(p.to_string()),
             // An FTP server that will not serve says so (421); one that

@@ -658,6 +658,27 @@ fn a_port_that_is_no_ftp_servers_is_named_as_such() {
         "{err}"
     );
     t.join().unwrap();
+    // Silent for longer than a greeting takes: the user hears that the
+    // client still waits, and why that is odd, before the timeout.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = thread::spawn(move || {
+        let c = l.accept().unwrap();
+        thread::sleep(Duration::from_millis(5600));
+        drop(c);
+    });
+    let out = xftp(
+        &["get", &format!("ftp://127.0.0.1:{port}/f"), "f"],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("no greeting from 127.0.0.1:{port} after 5 s"))
+            && err.contains("implicit-TLS port (ftps://)"),
+        "{err}"
+    );
+    t.join().unwrap();
 }
 
 /// Round trips (issue 3 point 9), counted without a clock on the client
