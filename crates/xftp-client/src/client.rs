@@ -2035,6 +2035,24 @@ impl Client {
             .collect())
     }
 
+    /// The facts of one path (MLST, RFC 3659) where FEAT lists MLST;
+    /// `None` where it does not, or refuses.
+    pub async fn mlst(&mut self, path: &str) -> Result<Option<xftp_proto::facts::Entry>> {
+        if !self.features().await?.mlst {
+            return Ok(None);
+        }
+        let c = Cmd::with("MLST", path);
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        if r.code != 250 {
+            return Ok(None);
+        }
+        Ok(r.lines
+            .iter()
+            .skip(1)
+            .find_map(|l| xftp_proto::facts::parse_mlst(l)))
+    }
+
     /// Create a remote directory; `Ok(false)` when the server refuses
     /// (it may exist already).
     pub async fn mkd(&mut self, path: &str) -> Result<bool> {

@@ -442,11 +442,13 @@ async fn walk(
                         // A server that lists a link to a directory as the
                         // directory (pyftpdlib): `x -> .` would copy the
                         // tree into itself until the path is too long.
-                        let mut up = d;
+                        // `d` and every directory above it, the top ("")
+                        // last.
+                        let mut up = Some(d);
                         let mut looped = false;
-                        while !up.is_empty() && !looped {
-                            looped = st.uniques.get(up) == Some(u);
-                            up = up.rsplit_once('/').map_or("", |(a, _)| a);
+                        while let (Some(p), false) = (up, looped) {
+                            looped = st.uniques.get(p) == Some(u);
+                            up = (!p.is_empty()).then(|| p.rsplit_once('/').map_or("", |(a, _)| a));
                         }
                         if looped {
                             tracing::warn!(
@@ -530,6 +532,12 @@ async fn walk(
         more: Notify::new(),
         needed,
     });
+    // The top's own `unique`, so that a link back to it is told at once
+    // (else its first step is copied once more). Best effort: a server
+    // without MLST gives none.
+    if let Ok(Some(u)) = first.mlst(remote).await.map(|e| e.and_then(|e| e.unique)) {
+        lock(&sh).uniques.insert(String::new(), u);
+    }
     list_one(&mut first, &sh, remote, local, "").await?;
     let subdirs = lock(&sh).dirs.len();
     let mut set = tokio::task::JoinSet::new();

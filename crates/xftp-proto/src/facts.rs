@@ -121,10 +121,25 @@ pub enum Kind {
 /// is not one.
 pub fn parse_mlsx(line: &str) -> Option<Entry> {
     let line = line.trim_end_matches(['\r', '\n']);
-    let (facts, name) = line.split_once(' ')?;
+    let (_, name) = line.split_once(' ')?;
     if name.is_empty() || name.contains('/') || name == "." || name == ".." {
         return None;
     }
+    parse_facts(line)
+}
+
+/// The facts of an MLST reply's entry line (` fact=value;...; /path`,
+/// the leading space included or not), whatever path it names: MLST
+/// gives the facts of the path asked for, which may hold `/` or be `.`.
+pub fn parse_mlst(line: &str) -> Option<Entry> {
+    let line = line.trim_start_matches(' ').trim_end_matches(['\r', '\n']);
+    line.split_once(' ')
+        .filter(|(facts, name)| facts.contains('=') && !name.is_empty())?;
+    parse_facts(line)
+}
+
+fn parse_facts(line: &str) -> Option<Entry> {
+    let (facts, name) = line.split_once(' ')?;
     let mut e = Entry {
         name: name.to_owned(),
         kind: Kind::Other,
@@ -394,6 +409,17 @@ mod tests {
             Kind::SelfOrParent
         );
         assert!(parse_mlsx("garbage").is_none());
+        // MLST's entry names the path asked for, `/` and all.
+        let top = parse_mlst(" type=dir;unique=803G1B; /pub/tree").unwrap();
+        assert_eq!(
+            (top.kind, top.unique.as_deref()),
+            (Kind::Dir, Some("803g1b"))
+        );
+        assert_eq!(
+            parse_mlst("type=cdir;unique=1g2; .").unwrap().kind,
+            Kind::SelfOrParent
+        );
+        assert!(parse_mlst("Listing /pub/tree").is_none());
         assert!(parse_mlsx("type=file; ../../etc/passwd").is_none());
     }
 }
