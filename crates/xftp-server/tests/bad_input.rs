@@ -445,3 +445,26 @@ async fn hostile_mode_e_uploads_are_refused_and_keep_nothing() {
     bad[0] = 0x01;
     hostile_upload("unknown descriptor bits", vec![bad, b"abcd".to_vec()], long).await;
 }
+
+#[tokio::test]
+async fn mfmt_sets_a_time_and_replies_with_the_one_the_file_has() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "f", b"data");
+    let mut c = Ctl::login(srv.addr).await;
+    let r = c.cmd("MFMT 20200102030405 f", 213).await;
+    assert!(r.text().starts_with("Modify=20200102030405; "), "{r:?}");
+    let t = std::fs::metadata(srv.dir.path().join("f"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(
+        t,
+        std::time::UNIX_EPOCH + Duration::from_secs(1_577_934_245)
+    );
+    // MDTM reads the same time back.
+    let r = c.cmd("MDTM f", 213).await;
+    assert_eq!(r.text(), "20200102030405");
+    c.cmd("MFMT 20200102030405 missing", 550).await;
+    c.cmd("MFMT yesterday f", 501).await;
+    c.cmd("NOOP", 200).await;
+}
