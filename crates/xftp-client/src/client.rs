@@ -1913,6 +1913,12 @@ impl Client {
         }
     }
 
+    /// Whether `--limit-rate` holds this session's transfers back: their
+    /// throughput then says nothing of the path.
+    pub fn rate_limited(&self) -> bool {
+        self.cfg.limit_rate.is_some()
+    }
+
     /// The kernel's smoothed RTT of the control connection (`TCP_INFO`).
     pub fn control_rtt(&self) -> Option<Duration> {
         self.ctl.rtt()

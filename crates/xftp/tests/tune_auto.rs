@@ -380,6 +380,33 @@ fn cache_is_written_and_the_next_transfer_starts_from_it() {
     assert_eq!(recs.len(), 1, "{cached}");
     assert_eq!(recs[0]["streams"], 3, "{cached}");
     assert_eq!(recs[0]["bytes"], len, "{cached}");
+    // One held back by --limit-rate says nothing of the path: its RTT
+    // only, no count and no rate.
+    let j = json_ok(
+        &xftp(
+            &d,
+            &[
+                "get",
+                &url,
+                "c1.bin",
+                "-p",
+                "5",
+                "--limit-rate",
+                "40M",
+                "--json",
+            ],
+        ),
+        "get --limit-rate",
+    );
+    check(&j, len, "get --limit-rate");
+    let cached: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let recs = cached[&key].as_array().unwrap();
+    assert_eq!(recs.len(), 2, "{cached}");
+    assert_eq!(
+        (&recs[1]["streams"], &recs[1]["throughput_bps"]),
+        (&0.into(), &0.0.into()),
+        "{cached}"
+    );
     let j = json_ok(&xftp(&d, &["get", &url, "c2.bin", "--json"]), "get auto");
     let t = &j["streams_timeline"];
     assert_eq!(t["start"], 3, "{t}");

@@ -1036,16 +1036,20 @@ fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -
     }
     if let Some(t) = &r.timeline {
         let secs = r.elapsed.as_secs_f64();
+        // Held back by --limit-rate: the RTT only, as `xftp probe` records
+        // (no count, no rate), so that no later `-p auto` starts from a
+        // count chosen under a limit.
+        let limited = client.rate_limited();
         let rec = PathRecord {
             when: xftp_tune::cache::now_secs(),
             rtt_us: t.rtt_floor_us.unwrap_or(0),
-            streams: t.best_streams,
-            throughput_bps: if secs > 0.0 {
+            streams: if limited { 0 } else { t.best_streams },
+            throughput_bps: if secs > 0.0 && !limited {
                 r.bytes as f64 * 8.0 / secs
             } else {
                 0.0
             },
-            bytes: r.bytes,
+            bytes: if limited { 0 } else { r.bytes },
         };
         record_path(&cache_key(url), rec);
     }
