@@ -66,8 +66,12 @@ impl LoginThrottle {
                 first: now,
                 last: now,
             });
-            // Failures older than the window are forgotten.
-            if now.saturating_duration_since(f.first) >= self.window && f.count < self.max.max(1) {
+            // Failures older than the window are forgotten, and so is a
+            // lockout once waited out: one mistyped password after it is
+            // one failure, not another lockout.
+            let locked = f.count >= self.max.max(1);
+            let since = if locked { f.last } else { f.first };
+            if now.saturating_duration_since(since) >= self.window {
                 *f = Failures {
                     count: 0,
                     first: now,
@@ -213,6 +217,11 @@ mod tests {
         assert_eq!(t.locked(b, t0 + Duration::from_secs(3)), None);
         assert!(t.locked(a, t0 + Duration::from_secs(61)).is_some());
         assert_eq!(t.locked(a, t0 + Duration::from_secs(62)), None);
+        // A lockout waited out is forgotten: the next failure is one of
+        // three again, not a new lockout.
+        assert_eq!(t.failed(a, t0 + Duration::from_secs(63)), None);
+        assert_eq!(t.failed(a, t0 + Duration::from_secs(64)), None);
+        assert!(t.failed(a, t0 + Duration::from_secs(65)).is_some());
         // An IPv4-mapped IPv6 address is the same client.
         t.failed(b, t0);
         t.failed(b, t0);
