@@ -246,6 +246,15 @@ impl UserDb {
         grant.filter(|_| ok)
     }
 
+    /// What `name` is granted now (access and home), if the user exists:
+    /// an update that changes only the password keeps them.
+    pub fn grant_of(&self, name: &str) -> Option<Grant> {
+        self.users.get(name).map(|e| Grant {
+            access: e.access,
+            home: e.home.clone(),
+        })
+    }
+
     /// True if `name` is a known user (used to pick the reply to USER).
     pub fn contains(&self, name: &str) -> bool {
         self.users.contains_key(name)

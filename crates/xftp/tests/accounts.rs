@@ -171,6 +171,15 @@ fn a_user_is_confined_to_their_home_with_their_rights() {
         &["--read-only", "--home", "users/bob"],
     );
     useradd(&users, "ghost", "ghost-pw", &["--home", "users/nobody"]);
+    // A password reset keeps what the user may do and where: the checks
+    // of `reader` below run after it.
+    useradd(&users, "reader", "reader-pw", &[]);
+    let text = std::fs::read_to_string(&users).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("reader:") && l.ends_with(":ro:users/bob")),
+        "{text}"
+    );
     let srv = serve(root.path(), &["--users", users.to_str().unwrap()], None);
 
     let (mut c, _) = Ctl::open(srv.port);

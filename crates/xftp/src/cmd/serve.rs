@@ -139,16 +139,24 @@ pub struct UseraddArgs {
     pub users: PathBuf,
     /// User name.
     pub name: String,
-    /// Read-only user (default: read-write).
-    #[arg(long)]
+    /// Read-only user (a new user is read-write; an existing one keeps
+    /// what it had unless this or --read-write is given).
+    #[arg(long, conflicts_with = "read_write")]
     pub read_only: bool,
+    /// Read-write user: makes an existing read-only user read-write.
+    #[arg(long)]
+    pub read_write: bool,
     /// Read the password from this file (first line) instead of standard input.
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
     /// The user's home directory, relative to the served root: the user's
-    /// sessions are confined to it.
-    #[arg(long, value_name = "DIR")]
+    /// sessions are confined to it (an existing user keeps its home unless
+    /// this or --no-home is given).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_home")]
     pub home: Option<String>,
+    /// No home directory: an existing user's sessions see the whole root.
+    #[arg(long)]
+    pub no_home: bool,
 }
 
 pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -319,16 +327,42 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
     } else {
         UserDb::default()
     };
-    let access = if a.read_only {
-        Access::ReadOnly
-    } else {
-        Access::ReadWrite
+    // A password reset must not widen what a user may do: an existing
+    // user keeps its access and home unless they are given anew.
+    let old = db.grant_of(&a.name);
+    let access = match (a.read_only, a.read_write, &old) {
+        (true, _, _) => Access::ReadOnly,
+        (_, true, _) => Access::ReadWrite,
+        (_, _, Some(g)) => g.access,
+        _ => Access::ReadWrite,
     };
-    db.set_with_home(&a.name, &password, access, a.home.as_deref())?;
+    let home = match (&a.home, a.no_home, &old) {
+        (Some(h), _, _) => Some(h.clone()),
+        (_, true, _) => None,
+        (_, _, Some(g)) => g.home.clone(),
+        _ => None,
+    };
+    db.set_with_home(&a.name, &password, access, home.as_deref())?;
     // Readable by the owner alone from its creation (the hashes never sit
     // in a file others may read), and never written through a link.
     xftp_stripe::write_atomic_mode(&a.users, db.render().as_bytes(), 0o600)
         .with_context(|| format!("writing {}", a.users.display()))?;
-    eprintln!("user {} saved in {}", a.name, a.users.display());
+    let what = format!(
+        "{}, {}",
+        match access {
+            Access::ReadOnly => "read-only",
+            Access::ReadWrite => "read-write",
+        },
+        home.as_deref()
+            .map_or_else(|| "the whole root".to_owned(), |h| format!("home {h}"))
+    );
+    match old {
+        Some(_) => eprintln!(
+            "user {} updated in {} ({what}; --read-only/--read-write and --home/--no-home change these)",
+            a.name,
+            a.users.display()
+        ),
+        None => eprintln!("user {} saved in {} ({what})", a.name, a.users.display()),
+    }
     Ok(ExitCode::SUCCESS)
 }
