@@ -289,6 +289,8 @@ impl ServerCertVerifier for Verifier {
         {
             let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
             rustls::client::verify_server_name(&parsed, server_name)?;
+            // Pinned is trusted as it is, not beyond its dates (as curl).
+            check_dates(end_entity, now)?;
             return Ok(ServerCertVerified::assertion());
         }
         r
@@ -315,6 +317,24 @@ impl ServerCertVerifier for Verifier {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.webpki.supported_verify_schemes()
     }
+}
+
+/// A certificate's validity period against `now`.
+fn check_dates(cert: &CertificateDer<'_>, now: UnixTime) -> Result<(), rustls::Error> {
+    use rustls::CertificateError;
+    let (_, c) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    let v = c.validity();
+    let t = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    if t < v.not_before.timestamp() {
+        return Err(rustls::Error::InvalidCertificate(
+            CertificateError::NotValidYet,
+        ));
+    }
+    if t > v.not_after.timestamp() {
+        return Err(rustls::Error::InvalidCertificate(CertificateError::Expired));
+    }
+    Ok(())
 }
 
 /// `--insecure`: any certificate is accepted, but the handshake's

@@ -136,7 +136,7 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
                 "the server's certificate is not valid for this host name (connect by the name in the certificate, or --insecure to skip verification)".into()
             }
             CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                "the server's certificate has expired".into()
+                "the server's certificate has expired (renew it on the server, or --insecure to skip verification)".into()
             }
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
                 "the server's certificate is not valid yet (check the clocks)".into()

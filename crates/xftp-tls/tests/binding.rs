@@ -258,3 +258,54 @@ async fn a_data_connection_may_prove_itself_with_the_binding_token() {
     );
     assert!(matches!(s, Err(DataTlsError::BadToken)), "{s:?}");
 }
+
+/// A self-signed certificate for localhost valid from `from` to `to`
+/// (years).
+fn pki_dated(from: i32, to: i32) -> Pki {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(from, 1, 1);
+    params.not_after = rcgen::date_time_ymd(to, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let c = params.self_signed(&key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert, c.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    Pki {
+        _dir: dir,
+        cert,
+        key: key_path,
+    }
+}
+
+#[tokio::test]
+async fn a_pinned_certificate_is_trusted_only_within_its_dates() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    for (from, to, want) in [
+        (2019, 2021, Some("has expired")),
+        (2090, 2091, Some("not valid yet")),
+        (2020, 2090, None),
+    ] {
+        let p = pki_dated(from, to);
+        let server = ServerTls::load(&p.cert, &p.key).unwrap();
+        let sess = server.session(1).unwrap();
+        let client = ClientTls::new(
+            &ClientTlsConfig {
+                cacert: Some(p.cert.clone()),
+                insecure: false,
+            },
+            "localhost",
+        )
+        .unwrap();
+        let (a, b) = pair(&l).await;
+        let (c, _s) = tokio::join!(client.connect(a, T), sess.accept_control(b, T));
+        match want {
+            Some(w) => {
+                let why = xftp_tls::explain_handshake_error(&c.unwrap_err());
+                assert!(why.contains(w), "{from}-{to}: {why}");
+            }
+            None => assert!(c.is_ok(), "{from}-{to}: {:?}", c.err()),
+        }
+    }
+}
