@@ -2811,12 +2811,15 @@ struct Unlisted {
     line_break: usize,
     /// Symbolic links leading outside the root, or to nothing.
     links: usize,
+    /// Entries the server could not read (a path too long for the
+    /// system, an I/O error): a tree copied from the listing lacks them.
+    unreadable: usize,
 }
 
 impl Unlisted {
     /// `N entries not listed (...).`, or nothing when none were.
     fn describe(&self) -> Option<String> {
-        let n = self.line_break + self.links;
+        let n = self.line_break + self.links + self.unreadable;
         if n == 0 {
             return None;
         }
@@ -2828,6 +2831,12 @@ impl Unlisted {
             why.push(format!(
                 "{} symbolic link(s) leading outside the root or to nothing",
                 self.links
+            ));
+        }
+        if self.unreadable > 0 {
+            why.push(format!(
+                "{} the server could not read (path too long, or an I/O error)",
+                self.unreadable
             ));
         }
         let entries = if n == 1 { "entry" } else { "entries" };
@@ -2955,7 +2964,13 @@ fn listing_where(
         push(&name, &md, None);
         return Ok((out, unlisted));
     }
-    let mut entries: Vec<_> = std::fs::read_dir(real)?.filter_map(Result::ok).collect();
+    let mut entries = Vec::new();
+    for e in std::fs::read_dir(real)? {
+        match e {
+            Ok(e) => entries.push(e),
+            Err(_) => unlisted.unreadable += 1,
+        }
+    }
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let name = e.file_name();
@@ -2969,6 +2984,7 @@ fn listing_where(
             continue;
         }
         let Ok(lmd) = std::fs::symlink_metadata(e.path()) else {
+            unlisted.unreadable += 1;
             continue;
         };
         // Links are listed only if they stay inside the root; dangling or

@@ -622,6 +622,21 @@ fn entries_the_server_cannot_list_are_reported_not_dropped_silently() {
     std::fs::write(root.join("src/plain"), b"one").unwrap();
     std::fs::write(root.join("src/sub/two\nlines"), b"two").unwrap();
     std::os::unix::fs::symlink(dir.path(), root.join("src/out")).unwrap();
+    // And a directory whose path on the server is longer than the system
+    // takes (PATH_MAX, 4096): its parent lists, but it cannot be read.
+    let deep = root.join("src/deep");
+    std::fs::create_dir_all(&deep).unwrap();
+    let levels = (4095 - deep.as_os_str().len()) / 251 + 1;
+    let made = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; cd \"$1\"; n=$(printf 'n%.0s' $(seq 250)); for i in $(seq {levels}); do mkdir $n; cd $n; done; echo x > leaf"
+        ))
+        .arg("bash")
+        .arg(&deep)
+        .status()
+        .unwrap();
+    assert!(made.success());
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/src/", srv.port);
     let out = xftp(&["get", "-r", &url, "copy", "--json"], &work);
@@ -631,13 +646,13 @@ fn entries_the_server_cannot_list_are_reported_not_dropped_silently() {
         String::from_utf8_lossy(&out.stderr)
     );
     let j = json(&out);
-    assert_eq!(j["unlisted"], 2, "{j}");
+    assert_eq!(j["unlisted"], 3, "{j}");
     assert_eq!(j["files"], 1, "{j}");
     assert_eq!(std::fs::read(work.join("copy/plain")).unwrap(), b"one");
     let out = xftp(&["get", "-r", "-q", &url, "again"], &work);
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("2 entries the server did not list"), "{err}");
+    assert!(err.contains("3 entries the server did not list"), "{err}");
     // The listing itself says so, for any client.
     let out = xftp(
         &[
