@@ -443,7 +443,8 @@ impl Client {
             // An FTP server that will not serve says so (421); one that
             // closes without a word is most often something else: an
             // implicit-TLS port waiting for a ClientHello that gave up.
-            ClientError::Closed if tls.is_none() => {
+            // (Not after an implicit-TLS handshake, which a server took.)
+            ClientError::Closed if !matches!(tls, Some((_, true))) => {
                 ClientError::NotFtp("the server closed the connection without one".into())
             }
             other => other,
@@ -1650,7 +1651,7 @@ impl Client {
                     let _ = self
                         .after_failure(&c_stor, ClientError::DataIo(reset))
                         .await;
-                    let cleared = self.clear_cut_upload(remote, false).await;
+                    let cleared = self.clear_cut_upload_quietly(remote).await;
                     return Err(ClientError::LocalFileChanged {
                         expected,
                         read,
@@ -1659,7 +1660,8 @@ impl Client {
                 }
                 Err(e) => {
                     let e = self.reason_from_server(&c_stor, e).await;
-                    self.clear_cut_upload(remote, true).await;
+                    let answered = matches!(e, ClientError::Reply { .. });
+                    self.clear_cut_upload(remote, answered).await;
                     return Err(e);
                 }
             };
@@ -1682,7 +1684,8 @@ impl Client {
                             (sent, len - already, 0)
                         }
                         (e, _) => {
-                            self.clear_cut_upload(remote, true).await;
+                            let answered = matches!(e, ClientError::Reply { .. });
+                            self.clear_cut_upload(remote, answered).await;
                             return Err(e);
                         }
                     }
@@ -1725,21 +1728,64 @@ impl Client {
     /// server, which lists MULT and keeps the old file until the new one
     /// is whole) holds a prefix, or for MODE E scattered pieces, under the
     /// target's name, where it would pass for the file. It is deleted
-    /// (STOR had truncated the old file already). Whether nothing is left:
-    /// `say` warns either way, since the user may need to act.
-    async fn clear_cut_upload(&mut self, remote: &str, say: bool) -> bool {
-        if self.mult_ok || self.features().await.is_ok_and(|f| f.mult) {
-            return true;
-        }
-        let cleared = self.command("DELE", Some(remote), &[250]).await.is_ok();
-        if say && cleared {
-            tracing::warn!("deleted the incomplete copy the server had written under {remote}");
-        } else if say {
-            tracing::warn!(
+    /// (STOR had truncated the old file already), where the server's
+    /// final reply to the upload came (`answered`): otherwise the next
+    /// reply read could be that one, not DELE's. Warns either way, since
+    /// the user may need to act.
+    async fn clear_cut_upload(&mut self, remote: &str, answered: bool) {
+        match self.in_place(answered).await {
+            Some(false) => {}
+            Some(true) if answered && self.dele_bounded(remote).await => {
+                tracing::warn!("deleted the incomplete copy the server had written under {remote}");
+            }
+            Some(true) => tracing::warn!(
                 "the server may keep an incomplete copy under {remote} (it writes uploads in place, and could not be asked to delete it): delete it, or upload again"
-            );
+            ),
+            None => tracing::warn!(
+                "if this server writes uploads in place, it may keep an incomplete copy under {remote}: check, and delete it or upload again"
+            ),
         }
-        cleared
+    }
+
+    /// [`Client::clear_cut_upload`] without the warnings, for an upload
+    /// reset on purpose (the control connection in step); whether nothing
+    /// of it is left.
+    async fn clear_cut_upload_quietly(&mut self, remote: &str) -> bool {
+        match self.in_place(true).await {
+            Some(false) => true,
+            Some(true) => self.dele_bounded(remote).await,
+            None => false,
+        }
+    }
+
+    /// Whether the server writes an upload in place under its name
+    /// (`None`: not known, and not to be asked now). An xftp server
+    /// (MULT) keeps it apart until it is whole. FEAT is asked, bounded,
+    /// only where `may_ask` says the control connection is in step.
+    async fn in_place(&mut self, may_ask: bool) -> Option<bool> {
+        if self.mult_ok {
+            return Some(false);
+        }
+        if let Some(f) = &self.features {
+            return Some(!f.mult);
+        }
+        if !may_ask {
+            return None;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), self.features()).await {
+            Ok(Ok(f)) => Some(!f.mult),
+            _ => None,
+        }
+    }
+
+    /// DELE, bounded (a session the network cut would hold it for the
+    /// whole reply timeout); whether it was done.
+    async fn dele_bounded(&mut self, remote: &str) -> bool {
+        let dele = self.command("DELE", Some(remote), &[250]);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), dele).await,
+            Ok(Ok(_))
+        )
     }
 
     // ---- automatic mode ----
