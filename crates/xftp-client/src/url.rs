@@ -138,6 +138,29 @@ impl FtpUrl {
         self.path.is_empty() || self.path.ends_with('/')
     }
 
+    /// `scheme://[user@]host:port`, without the password or the path:
+    /// the start of a URL for another command on the same server (as a
+    /// hint in an error), so that it keeps the TLS and the login.
+    pub fn base(&self) -> String {
+        let scheme = match self.tls {
+            UrlTls::None => "ftp",
+            UrlTls::Explicit => "ftpes",
+            UrlTls::Implicit => "ftps",
+        };
+        let user = self.user.as_deref().map_or_else(String::new, |u| {
+            let mut out = String::new();
+            for b in u.bytes() {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    out.push(char::from(b));
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            out + "@"
+        });
+        format!("{scheme}://{user}{}", self.authority())
+    }
+
     /// `host:port` for display, with brackets around IPv6 literals.
     pub fn authority(&self) -> String {
         if self.host.contains(':') {
@@ -261,6 +284,14 @@ mod tests {
         assert_eq!(u.host, "::1");
         assert_eq!(u.port, 2121);
         assert_eq!(u.authority(), "[::1]:2121");
+        assert_eq!(u.base(), "ftp://[::1]:2121");
+        let u = FtpUrl::parse("ftpes://a%40b:pw@h:2121/f").unwrap();
+        assert_eq!(
+            u.base(),
+            "ftpes://a%40b@h:2121",
+            "no password, the user kept"
+        );
+        assert_eq!(FtpUrl::parse("ftps://h/f").unwrap().base(), "ftps://h:990");
         let u = FtpUrl::parse("ftp://[::1]/f").unwrap();
         assert_eq!(u.port, 21);
         assert!(FtpUrl::parse("ftp://::1/f").is_err());

@@ -274,19 +274,20 @@ fn progress_for(
 static COUNTED: std::sync::Mutex<Vec<std::sync::Arc<xftp_client::Progress>>> =
     std::sync::Mutex::new(Vec::new());
 
-/// Bytes the data connections of every run so far carried, and those of
-/// the last run per connection (a failure's summary).
-fn counted_so_far() -> (u64, Vec<u64>) {
+/// What the data connections carried before a failure: the bytes of
+/// every run so far, and the last run's connections, seconds and rate.
+fn fill_counted(s: &mut Summary) {
     let runs = COUNTED.lock().unwrap_or_else(|e| e.into_inner());
     let snaps: Vec<_> = runs.iter().map(|p| p.snapshot()).collect();
-    let bytes = snaps.iter().map(|s| s.bytes).sum();
-    (
-        bytes,
-        snaps
-            .last()
-            .map(|s| s.per_stream.clone())
-            .unwrap_or_default(),
-    )
+    s.bytes = snaps.iter().map(|s| s.bytes).sum();
+    if let Some(last) = snaps.last() {
+        s.per_stream_bytes = last.per_stream.clone();
+        s.streams = last.per_stream.len();
+        s.seconds = last.elapsed.as_secs_f64();
+        if s.seconds > 0.0 {
+            s.throughput_bps = last.bytes as f64 / s.seconds;
+        }
+    }
 }
 
 fn parse_rate(s: &str) -> Result<u64, String> {
@@ -467,7 +468,7 @@ impl LsArgs {
 /// other failure.
 pub fn print_interrupted(why: &str, total: Duration) {
     let mut s = Summary::failed(format!("interrupted ({why})"), total);
-    (s.bytes, s.per_stream_bytes) = counted_so_far();
+    fill_counted(&mut s);
     if let Ok(line) = serde_json::to_string(&s) {
         println!("{line}");
     }
@@ -1239,7 +1240,11 @@ fn tree_finish(
             // The tree's shape, so that a program reads one schema.
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");
-            let (bytes, _) = counted_so_far();
+            let bytes = {
+                let mut s = Summary::failed(String::new(), Duration::ZERO);
+                fill_counted(&mut s);
+                s.bytes
+            };
             let secs = start.elapsed().as_secs_f64();
             let s = TreeSummary {
                 status: "error",
@@ -1412,9 +1417,9 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
             (550, Op::Get) => Some(format!(
-                "check the path with `xftp ls ftp://{}/`; URL paths are relative to the login directory, an absolute server path is written ftp://{}//abs/path",
-                url.authority(),
-                url.authority()
+                "check the path with `xftp ls {}/`; URL paths are relative to the login directory, an absolute server path is written {}//abs/path",
+                url.base(),
+                url.base()
             )),
             (550, Op::Ls) => Some("check the directory path".into()),
             (550 | 553, Op::Put) if e.to_string().contains("Is a directory") => Some(
@@ -1425,7 +1430,14 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 "check that the remote directory exists and that you may write there (`xftp ls`)"
                     .into(),
             ),
-            (452 | 552, _) => Some("the server is out of space or over quota".into()),
+            (452 | 552, _) => Some(
+                "the server will not take that much: out of space, over quota, or over its size limit"
+                    .into(),
+            ),
+            (421, _) if e.to_string().contains("failed logins") => Some(
+                "this address is locked out after failed logins: wait as the server says, then check the user name and password"
+                    .into(),
+            ),
             (421, _) => Some("the server is busy or shutting down; try again later".into()),
             (425 | 426, _) => Some(
                 "the data connection failed; try --active (or drop it), or check firewalls".into(),
@@ -1442,8 +1454,8 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         )),
         ClientError::Resolve { .. } => Some("check the host name in the URL".into()),
         ClientError::NotThere { .. } => Some(format!(
-            "check the path with `xftp ls ftp://{}/` (paths are relative to the login directory)",
-            url.authority()
+            "check the path with `xftp ls {}/` (paths are relative to the login directory)",
+            url.base()
         )),
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; raise --timeout, or try --active / passive"
@@ -1533,7 +1545,7 @@ fn finish_runs(
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");
             let mut s = Summary::failed(msg, start.elapsed()).runs(runs);
-            (s.bytes, s.per_stream_bytes) = counted_so_far();
+            fill_counted(&mut s);
             (s, ExitCode::FAILURE)
         }
     };
