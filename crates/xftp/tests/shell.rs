@@ -381,6 +381,46 @@ fn useradd(users: &Path, name: &str, pw: &str) {
 }
 
 #[test]
+fn open_host_port_then_user_logs_in_where_anonymous_is_refused() {
+    // ftp(1)'s idiom: `open host port`, refused for anonymous, then
+    // `user NAME PASSWORD` logs in to that server.
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(root.join("sub/f"), b"alice's").unwrap();
+    let users = dir.path().join("users.txt");
+    useradd(&users, "alice", "alice-pw");
+    let srv = support::serve_with(&root, &["--users", users.to_str().unwrap()]);
+    let script = format!(
+        "open 127.0.0.1 {}\nuser alice alice-pw\ncd sub\nget f\n",
+        srv.port
+    );
+    let out = run_script(&[], &script, &local, &cache);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("refuses anonymous logins"), "{err}");
+    assert!(err.contains("as alice"), "{err}");
+    assert_eq!(std::fs::read(local.join("f")).unwrap(), b"alice's");
+    // A wrong password is still a failure, and `user` may be tried again.
+    let script = format!(
+        "open 127.0.0.1 {}\nuser alice wrong\nuser alice alice-pw\n",
+        srv.port
+    );
+    let out = run_script(&[], &script, &local, &cache);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("line 2"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn on_a_terminal_under_script() {
     if !have("script", "on_a_terminal_under_script") {
         return;

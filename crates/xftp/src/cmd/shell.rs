@@ -398,6 +398,9 @@ struct Shell {
     verbose: u8,
     set: Settings,
     conn: Option<Conn>,
+    /// The server of an `open` whose login was refused (or that could
+    /// not connect): `user NAME` logs in there, as in ftp(1).
+    refused: Option<FtpUrl>,
     input: Input,
     /// Shared by every connection, so one display follows all transfers.
     progress: Arc<Progress>,
@@ -433,6 +436,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
         verbose,
         set,
         conn: None,
+        refused: None,
         input: Input::start(interactive),
         progress: Progress::new(),
     };
@@ -560,6 +564,7 @@ impl Shell {
     }
 
     async fn close(&mut self) {
+        self.refused = None;
         if let Some(conn) = self.conn.take() {
             if let Some(c) = conn.client {
                 c.quit().await;
@@ -788,6 +793,11 @@ impl Shell {
             }
         };
         let url = FtpUrl::parse(&text)?;
+        self.open_url(url).await
+    }
+
+    async fn open_url(&mut self, url: FtpUrl) -> anyhow::Result<()> {
+        self.refused = None;
         if self.set.insecure && url.tls != UrlTls::None {
             eprintln!(
                 "xftp: warning: --insecure: the server's certificate is not checked; the connection is encrypted, but anyone on the path can pose as the server"
@@ -797,14 +807,33 @@ impl Shell {
             (Some(u), None) => Some(self.password_for(u, &url).await?),
             _ => url.password.clone(),
         };
-        let mut client = dial(
+        let dialed = dial(
             &self.set,
             &self.progress,
             &url,
             url.user.as_deref(),
             password.as_deref(),
         )
-        .await?;
+        .await;
+        let mut client = match dialed {
+            Ok(c) => c,
+            Err(e) => {
+                // Kept (without a password) for `user NAME`.
+                let anonymous = e.is::<AnonymousRefused>();
+                self.refused = Some(FtpUrl {
+                    user: None,
+                    password: None,
+                    ..url
+                });
+                if anonymous {
+                    // As ftp(1): the server is reached, the login is the
+                    // next step, and a script's `user` line comes next.
+                    eprintln!("xftp: {e:#}");
+                    return Ok(());
+                }
+                return Err(e);
+            }
+        };
         let mut cwd = client.pwd().await.ok();
         let mut conn = Conn {
             user: url.user.clone(),
@@ -875,9 +904,23 @@ impl Shell {
     }
 
     async fn user(&mut self, name: &str, password: Option<String>) -> anyhow::Result<()> {
-        let url = match &self.conn {
-            Some(c) => c.url.clone(),
-            None => anyhow::bail!(NOT_CONNECTED),
+        let url = match (&self.conn, self.refused.clone()) {
+            (Some(c), _) => c.url.clone(),
+            // After `open host` was refused (anonymous logins off, say):
+            // the login goes to that server, as in ftp(1).
+            (None, Some(r)) => {
+                let password = match password {
+                    Some(p) => p,
+                    None => self.password_for(name, &r).await?,
+                };
+                let url = FtpUrl {
+                    user: Some(name.to_string()),
+                    password: Some(password),
+                    ..r
+                };
+                return self.open_url(url).await;
+            }
+            (None, None) => anyhow::bail!(NOT_CONNECTED),
         };
         let password = match password {
             Some(p) => p,
@@ -1321,6 +1364,19 @@ impl Shell {
 
 /// Connect and log in with the shell's settings; the login's replies are
 /// read here, so a refusal is reported by the command that asked.
+/// An anonymous login the server refused: `open` has reached a server
+/// that wants `user NAME`, which is no failure of `open` (ftp(1)).
+#[derive(Debug)]
+struct AnonymousRefused(String);
+
+impl std::fmt::Display for AnonymousRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AnonymousRefused {}
+
 async fn dial(
     set: &Settings,
     progress: &Arc<Progress>,
@@ -1366,9 +1422,9 @@ async fn dial(
         };
         return Err(match (e.reply_code(), anonymous) {
             _ if requires_tls(&e) => explain(e, Op::Login, &authority),
-            (Some(530), true) => anyhow::anyhow!(
+            (Some(530), true) => anyhow::Error::new(AnonymousRefused(format!(
                 "{e} — the server refuses anonymous logins: log in with `user NAME`"
-            ),
+            ))),
             (Some(530), false) => {
                 anyhow::anyhow!("{e} — check the user name and password (`user NAME`)")
             }
@@ -1506,7 +1562,14 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
             ),
             (550 | 553, _) => Some("check the name with `ls`, and your permissions".into()),
             (530, _) => Some("log in with `user NAME`".into()),
-            (452 | 552, _) => Some("the server is out of space or over quota".into()),
+            (452 | 552, _) => Some(
+                "the server will not take that much: out of space, over quota, or over its size limit"
+                    .into(),
+            ),
+            (421, _) if e.to_string().contains("failed logins") => Some(
+                "this address is locked out after failed logins: wait as the server says, then check the user name and password"
+                    .into(),
+            ),
             (421, _) => Some("the server is busy or shutting down; try again later".into()),
             (425 | 426, _) => Some(
                 "the data connection failed; try `active` (or `passive`), or check firewalls"

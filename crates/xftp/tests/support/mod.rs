@@ -25,11 +25,17 @@ impl Drop for Server {
 /// Start `xftp serve --root ROOT --listen 127.0.0.1:0 --anonymous-write EXTRA..`
 /// and wait for its `listening on HOST:PORT` line.
 pub fn serve(root: &Path, extra: &[&str]) -> Server {
+    serve_with(root, &[&["--anonymous-write"], extra].concat())
+}
+
+/// `xftp serve` on 127.0.0.1 with `args` alone (no anonymous login unless
+/// they ask for it).
+pub fn serve_with(root: &Path, args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
         .args(["serve", "--root"])
         .arg(root)
-        .args(["--listen", "127.0.0.1:0", "--anonymous-write"])
-        .args(extra)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
