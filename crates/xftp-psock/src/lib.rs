@@ -144,8 +144,8 @@ const SINGLE_RECORD_MAX: usize = 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PsockError {
-    /// Socket I/O failed.
-    #[error("{context}: {source}")]
+    /// Socket I/O failed (the OS error is the source: `{:#}` shows it).
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: &'static str,

@@ -423,11 +423,10 @@ server.serve_forever()
 
 #[test]
 fn connection_refused_is_reported() {
-    // No peer needed: a port that was free a moment ago.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // No peer needed: a port that was free a moment ago, below the
+    // ephemeral range, where no other test's connection or passive
+    // listener lands in the meantime.
+    let port = support::free_port();
     let d = dirs();
     let url = format!("ftp://127.0.0.1:{port}/f.bin");
     let out = xftp(&["get", &url, "--json"], &d.local);
