@@ -229,6 +229,23 @@ fn a_tree_that_cannot_be_written_fails_loudly() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("550"));
+    // A tree's option given for one file is said to do nothing.
+    let out = xftp(
+        &[
+            "get",
+            "--concurrency",
+            "2",
+            &format!("ftp://127.0.0.1:{}/t/sub/f", srv.port),
+            "one-f",
+        ],
+        &work,
+    );
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--concurrency counts the files of a tree"),
+        "{err}"
+    );
     // With --json, a tree's object, saying why.
     let out = xftp(
         &[

@@ -178,6 +178,12 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     config.max_streams = a.max_streams;
+    if a.default_streams > a.max_streams {
+        eprintln!(
+            "xftp serve: warning: --default-streams {} is above --max-streams {}: a bare MULT gets {}",
+            a.default_streams, a.max_streams, a.max_streams
+        );
+    }
     config.default_streams = a.default_streams.min(a.max_streams);
     config.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
     config.data_timeout = Duration::from_secs(a.data_timeout.max(1));

@@ -65,8 +65,9 @@ pub struct TransferArgs {
     /// With -r: files in flight at once, each on its own session (half of
     /// them, at most 4, take the large files with the -p settings, the
     /// others the small ones with one connection each).
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    concurrency: usize,
+    /// (Default 8.)
+    #[arg(long, value_name = "N")]
+    concurrency: Option<usize>,
     /// Copy a directory tree: get -r URL/dir/ [LOCALDIR], put -r LOCALDIR
     /// URL/dir/. Times and permission bits are kept where the server
     /// allows (MLSD; MFMT, SITE CHMOD); symbolic links are left out.
@@ -696,7 +697,16 @@ enum Op {
     Ls,
 }
 
+/// Options that only a tree uses, given for one file: said, not ignored
+/// without a word.
+fn warn_tree_only(t: &TransferArgs) {
+    if t.concurrency.is_some() && !t.recursive && !t.quiet {
+        eprintln!("xftp: warning: --concurrency counts the files of a tree (-r) in flight; one file ignores it");
+    }
+}
+
 pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
+    warn_tree_only(&a.t);
     let start = Instant::now();
     let json = a.common.json;
     let mut retry = Retry::new(&a.t, a.resume);
@@ -867,6 +877,7 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
+    warn_tree_only(&a.t);
     let start = Instant::now();
     let json = a.common.json;
     let mut retry = Retry::new(&a.t, a.resume);
@@ -1328,7 +1339,7 @@ fn tree_options(
     progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> xftp_client::tree::TreeOptions {
     xftp_client::tree::TreeOptions {
-        concurrency: t.concurrency.max(1),
+        concurrency: t.concurrency.unwrap_or(8).max(1),
         skip_complete: resume,
         progress,
         ..Default::default()
