@@ -156,6 +156,9 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
             std::io::ErrorKind::UnexpectedEof => {
                 "the peer closed the connection during the TLS handshake (it may not speak TLS on this port, or it refused us)".into()
             }
+            std::io::ErrorKind::ConnectionReset => {
+                "the peer reset the connection during the TLS handshake (it may not speak TLS on this port: is it listening with TLS?)".into()
+            }
             _ => e.to_string(),
         },
     }
