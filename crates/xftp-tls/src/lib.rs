@@ -142,7 +142,7 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
                 "the server's certificate is not valid yet (check the clocks)".into()
             }
             CertificateError::Other(o) if format!("{o:?}").contains("CaUsedAsEndEntity") => {
-                "the server's certificate is a CA certificate (self-signed with openssl req -x509?): give that very certificate with --cacert FILE to trust it, or use a leaf certificate signed by a CA".into()
+                "the server's certificate is a CA certificate (self-signed with openssl req -x509?) and no --cacert file holds it: give that very certificate with --cacert FILE to trust it, or use a leaf certificate signed by a CA".into()
             }
             other => format!("the server's certificate was refused: {other:?}"),
         },
