@@ -22,7 +22,7 @@ struct Cli {
 enum Command {
     /// Serve a directory over FTP (with the xftp multi-stream extensions).
     Serve(cmd::serve::Args),
-    /// Add or replace a user in a users file (password stored hashed).
+    /// Add a user to a users file, or set a new password (access and home kept unless given).
     Useradd(cmd::serve::UseraddArgs),
     /// Download a file: xftp get ftp://host/path [LOCAL].
     #[command(after_help = GET_EXAMPLES)]

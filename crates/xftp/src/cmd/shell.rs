@@ -1362,8 +1362,6 @@ impl Shell {
     }
 }
 
-/// Connect and log in with the shell's settings; the login's replies are
-/// read here, so a refusal is reported by the command that asked.
 /// An anonymous login the server refused: `open` has reached a server
 /// that wants `user NAME`, which is no failure of `open` (ftp(1)).
 #[derive(Debug)]
@@ -1377,6 +1375,8 @@ impl std::fmt::Display for AnonymousRefused {
 
 impl std::error::Error for AnonymousRefused {}
 
+/// Connect and log in with the shell's settings; the login's replies are
+/// read here, so a refusal is reported by the command that asked.
 async fn dial(
     set: &Settings,
     progress: &Arc<Progress>,
