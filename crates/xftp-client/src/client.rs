@@ -1098,8 +1098,31 @@ impl Client {
                 got: have.covered(),
             });
         }
+        // The partial holds the source's bytes and no more (cut to its size
+        // when opened): checked, as a longer file must never pass.
+        let len = std::fs::metadata(&partial.path)
+            .map_err(|e| local_err(&partial.path, e))?
+            .len();
+        if len != size {
+            return Err(local_err(
+                &partial.path,
+                std::io::Error::other(format!(
+                    "holds {len} bytes where the file has {size}: remove it and run again"
+                )),
+            ));
+        }
         let checksum = match verify {
-            Some(v) => Some(self.verify_file(remote, &partial.path, size, v).await?),
+            Some(v) => match self.verify_file(remote, &partial.path, size, v).await {
+                Ok(c) => Some(c),
+                Err(e @ ClientError::ChecksumMismatch { .. }) => {
+                    // Its record says every byte is in: kept, the next `-c`
+                    // would put a copy known to differ in place.
+                    guard.0 = None;
+                    partial.discard();
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         partial

@@ -170,6 +170,12 @@ impl Partial {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(ResumeError::Io(record, e)),
         }
+        // Bytes past the source's end are no part of it (a partial of a
+        // larger earlier version whose record was lost, a damaged one):
+        // left, they would be renamed into place with the file.
+        if on_disk > now.size {
+            file.set_len(now.size).map_err(io_err(&path))?;
+        }
         let had = had.clamped(now.size);
         Ok(Partial {
             rec: Arc::new(RecordedFile::new(file, had.clone())),
@@ -214,6 +220,14 @@ impl Partial {
                 }
             }
         })
+    }
+
+    /// The copy is not the source's (a checksum that differs): the
+    /// partial and its record go, so that no later `-c` takes it for
+    /// complete.
+    pub(crate) fn discard(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        self.remove_record();
     }
 
     /// The whole file is here: remove the record (the caller renames the
@@ -280,6 +294,27 @@ mod tests {
             Partial::open(&target, "h:21/f.bin", m),
             Err(ResumeError::Changed { .. })
         ));
+    }
+
+    #[test]
+    fn a_partial_longer_than_the_source_is_cut_to_its_size() {
+        // An earlier, larger version's partial whose record was lost (or
+        // is damaged): its tail must not go into place with the file.
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f.bin");
+        let path = partial_path(&target);
+        std::fs::write(&path, vec![9u8; 300]).unwrap();
+        let p = Partial::open(&target, "h:21/f.bin", meta(100)).unwrap();
+        assert_eq!(p.already(), 0);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 100);
+        drop(p);
+        // With a record of the larger file too (garbage now): the same.
+        std::fs::write(&path, vec![9u8; 300]).unwrap();
+        std::fs::write(record_path(&path), b"garbage").unwrap();
+        let p = Partial::open(&target, "h:21/f.bin", meta(100)).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 100);
+        p.discard();
+        assert!(!path.exists() && !record_path(&path).exists());
     }
 
     #[test]

@@ -2555,6 +2555,14 @@ impl Session {
             Ok(f) => f,
             Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
         };
+        // Bytes past the announced size are no part of the file (a larger
+        // partial's tail): kept, the finished upload would hold them, and
+        // the client's SIZE check fail on every run.
+        if file.metadata().is_ok_and(|m| m.len() > meta.size) {
+            if let Err(e) = file.set_len(meta.size) {
+                return self.reply(451, format!("{}: {e}.", v.display())).await;
+            }
+        }
         let have = have.unwrap_or_default();
         let rec = Arc::new(xftp_stripe::RecordedFile::new(
             file,

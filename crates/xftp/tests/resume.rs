@@ -733,3 +733,81 @@ fn a_refused_resumable_transfer_does_not_promise_a_partial() {
     }
     assert!(!local.join(".missing.xftp-part").exists());
 }
+
+#[test]
+fn a_partial_that_is_too_long_or_wrong_never_goes_into_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let len: u64 = 1_000_003;
+    write_prng_file(&root.join("f.bin"), len, 21);
+    set_time(&root.join("f.bin"), old_time());
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
+    let partial = local.join(".f.bin.xftp-part");
+    // A partial longer than the file (an earlier, larger version's,
+    // its record lost): cut to the file's size, not renamed with its tail.
+    std::fs::write(&partial, vec![7u8; 3_000_000]).unwrap();
+    let out = xftp(&["get", "-c", "-p", "4", &url, "f.bin"], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::metadata(local.join("f.bin")).unwrap().len(), len);
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
+    std::fs::remove_file(local.join("f.bin")).unwrap();
+    // A partial whose record says it is whole, with other bytes: --verify
+    // finds it, and it goes, so that no later -c puts it in place.
+    std::fs::write(&partial, vec![7u8; len as usize]).unwrap();
+    let record = serde_json::json!({
+        "version": 1,
+        "source": format!("127.0.0.1:{}/f.bin", srv.port),
+        "size": len,
+        "mdtm": "20010909014640",
+        "ranges": [[0, len]],
+    });
+    std::fs::write(local.join(".f.bin.xftp-part.ranges"), record.to_string()).unwrap();
+    let out = xftp(&["get", "-c", "--verify", &url, "f.bin"], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("not kept") && !err.contains("with -c"),
+        "{err}"
+    );
+    assert_eq!(leftovers(&local), Vec::<String>::new(), "{err}");
+    let out = xftp(&["get", "-c", &url, "f.bin"], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
+}
+
+#[test]
+fn a_servers_partial_longer_than_the_file_is_cut_when_the_upload_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&local.join("w.bin"), SIZE, 46);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/w.bin", srv.port);
+    let args = ["put", "-c", "-p", "4", "--limit-rate", "10M", "w.bin", &url];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    std::thread::sleep(Duration::from_millis(300));
+    // A tail past the file's size in the server's partial (its record
+    // still names what arrived): the resumed upload must not keep it.
+    let part = root.join(".w.bin.xftp-part");
+    let f = std::fs::File::options().write(true).open(&part).unwrap();
+    f.set_len(SIZE + 1).unwrap();
+    drop(f);
+    let out = xftp(&["put", "-c", "w.bin", &url], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&root.join("w.bin")),
+        sha256_file(&local.join("w.bin"))
+    );
+}
