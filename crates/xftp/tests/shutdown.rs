@@ -144,3 +144,19 @@ fn a_running_transfer_finishes_within_the_grace() {
     let (_, ok) = wait_exit(&mut srv, Duration::from_secs(10));
     assert!(ok);
 }
+
+#[test]
+fn sighup_without_tls_leaves_the_server_and_its_sessions_running() {
+    // SIGHUP reloads the certificate; without one it changes nothing,
+    // where its default action would end the server with every transfer.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"still here").unwrap();
+    let mut srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    signal(&srv, "-HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(still_running(&mut srv), "SIGHUP ended the server");
+    assert!(c.cmd("NOOP").starts_with("200"));
+    let mut fresh = Ctl::login(srv.port);
+    assert!(fresh.cmd("SIZE f").starts_with("213 10"));
+}

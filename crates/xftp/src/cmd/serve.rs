@@ -257,21 +257,25 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         out.flush()?;
     }
-    if let Some(tls) = server_tls {
-        // SIGHUP: read the certificate and key again; sessions go on.
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .context("installing the SIGHUP handler")?;
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                match tls.reload() {
+    // SIGHUP: read the certificate and key again; sessions go on. Taken
+    // without TLS too, where it changes nothing: its default action would
+    // end the server and every transfer at once (a renewal hook that
+    // signals every server, a closed terminal).
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match &server_tls {
+                Some(tls) => match tls.reload() {
                     Ok(()) => tracing::info!("TLS certificate reloaded"),
                     Err(e) => {
                         tracing::error!("TLS certificate not reloaded (the old one stays): {e}")
                     }
-                }
+                },
+                None => tracing::info!("SIGHUP: no TLS certificate to reload; serving on"),
             }
-        });
-    }
+        }
+    });
     tracing::info!(root = %config.root.path().display(), %addr, "serving");
     let shutdown = CancellationToken::new();
     let now = CancellationToken::new();
