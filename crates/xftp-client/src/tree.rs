@@ -1055,7 +1055,13 @@ impl Worker {
                     self.reopen_failed = None;
                 }
                 Err(e) => {
-                    tracing::warn!("cannot reopen a session: {e}");
+                    // Once per worker: each file it cannot move says why
+                    // in the tree's report anyway.
+                    if self.reopen_failed.is_none() {
+                        tracing::warn!("cannot reopen a session: {e}");
+                    } else {
+                        tracing::debug!("cannot reopen a session: {e}");
+                    }
                     self.reopen_failed = Some((e.to_string(), e.is_transient()));
                 }
             }
