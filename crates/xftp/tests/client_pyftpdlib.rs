@@ -491,9 +491,12 @@ fn put_c_of_an_empty_file_works_on_a_stock_server() {
     assert_eq!(std::fs::read(d.srv.join("empty")).unwrap(), b"");
     write_prng_file(&d.local.join("full"), 10, 1);
     let url = format!("ftp://127.0.0.1:{}/full", server.port);
-    let out = xftp(&["put", "-c", "full", &url], &d.local);
+    let out = xftp(&["put", "-c", "-p", "4", "full", &url], &d.local);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs an xftp server"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs an xftp server"), "{err}");
+    // No plan announced that never runs.
+    assert!(!err.contains("using 1 connection"), "{err}");
 }
 
 /// pyftpdlib lists a link to a directory as the directory (with its

@@ -955,7 +955,13 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
     let display = super::progress::start(progress, mode);
     let r = client.upload(&a.local, &remote).await;
     display.finish().await;
-    show_notices(&mut client, a.t.quiet);
+    // "using 1 connection" before a refusal of -c would announce a plan
+    // that never runs.
+    if matches!(&r, Err(ClientError::Usage(m)) if m.starts_with("-c for uploads")) {
+        client.take_notices();
+    } else {
+        show_notices(&mut client, a.t.quiet);
+    }
     let r = r.map_err(|e| {
         let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
         explain_resumable(e, Op::Put, &url, a.resume, Some(kept))
