@@ -28,7 +28,9 @@ use xftp_client::{
 
 use xftp_proto::facts::Kind;
 
-use super::transfer::{cache_key, load_cache, parse_bufsize_arg, record_path, BufArg, Parallel};
+use super::transfer::{
+    cache_key, load_cache, parse_bufsize_arg, record_path, server_state_hint, BufArg, Parallel,
+};
 
 mod input;
 mod words;
@@ -1562,15 +1564,7 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
             ),
             (550 | 553, _) => Some("check the name with `ls`, and your permissions".into()),
             (530, _) => Some("log in with `user NAME`".into()),
-            (452 | 552, _) => Some(
-                "the server will not take that much: out of space, over quota, or over its size limit"
-                    .into(),
-            ),
-            (421, _) if e.to_string().contains("failed logins") => Some(
-                "this address is locked out after failed logins: wait as the server says, then check the user name and password"
-                    .into(),
-            ),
-            (421, _) => Some("the server is busy or shutting down; try again later".into()),
+            (452 | 552 | 421, _) => server_state_hint(*code, &e),
             (425 | 426, _) => Some(
                 "the data connection failed; try `active` (or `passive`), or check firewalls"
                     .into(),

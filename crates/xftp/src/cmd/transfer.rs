@@ -275,13 +275,23 @@ fn progress_for(
 static COUNTED: std::sync::Mutex<Vec<std::sync::Arc<xftp_client::Progress>>> =
     std::sync::Mutex::new(Vec::new());
 
+/// The bytes every run's data connections carried, and the last run's
+/// counters.
+fn counted() -> (u64, Option<xftp_client::Snapshot>) {
+    let runs = COUNTED.lock().unwrap_or_else(|e| e.into_inner());
+    let snaps: Vec<_> = runs.iter().map(|p| p.snapshot()).collect();
+    (
+        snaps.iter().map(|s| s.bytes).sum(),
+        snaps.into_iter().last(),
+    )
+}
+
 /// What the data connections carried before a failure: the bytes of
 /// every run so far, and the last run's connections, seconds and rate.
 fn fill_counted(s: &mut Summary) {
-    let runs = COUNTED.lock().unwrap_or_else(|e| e.into_inner());
-    let snaps: Vec<_> = runs.iter().map(|p| p.snapshot()).collect();
-    s.bytes = snaps.iter().map(|s| s.bytes).sum();
-    if let Some(last) = snaps.last() {
+    let (bytes, last) = counted();
+    s.bytes = bytes;
+    if let Some(last) = last {
         s.per_stream_bytes = last.per_stream.clone();
         s.streams = last.per_stream.len();
         s.seconds = last.elapsed.as_secs_f64();
@@ -1257,11 +1267,7 @@ fn tree_finish(
             // The tree's shape, so that a program reads one schema.
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");
-            let bytes = {
-                let mut s = Summary::failed(String::new(), Duration::ZERO);
-                fill_counted(&mut s);
-                s.bytes
-            };
+            let bytes = counted().0;
             let secs = start.elapsed().as_secs_f64();
             let s = TreeSummary {
                 status: "error",
@@ -1447,15 +1453,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 "check that the remote directory exists and that you may write there (`xftp ls`)"
                     .into(),
             ),
-            (452 | 552, _) => Some(
-                "the server will not take that much: out of space, over quota, or over its size limit"
-                    .into(),
-            ),
-            (421, _) if e.to_string().contains("failed logins") => Some(
-                "this address is locked out after failed logins: wait as the server says, then check the user name and password"
-                    .into(),
-            ),
-            (421, _) => Some("the server is busy or shutting down; try again later".into()),
+            (452 | 552 | 421, _) => server_state_hint(*code, &e),
             (425 | 426, _) => Some(
                 "the data connection failed; try --active (or drop it), or check firewalls".into(),
             ),
@@ -1534,6 +1532,23 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         Some(f) => anyhow::anyhow!("{e} — {f}"),
         None => anyhow::Error::new(e),
     }
+}
+
+/// The fix for a refusal that says what state the server is in (452/552
+/// space or limits, 421 busy or a lockout): the same in the CLI and the
+/// shell.
+pub(crate) fn server_state_hint(code: u16, e: &ClientError) -> Option<String> {
+    Some(match code {
+        452 | 552 => {
+            "the server will not take that much: out of space, over quota, or over its size limit"
+        }
+        421 if e.to_string().contains("failed logins") => {
+            "this address is locked out after failed logins: wait as the server says, then check the user name and password"
+        }
+        421 => "the server is busy or shutting down; try again later",
+        _ => return None,
+    }
+    .into())
 }
 
 /// Render the outcome and choose the exit status.
