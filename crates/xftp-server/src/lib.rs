@@ -142,6 +142,10 @@ impl Config {
     }
 }
 
+/// How long a session has, after the hard stop, to end its transfer and
+/// send its 421.
+const HARD_STOP_WAIT: Duration = Duration::from_secs(2);
+
 /// Accept control connections on `listener` until `shutdown` is cancelled;
 /// then stop accepting and wait for running sessions to end, for at most
 /// [`Config::shutdown_grace`] (see [`serve_all`]).
@@ -161,10 +165,12 @@ pub async fn serve(
 /// Stopping comes in two steps. `shutdown` stops accepting: a session
 /// waiting for a command ends at once with a 421, one in a transfer ends
 /// when the transfer does. Sessions still open after
-/// [`Config::shutdown_grace`], or once `now` is cancelled, are ended
-/// without a word (their sockets closed, an upload's temporary file left
-/// unrenamed): a transfer to a peer that vanished would otherwise hold the
-/// server for its stall timeout.
+/// [`Config::shutdown_grace`], or once `now` is cancelled, are ended: a
+/// running transfer stops with a 421 (a stream-mode data connection is
+/// reset, so its end cannot pass for the end of the file; an upload's
+/// temporary file is left unrenamed), and a session that cannot say so
+/// within a few seconds is closed without a word. A transfer to a peer
+/// that vanished would otherwise hold the server for its stall timeout.
 pub async fn serve_all(
     listener: TcpListener,
     implicit: Option<TcpListener>,
@@ -219,6 +225,7 @@ pub async fn serve_all(
         let stop = shutdown.clone();
         let shared = shared.clone();
         let now = now.clone();
+        let hard = now.clone();
         let session = async move {
             let _guard = guard;
             if n > cfg.max_sessions {
@@ -250,16 +257,24 @@ pub async fn serve_all(
                 return;
             }
             tracing::info!(%peer, implicit_tls = tls_first, "session start");
-            if let Err(e) = session::run(stream, tls_first, cfg, shared, stop).await {
+            if let Err(e) = session::run(stream, tls_first, cfg, shared, stop, now).await {
                 tracing::info!(%peer, "session ended: {e}");
             } else {
                 tracing::info!(%peer, "session end");
             }
         };
         tracker.spawn(async move {
+            tokio::pin!(session);
             tokio::select! {
-                () = session => {}
-                () = now.cancelled() => tracing::warn!(%peer, "session ended by the shutdown"),
+                () = &mut session => {}
+                () = hard.cancelled() => {
+                    // A session in a transfer ends it with a 421 (and
+                    // resets a stream-mode data connection); one that
+                    // cannot say so in time is dropped.
+                    if tokio::time::timeout(HARD_STOP_WAIT, &mut session).await.is_err() {
+                        tracing::warn!(%peer, "session ended by the shutdown");
+                    }
+                }
             }
         });
     }

@@ -48,6 +48,7 @@ pub async fn run(
     cfg: Arc<Config>,
     shared: Arc<crate::Shared>,
     shutdown: CancellationToken,
+    now: CancellationToken,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr()?;
     let local = stream.local_addr()?;
@@ -102,6 +103,7 @@ pub async fn run(
         allo: None,
         mult_set: false,
         shutdown,
+        now,
         stop_upload: None,
         upload_limit: None,
         hash_alg: Algorithm::Sha256,
@@ -223,6 +225,9 @@ struct Session {
     /// The client negotiated with MULT (not GridFTP-style MODE E alone).
     mult_set: bool,
     shutdown: CancellationToken,
+    /// The server's hard stop (the grace is over, or a second signal):
+    /// a running transfer is ended with a 421.
+    now: CancellationToken,
     /// The running stream-mode upload's stop signal (see `halt`).
     stop_upload: Option<CancellationToken>,
     /// The running upload's size limit (`--max-upload-size`).
@@ -1805,6 +1810,14 @@ impl Session {
                         ))));
                     }
                 }
+                () = self.now.cancelled() => {
+                    halt(&mut task, stop.take()).await;
+                    let _ = self
+                        .reply(421, "Server shutting down; the transfer was not completed.")
+                        .await;
+                    let _ = self.flush_replies().await;
+                    return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "transfer ended by the shutdown"));
+                }
                 r = &mut task => {
                     return Ok(match r {
                         Ok(Ok(t)) => Outcome::Done(t),
@@ -2763,13 +2776,14 @@ impl Session {
         let prog = progress.clone();
         let task = tokio::spawn(async move {
             let mut conns = conns;
-            let Some(mut c) = conns.pop() else {
+            let Some(c) = conns.pop() else {
                 return Err(TransferError::Network(std::io::Error::other(
                     "no data connection",
                 )));
             };
+            let mut c = transfer::ResetIfCut::new(c);
             c.write_all(&body).await.map_err(TransferError::Network)?;
-            c.shutdown().await.map_err(TransferError::Network)?;
+            c.finish().await.map_err(TransferError::Network)?;
             prog.store(body.len() as u64, Ordering::Relaxed);
             Ok(())
         });

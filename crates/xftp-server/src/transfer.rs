@@ -40,19 +40,65 @@ pub enum TransferError {
 /// Bytes moved so far, shared with the control task for STAT.
 pub type Progress = Arc<AtomicU64>;
 
+/// A stream-mode data connection that is reset (RST), not closed (FIN),
+/// if it is dropped before [`ResetIfCut::finish`]: in stream mode a clean
+/// close marks the end of the file, so a send cut short (ABOR, a stall,
+/// the server stopping) must not end with one.
+pub(crate) struct ResetIfCut {
+    conn: Stream,
+    done: bool,
+}
+
+impl ResetIfCut {
+    pub(crate) fn new(conn: Stream) -> ResetIfCut {
+        ResetIfCut { conn, done: false }
+    }
+
+    /// Send what is left and close cleanly: the end of the data.
+    pub(crate) async fn finish(&mut self) -> std::io::Result<()> {
+        self.conn.shutdown().await?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for ResetIfCut {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for ResetIfCut {
+    fn deref_mut(&mut self) -> &mut Stream {
+        &mut self.conn
+    }
+}
+
+impl Drop for ResetIfCut {
+    fn drop(&mut self) {
+        if !self.done {
+            // Linger 0: close(2) then sends RST and drops unsent bytes.
+            let _ =
+                socket2::SockRef::from(self.conn.tcp()).set_linger(Some(std::time::Duration::ZERO));
+        }
+    }
+}
+
 /// RETR in stream mode: `file` from `offset` to the end, on one connection.
 pub async fn send_stream(
     file: File,
     offset: u64,
-    mut conn: Stream,
+    conn: Stream,
     ascii_mode: bool,
     progress: Progress,
 ) -> Result<u64, TransferError> {
+    let mut conn = ResetIfCut::new(conn);
     // sendfile(2) hands the kernel plain bytes: not under TLS.
     #[cfg(target_os = "linux")]
     if !ascii_mode && !conn.is_tls() {
         let total = sendfile_all(&file, offset, conn.tcp(), &progress).await?;
-        conn.shutdown().await.map_err(TransferError::Network)?;
+        conn.finish().await.map_err(TransferError::Network)?;
         return Ok(total);
     }
     let mut file = tokio::fs::File::from_std(file);
@@ -81,7 +127,7 @@ pub async fn send_stream(
         total += out.len() as u64;
         progress.store(total, Ordering::Relaxed);
     }
-    conn.shutdown().await.map_err(TransferError::Network)?;
+    conn.finish().await.map_err(TransferError::Network)?;
     Ok(total)
 }
 

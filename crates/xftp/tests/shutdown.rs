@@ -59,7 +59,7 @@ fn a_stuck_transfer_is_ended_when_the_grace_runs_out() {
     let mut srv = serve(dir.path(), &["--shutdown-grace", "2"]);
     let mut idle = Ctl::login(srv.port);
     // A client that never reads its data: the server's writes block.
-    let (_c, mut data) = start_retr(srv.port, "big.bin");
+    let (mut c, mut data) = start_retr(srv.port, "big.bin");
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     signal(&srv, "-TERM");
@@ -78,19 +78,28 @@ fn a_stuck_transfer_is_ended_when_the_grace_runs_out() {
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
-    // Its data connection is closed: reading ends (after what the socket
-    // buffers held).
+    // The client is told on the control connection...
+    let r = c.reply();
+    assert!(r.starts_with("421"), "{r}");
+    // ...and its data connection is reset, not closed: in stream mode a
+    // clean close would read as the end of the file.
     data.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let mut got = 0u64;
-    loop {
+    let end = loop {
         match data.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break None,
+            Err(e) => break Some(e.kind()),
             Ok(n) => got += n as u64,
         }
-    }
+    };
     assert!(got < 64_000_000, "the whole file arrived: {got}");
+    assert_eq!(
+        end,
+        Some(std::io::ErrorKind::ConnectionReset),
+        "the data connection ended cleanly after {got} bytes"
+    );
 }
 
 #[test]
