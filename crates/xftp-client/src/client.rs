@@ -1362,9 +1362,7 @@ impl Client {
         self.settle().await?;
         let f = self.features().await?;
         if !(f.mode_e && f.mult) {
-            return Err(ClientError::Usage(
-                "-c for uploads needs an xftp server (SITE RESUMABLE with MODE E); this one does not list MULT and MODE E. Run without -c".into(),
-            ));
+            return Err(ClientError::UploadResumeUnsupported);
         }
         let tmp = temp_remote_name(remote);
         // What the server holds of an earlier attempt, and of the target

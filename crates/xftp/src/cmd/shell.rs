@@ -1500,6 +1500,7 @@ fn keeps_session(e: &ClientError) -> bool {
         ClientError::BadArgument { .. }
         | ClientError::NotThere { .. }
         | ClientError::Usage(_)
+        | ClientError::UploadResumeUnsupported
         | ClientError::ChecksumMismatch { .. } => true,
         _ => false,
     }
@@ -1516,12 +1517,10 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
     if requires_tls(&e) {
         return anyhow::anyhow!("{e} — the server requires TLS: open ftpes://{authority}/");
     }
-    if let (ClientError::Usage(m), Op::Reput) = (&e, op) {
-        if m.starts_with("-c for uploads") {
-            return anyhow::anyhow!(
-                "reput needs an xftp server (SITE RESUMABLE with MODE E), and this one does not list MULT and MODE E — use `put`, which sends the file whole"
-            );
-        }
+    if let (ClientError::UploadResumeUnsupported, Op::Reput) = (&e, op) {
+        return anyhow::anyhow!(
+            "reput needs an xftp server (SITE RESUMABLE with MODE E), and this one does not list MULT and MODE E — use `put`, which sends the file whole"
+        );
     }
     // A transfer cut on the way, which running it again may complete.
     let cut = match &e {
@@ -1822,7 +1821,7 @@ mod tests {
         };
         let r = explain(refused, Op::Reget, "h").to_string();
         assert!(r.contains("check the name") && !r.contains("reget"), "{r}");
-        let stock = ClientError::Usage("-c for uploads needs an xftp server".into());
+        let stock = ClientError::UploadResumeUnsupported;
         let r = explain(stock, Op::Reput, "h").to_string();
         assert!(r.contains("use `put`"), "{r}");
     }

@@ -683,7 +683,12 @@ fn explain_resumable(
     // command fails the same way).
     let keeps = resume
         && kept.is_some()
-        && !matches!(e, ClientError::SourceChanged { .. } | ClientError::Usage(_))
+        && !matches!(
+            e,
+            ClientError::SourceChanged { .. }
+                | ClientError::Usage(_)
+                | ClientError::UploadResumeUnsupported
+        )
         && !(op == Op::Put && matches!(e, ClientError::ChecksumMismatch { .. }))
         && (op == Op::Get || cut || e.is_transient());
     // What happened to the bytes is said once: here, where it is known.
@@ -967,7 +972,7 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
     display.finish().await;
     // "using 1 connection" before a refusal of -c would announce a plan
     // that never runs.
-    if matches!(&r, Err(ClientError::Usage(m)) if m.starts_with("-c for uploads")) {
+    if matches!(&r, Err(ClientError::UploadResumeUnsupported)) {
         client.take_notices();
     } else {
         show_notices(&mut client, a.t.quiet);
