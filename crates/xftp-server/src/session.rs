@@ -254,6 +254,12 @@ async fn halt<T>(task: &mut JoinHandle<Result<T, TransferError>>, stop: Option<C
     let _ = task.await;
 }
 
+/// The 552 for an upload over `--max-upload-size`, the same whether it is
+/// refused by its announced size or stopped when it passes the limit.
+fn too_large(max: u64) -> String {
+    format!("Upload refused: larger than this server's limit of {max} bytes; nothing was stored.")
+}
+
 /// What follows the first `n` words of `s` (a path that may hold spaces).
 fn after_words(s: &str, n: usize) -> &str {
     let mut rest = s.trim_start();
@@ -1887,11 +1893,7 @@ impl Session {
             Outcome::Done(t) => self.reply(226, ok(t)).await,
             Outcome::Failed(TransferError::TooLarge(max)) => {
                 // RFC 959: 552, exceeded storage allocation.
-                self.reply(
-                    552,
-                    format!("Upload refused: larger than this server's limit of {max} bytes; nothing was stored."),
-                )
-                .await
+                self.reply(552, too_large(max)).await
             }
             Outcome::Failed(TransferError::Storage(e)) => self.storage_failed(&e.to_string()).await,
             // The file system under a striped transfer: the server's, not
@@ -2274,9 +2276,7 @@ impl Session {
             .max_upload_size
             .filter(|m| endgame.is_some_and(|s| s > *m))
         {
-            return self
-                .reply(552, format!("Upload larger than the limit of {max} bytes."))
-                .await;
+            return self.reply(552, too_large(max)).await;
         }
         let reuse = framed && self.can_reuse(n);
         if !reuse && !self.data_planned().await? {
@@ -2488,9 +2488,7 @@ impl Session {
                 .await;
         }
         if let Some(max) = self.cfg.max_upload_size.filter(|m| meta.size > *m) {
-            return self
-                .reply(552, format!("Upload larger than the limit of {max} bytes."))
-                .await;
+            return self.reply(552, too_large(max)).await;
         }
         // The record goes beside the file: never over a file of the user's.
         let record = resumable::record_path(&target);
