@@ -106,6 +106,10 @@ pub struct ClientConfig {
     /// ranges stay beside the target on failure, and the next run with
     /// `resume` fetches only what is missing.
     pub resume: bool,
+    /// Cancelled when the user interrupts (SIGINT, SIGTERM): an upload
+    /// then stops, resets its data connections and deletes what a server
+    /// that writes in place holds of it ([`ClientError::Interrupted`]).
+    pub interrupt: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Whether and how transfers are verified.
@@ -186,6 +190,7 @@ impl Default for ClientConfig {
             progress: None,
             limit_rate: None,
             resume: false,
+            interrupt: None,
         }
     }
 }
@@ -1646,9 +1651,12 @@ impl Client {
                 complete_on_226: endgame.then_some(len - already),
             };
             let ctlr = self.new_controller(n);
-            let rep = late
-                .beside(self.adapt(&c_stor, tx.finish(), live, ctlr), add)
-                .await?;
+            let stop = self.cfg.interrupt.clone();
+            let rep = interruptible(
+                &stop,
+                late.beside(self.adapt(&c_stor, tx.finish(), live, ctlr), add),
+            )
+            .await??;
             (
                 rep.streams.iter().map(|s| s.bytes).collect(),
                 rep.bytes,
@@ -1680,10 +1688,12 @@ impl Client {
                     });
                 }
                 Err(e) => {
-                    let e = self.reason_from_server(&c_stor, e).await;
-                    let answered = matches!(e, ClientError::Reply { .. });
+                    // A 226 too: some servers (pyftpdlib) take a reset
+                    // upload for a whole one.
+                    let (e, ended) = self.after_failure(&c_stor, e).await;
+                    let answered = ended || matches!(e, ClientError::Reply { .. });
                     self.clear_cut_upload(remote, answered).await;
-                    return Err(e);
+                    return Err(self.unless_interrupted(e));
                 }
             };
             self.expect_complete(&c_stor).await?;
@@ -1704,10 +1714,10 @@ impl Client {
                             tracing::info!("{e}, after the server had every byte (226): the upload is complete");
                             (sent, len - already, 0)
                         }
-                        (e, _) => {
-                            let answered = matches!(e, ClientError::Reply { .. });
+                        (e, ended) => {
+                            let answered = ended || matches!(e, ClientError::Reply { .. });
                             self.clear_cut_upload(remote, answered).await;
-                            return Err(e);
+                            return Err(self.unless_interrupted(e));
                         }
                     }
                 }
@@ -1766,6 +1776,21 @@ impl Client {
                 "if this server writes uploads in place, it may keep an incomplete copy under {remote}: check, and delete it or upload again"
             ),
         }
+    }
+
+    /// `e`, or [`ClientError::Interrupted`] once the user has interrupted:
+    /// the server's reply to the reset upload is not the cause.
+    fn unless_interrupted(&self, e: ClientError) -> ClientError {
+        match &self.cfg.interrupt {
+            Some(s) if s.is_cancelled() => ClientError::Interrupted,
+            _ => e,
+        }
+    }
+
+    /// The user's interrupt ([`ClientConfig::interrupt`]), for callers
+    /// that stop taking new work once it fires.
+    pub fn interrupt(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.cfg.interrupt.clone()
     }
 
     /// [`Client::clear_cut_upload`] without the warnings, for an upload
@@ -3009,15 +3034,11 @@ impl Client {
         }
     }
 
-    /// A data connection of an upload failed: a server that gave up on the
-    /// upload (426 "No space left on device") resets the connections, and
-    /// its reply, if it comes within a moment, says why better than the
-    /// reset. Other errors are returned as they are.
-    pub(crate) async fn reason_from_server(&mut self, c: &Cmd, e: ClientError) -> ClientError {
-        self.after_failure(c, e).await.0
-    }
-
-    /// [`Client::reason_from_server`], and whether the transfer's final
+    /// A data connection of an upload failed (or the user interrupted it):
+    /// a server that gave up on the upload (426 "No space left on device")
+    /// resets the connections, and its reply, if it comes within a moment,
+    /// says why better than the reset. Other errors are returned as they
+    /// are. Also whether the transfer's final
     /// reply was a success (226, 250) after all. For an upload in the
     /// endgame that means it is complete: the server replies 226 only once
     /// every byte of the announced size is in, whatever our end of a data
@@ -3026,7 +3047,10 @@ impl Client {
     pub(crate) async fn after_failure(&mut self, c: &Cmd, e: ClientError) -> (ClientError, bool) {
         if !matches!(
             e,
-            ClientError::DataIo(_) | ClientError::Stripe(_) | ClientError::StripeFault(_)
+            ClientError::DataIo(_)
+                | ClientError::Stripe(_)
+                | ClientError::StripeFault(_)
+                | ClientError::Interrupted
         ) {
             return (e, false);
         }
@@ -3035,15 +3059,25 @@ impl Client {
         // Progress and MULT replies may come first; a refused MULT (501,
         // 504) is not the transfer's end: only the codes a transfer ends
         // with are taken.
-        while let Ok(Ok(r)) = tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
-            if matches!(r.code, 421 | 425 | 426 | 450 | 451 | 452 | 550..=553) {
+        loop {
+            let r = match tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
+                Ok(Ok(r)) => r,
+                // The control connection broke: the server ends a session
+                // that lost it, and its data connections with it, so that
+                // is the cause.
+                Ok(Err(ctl @ (ClientError::ControlIo(_) | ClientError::Closed))) => {
+                    return (ctl, false)
+                }
+                _ => return (e, false),
+            };
+            // (GridFTP ends a cut one with 500.)
+            if r.code >= 400 && !matches!(r.code, 501 | 504) {
                 return (unexpected(c, &r), false);
             }
             if matches!(r.code, 226 | 250) {
                 return (e, true);
             }
         }
-        (e, false)
     }
 
     /// A transfer or listing (`r`) failed part-way, perhaps after its
@@ -3284,7 +3318,11 @@ impl Client {
         let mut buf = vec![0u8; CHUNK];
         let mut sent = 0u64;
         let t = self.cfg.data_timeout;
+        let stop = self.cfg.interrupt.clone();
         loop {
+            if stop.as_ref().is_some_and(|s| s.is_cancelled()) {
+                return Err(ClientError::Interrupted);
+            }
             let n = src
                 .read(&mut buf)
                 .await
@@ -3301,7 +3339,7 @@ impl Client {
                     cleared: false,
                 });
             }
-            match tokio::time::timeout(t, c.write_all(&buf[..n])).await {
+            match interruptible(&stop, tokio::time::timeout(t, c.write_all(&buf[..n]))).await? {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
                 Err(_) => return Err(stall(t, sent)),
             }
@@ -3311,7 +3349,7 @@ impl Client {
             }
             crate::progress::add(&count, n);
             if let Some(r) = &self.cfg.limit_rate {
-                r.take(n).await;
+                interruptible(&stop, r.take(n)).await?;
             }
             sent += n as u64;
         }
@@ -3409,23 +3447,37 @@ impl Client {
         };
         let ctl = sender.control();
         let stats = sender.control();
-        let report = late
-            .beside(sender.finish(), move |s| {
-                ctl.add_connection(adaptive::sending(&meters, &dog, s))
-                    .is_ok()
-            })
-            .await
-            .map_err(|e| {
-                // What each connection sent, for a failure that may be a
-                // success after all (`after_failure`).
-                let sent = stats.stats().iter().map(|s| s.bytes).collect();
-                (stripe_err(e, self.cfg.data_timeout), sent)
-            })?;
+        let run = late.beside(sender.finish(), move |s| {
+            ctl.add_connection(adaptive::sending(&meters, &dog, s))
+                .is_ok()
+        });
+        // What each connection sent, for a failure that may be a success
+        // after all (`after_failure`).
+        let sent = || stats.stats().iter().map(|s| s.bytes).collect();
+        let report = match interruptible(&self.cfg.interrupt, run).await {
+            Ok(r) => r.map_err(|e| (stripe_err(e, self.cfg.data_timeout), sent()))?,
+            Err(e) => return Err((e, sent())),
+        };
         Ok((
             report.streams.iter().map(|s| s.bytes).collect(),
             report.bytes,
             report.duplicate_bytes,
         ))
+    }
+}
+
+/// `f`, or [`ClientError::Interrupted`] as soon as `stop` is cancelled
+/// (`f` is dropped: its data connections are reset).
+async fn interruptible<F: std::future::Future>(
+    stop: &Option<tokio_util::sync::CancellationToken>,
+    f: F,
+) -> Result<F::Output> {
+    match stop {
+        Some(s) => tokio::select! {
+            r = f => Ok(r),
+            () = s.cancelled() => Err(ClientError::Interrupted),
+        },
+        None => Ok(f.await),
     }
 }
 

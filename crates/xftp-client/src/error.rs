@@ -188,6 +188,9 @@ pub enum ClientError {
     /// names no file, ...).
     #[error("{0}")]
     Usage(String),
+    /// The user interrupted the transfer ([`crate::ClientConfig::interrupt`]).
+    #[error("interrupted")]
+    Interrupted,
     /// An upload with resume (`-c`) to a server that cannot resume one:
     /// it lacks MULT and MODE E (SITE RESUMABLE). Sending the file whole,
     /// without `-c`, works.

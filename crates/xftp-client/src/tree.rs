@@ -701,7 +701,11 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
 async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt: &TreeOptions) {
     while let Some(c) = w.batch_session().await {
         let books = Books::new();
+        let stop = c.interrupt();
         let next = || {
+            if stop.as_ref().is_some_and(|s| s.is_cancelled()) {
+                return None;
+            }
             let job = q.pop(Role::Small)?;
             let item = UploadItem {
                 local: local_path(local, &job.rel),
@@ -870,6 +874,9 @@ pub async fn put_tree(
                 if role_now == Role::Small {
                     put_batched(&mut w, &q, &remote, &local, &opt).await;
                 }
+                if w.interrupted() {
+                    break;
+                }
                 let Some(job) = q.pop(role_now) else {
                     break;
                 };
@@ -1020,11 +1027,14 @@ struct Worker {
     rep: TreeReport,
     /// Why the last reopening failed, and whether that may pass.
     reopen_failed: Option<(String, bool)>,
+    /// The user's interrupt: no file is begun after it.
+    stop: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Worker {
     fn new(c: Client, role: Role, connect: Connect) -> Worker {
         Worker {
+            stop: c.interrupt(),
             client: Some(c),
             role,
             connect,
@@ -1036,6 +1046,10 @@ impl Worker {
     /// The session, reopened if it broke, when it can move a batch
     /// (the server keeps connections and nothing needs a per-file
     /// exchange); `None` otherwise.
+    fn interrupted(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| s.is_cancelled())
+    }
+
     async fn batch_session(&mut self) -> Option<&mut Client> {
         self.reopen().await;
         let c = self.client.as_mut()?;

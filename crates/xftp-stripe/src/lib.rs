@@ -70,6 +70,16 @@ pub use sched::Schedule;
 pub use send::{send_file, SendConfig, SendControl, Sender};
 pub use sock::{socket_bytes, DataSocket, Delivery, Probe, SocketBytes};
 
+/// A task aborted when this handle is dropped (a spawned task otherwise
+/// runs on, detached).
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Default record size: 256 KiB. See docs/framing.md for the reasoning.
 pub const DEFAULT_RECORD_SIZE: u32 = 256 * 1024;
 

@@ -290,9 +290,14 @@ impl<S: AsyncRead + DataSocket + Unpin + Send + 'static> Receiver<S> {
         // Replace our sender half by a dead one so the channel can close.
         self.ctl.tx = mpsc::unbounded_channel().0;
         match driver {
-            Some(d) => d
-                .await
-                .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string()))),
+            // Dropped before the end (the caller gave up), the transfer
+            // stops with it: the driver must not go on in the background.
+            Some(d) => {
+                let mut d = crate::AbortOnDrop(d);
+                (&mut d.0)
+                    .await
+                    .unwrap_or_else(|e| Err(StripeError::Aborted(e.to_string())))
+            }
             None => Err(StripeError::Aborted("finished twice".into())),
         }
     }

@@ -95,12 +95,15 @@ fn main() -> ExitCode {
         Command::Probe(a) => a.json(),
         _ => false,
     };
+    // An upload stopped by a signal first cleans up on the server: a stock
+    // server keeps what came of a cut upload under the file's name.
+    let graceful = matches!(&cli.command, Command::Put(_));
     let stopped_hint = match &cli.command {
         Command::Get(a) => a.stopped_hint(),
         _ => None,
     };
     let (result, interrupted) = rt.block_on(async move {
-        let work = match cli.command {
+        let mut work = match cli.command {
             // The server ends on its own signals (it finishes transfers).
             Command::Serve(a) => return (cmd::serve::run(a).await, false),
             Command::Useradd(a) => return (cmd::serve::useradd(a), false),
@@ -120,10 +123,21 @@ fn main() -> ExitCode {
         // short stream-mode upload for a whole one). Killed by the signal
         // instead, a multi-gigabyte temporary would stay behind.
         tokio::select! {
-            r = work => (r, false),
+            r = &mut work => (r, false),
             (name, code) = interrupted() => {
+                if graceful {
+                    eprintln!("xftp: interrupted ({name}); stopping the upload (a second signal quits at once)");
+                    cmd::transfer::interrupt_token().cancel();
+                    // Bounded: the server's reply to the reset upload and
+                    // a DELE are each bounded already.
+                    tokio::select! {
+                        _ = tokio::time::timeout(GRACEFUL_STOP, &mut work) => {}
+                        _ = interrupted() => {}
+                    }
+                }
                 match stopped_hint {
                     Some(h) => eprintln!("xftp: interrupted ({name}); {h}"),
+                    None if graceful => {}
                     None => eprintln!("xftp: interrupted ({name})"),
                 }
                 if json {
@@ -146,6 +160,9 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// How long an interrupted upload may take to clean up on the server.
+const GRACEFUL_STOP: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A running client command.
 type Work = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>>;

@@ -580,3 +580,51 @@ fn an_upload_of_a_file_that_changes_leaves_no_copy_on_a_stock_server() {
         assert!(!d.srv.join(name).exists(), "{name} left on the server");
     }
 }
+
+/// A stock server writes an upload in place, and pyftpdlib even answers a
+/// reset upload with 226: Ctrl-C must not leave a prefix under the
+/// file's name, for a single file or a tree.
+#[test]
+fn an_interrupted_put_leaves_no_prefix_on_a_stock_server() {
+    if !have_pyftpdlib("an_interrupted_put_leaves_no_prefix_on_a_stock_server") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd(&d.srv);
+    write_prng_file(&d.local.join("big.bin"), 12 * MIB, 5);
+    let url = format!("ftp://127.0.0.1:{}/big.bin", server.port);
+    let args = [
+        "put",
+        "--json",
+        "--limit-rate",
+        "4M",
+        "big.bin",
+        url.as_str(),
+    ];
+    let (out, running) =
+        support::xftp_interrupted(&args, &d.local, std::time::Duration::from_millis(800));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(running, "the upload ended before the signal: {err}");
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(json_of(&out)["error"], "interrupted (SIGINT)", "{err}");
+    assert!(err.contains("deleted the incomplete copy"), "{err}");
+    assert!(!d.srv.join("big.bin").exists(), "a prefix was left: {err}");
+
+    let tree = d.local.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..4 {
+        write_prng_file(&tree.join(format!("f{i}")), 4 * MIB, i);
+    }
+    let url = format!("ftp://127.0.0.1:{}/tree/", server.port);
+    let args = ["put", "-r", "--limit-rate", "4M", "tree", url.as_str()];
+    let (out, running) =
+        support::xftp_interrupted(&args, &d.local, std::time::Duration::from_millis(800));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(running, "the upload ended before the signal: {err}");
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    for e in std::fs::read_dir(d.srv.join("tree")).unwrap() {
+        let e = e.unwrap();
+        let len = e.metadata().unwrap().len();
+        assert_eq!(len, 4 * MIB, "{:?} is cut short: {err}", e.file_name());
+    }
+}

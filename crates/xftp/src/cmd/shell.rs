@@ -1409,6 +1409,7 @@ async fn dial(
         progress: Some(progress.clone()),
         limit_rate: None,
         resume: false,
+        interrupt: None,
     };
     let mut client = Client::connect(&url.host, url.port, cfg.clone())
         .await

@@ -972,7 +972,10 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
     display.finish().await;
     // "using 1 connection" before a refusal of -c would announce a plan
     // that never runs.
-    if matches!(&r, Err(ClientError::UploadResumeUnsupported)) {
+    if matches!(
+        &r,
+        Err(ClientError::UploadResumeUnsupported | ClientError::Interrupted)
+    ) {
         client.take_notices();
     } else {
         show_notices(&mut client, a.t.quiet);
@@ -1149,8 +1152,17 @@ pub(crate) fn client_config(
             .and_then(|t| t.limit_rate)
             .map(xftp_client::RateLimit::new),
         resume: false,
+        interrupt: Some(interrupt_token()),
     };
     Ok((cfg, password))
+}
+
+/// Cancelled on the first SIGINT or SIGTERM during `put`: the upload stops
+/// and cleans up after itself on the server (see `main`).
+pub(crate) fn interrupt_token() -> tokio_util::sync::CancellationToken {
+    static TOKEN: std::sync::OnceLock<tokio_util::sync::CancellationToken> =
+        std::sync::OnceLock::new();
+    TOKEN.get_or_init(Default::default).clone()
 }
 
 /// Connect and log in.
@@ -1268,6 +1280,8 @@ fn tree_finish(
 ) -> anyhow::Result<ExitCode> {
     let r = match r {
         Ok(r) => r,
+        // `main` reports the interrupt (and its JSON object).
+        Err(_) if interrupt_token().is_cancelled() => return Ok(ExitCode::FAILURE),
         Err(e) if json => {
             // The tree's shape, so that a program reads one schema.
             let msg = format!("{e:#}");
@@ -1578,6 +1592,8 @@ fn finish_runs(
 ) -> anyhow::Result<ExitCode> {
     let (summary, code) = match result {
         Ok(s) => (s, ExitCode::SUCCESS),
+        // `main` reports the interrupt (and its JSON object).
+        Err(_) if interrupt_token().is_cancelled() => return Ok(ExitCode::FAILURE),
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("xftp {what}: {msg}");

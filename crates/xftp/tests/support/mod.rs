@@ -411,3 +411,24 @@ pub fn shrink(path: &Path, len: u64) {
         .set_len(len)
         .unwrap()
 }
+
+/// Run `xftp ARGS` in `cwd` and send it SIGINT after `after`: its output,
+/// and whether it was still running when the signal went.
+pub fn xftp_interrupted(args: &[&str], cwd: &Path, after: Duration) -> (Output, bool) {
+    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
+        .current_dir(cwd)
+        .env("HOME", cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn xftp");
+    std::thread::sleep(after);
+    let pid = child.id().to_string();
+    let running = Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    (child.wait_with_output().expect("wait for xftp"), running)
+}
