@@ -142,6 +142,9 @@ impl Config {
     }
 }
 
+/// Password checks (Argon2id, 19 MiB each) running at once.
+const PASSWORD_CHECKS: usize = 2;
+
 /// How long a session has, after the hard stop, to end its transfer and
 /// send its 421.
 const HARD_STOP_WAIT: Duration = Duration::from_secs(2);
@@ -185,6 +188,7 @@ pub async fn serve_all(
         per_ip: Arc::new(limits::PerAddress::default()),
         streams: Arc::new(limits::StreamBudget::default()),
         partials: Arc::new(resumable::Writers::default()),
+        hashing: tokio::sync::Semaphore::new(PASSWORD_CHECKS),
     });
     loop {
         let mut tls_first = false;
@@ -323,6 +327,8 @@ pub(crate) struct Shared {
     pub streams: Arc<limits::StreamBudget>,
     /// The resumable uploads under way, by partial file.
     pub partials: Arc<resumable::Writers>,
+    /// Permits for password checks ([`PASSWORD_CHECKS`]).
+    pub hashing: tokio::sync::Semaphore,
 }
 
 struct ActiveGuard(Arc<AtomicUsize>);

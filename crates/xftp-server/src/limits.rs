@@ -19,6 +19,8 @@ pub struct LoginThrottle {
     max: u32,
     window: Duration,
     map: Mutex<HashMap<IpAddr, Failures>>,
+    /// Serializes [`LoginThrottle::attempt`]'s check and count.
+    gate: Mutex<()>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -35,7 +37,22 @@ impl LoginThrottle {
             max,
             window,
             map: Mutex::new(HashMap::new()),
+            gate: Mutex::new(()),
         }
+    }
+
+    /// A password about to be checked: refused (the wait) if `ip` is
+    /// locked out, else counted as a failure now, before the check, so
+    /// that guesses sent at once cannot all be checked before the first
+    /// failure is counted. A login that succeeds clears the count
+    /// ([`LoginThrottle::succeeded`]).
+    pub fn attempt(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        let _g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(wait) = self.locked(ip, now) {
+            return Err(wait);
+        }
+        self.failed(ip, now);
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, Failures>> {
@@ -255,6 +272,21 @@ mod tests {
         // Always at least one.
         let mut s3 = b.claim(a);
         assert_eq!(s3.set(4, 12), 1);
+    }
+
+    #[test]
+    fn guesses_sent_at_once_are_counted_before_they_are_checked() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60));
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        let now = Instant::now();
+        // Three in flight at once, none checked yet: the fourth waits.
+        for _ in 0..3 {
+            assert!(t.attempt(ip, now).is_ok());
+        }
+        assert!(t.attempt(ip, now).is_err());
+        // One of the three was right: the count is cleared.
+        t.succeeded(ip);
+        assert!(t.attempt(ip, now).is_ok());
     }
 
     #[test]

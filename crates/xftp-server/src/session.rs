@@ -31,6 +31,14 @@ use crate::secure::DataTls;
 use crate::transfer::{self, Progress, TransferError, Upload, UploadKind};
 use crate::{Config, TlsMode};
 
+/// Replies kept for one write at most (see `Session::send`).
+const MAX_UNSENT: usize = 64 * 1024;
+
+/// Command lines that may wait while a transfer runs (see
+/// `Session::run_transfer`); a client that sends more is ended with a 421
+/// rather than holding the server's memory.
+const MAX_QUEUED: usize = 256;
+
 /// Failed logins before the server hangs up.
 const MAX_LOGIN_FAILURES: u32 = 3;
 
@@ -135,6 +143,11 @@ pub async fn run(
                 // injection, CVE-2011-0411).
                 s.queued.clear();
                 s.reader = LineReader::new();
+                // RFC 2228 3: after AUTH the user logs in again; a login
+                // made in clear does not carry over.
+                s.login = Login::AwaitUser;
+                s.root = s.cfg.root.clone();
+                s.cwd = VPath::root();
             }
             _ => return Ok(()),
         }
@@ -359,7 +372,7 @@ impl Session {
     async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!(peer = %self.peer, "-> {}", r);
         self.unsent.extend_from_slice(&r.encode());
-        if self.queued.front().is_some_and(answered_at_once) {
+        if self.unsent.len() < MAX_UNSENT && self.queued.front().is_some_and(answered_at_once) {
             return Ok(());
         }
         self.flush_replies().await
@@ -371,9 +384,22 @@ impl Session {
             return Ok(());
         }
         let out = std::mem::take(&mut self.unsent);
-        self.ctl.write_all(&out).await?;
-        // TLS keeps what the socket did not take; a reply must go now.
-        self.ctl.flush().await
+        // A client that reads no replies must not hold its session (and
+        // its place under the session limits) forever: the idle timeout
+        // bounds a blocked write as it bounds a silent client.
+        let limit = self.cfg.idle_timeout;
+        let write = async {
+            self.ctl.write_all(&out).await?;
+            // TLS keeps what the socket did not take; a reply must go now.
+            self.ctl.flush().await
+        };
+        match tokio::time::timeout(limit, write).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read no reply for {} s", limit.as_secs()),
+            )),
+        }
     }
 
     fn peer_ip(&self) -> IpAddr {
@@ -751,7 +777,16 @@ impl Session {
             }
         };
         let ip = self.peer_ip();
-        if let Some(wait) = self.shared.throttle.locked(ip, std::time::Instant::now()) {
+        // A named user's password is counted as a failure before it is
+        // checked (see `LoginThrottle::attempt`); an anonymous login is
+        // neither counted nor, when it succeeds, clears the count.
+        let now = std::time::Instant::now();
+        let gate = if anonymous {
+            self.shared.throttle.locked(ip, now).map_or(Ok(()), Err)
+        } else {
+            self.shared.throttle.attempt(ip, now)
+        };
+        if let Err(wait) = gate {
             self.reply(
                 421,
                 format!(
@@ -774,6 +809,9 @@ impl Session {
         } else {
             let cfg = self.cfg.clone();
             let u = user.clone();
+            // Each check holds 19 MiB (Argon2id) on a blocking thread:
+            // only a few at once, or a burst of guesses takes gigabytes.
+            let _permit = self.shared.hashing.acquire().await.ok();
             tokio::task::spawn_blocking(move || cfg.users.login(&u, &pw))
                 .await
                 .ok()
@@ -801,7 +839,9 @@ impl Session {
             Some((access, root)) => {
                 self.root = root;
                 self.cwd = VPath::root();
-                self.shared.throttle.succeeded(ip);
+                if !anonymous {
+                    self.shared.throttle.succeeded(ip);
+                }
                 let mode = match access {
                     Access::ReadOnly => "read-only",
                     Access::ReadWrite => "read-write",
@@ -818,7 +858,7 @@ impl Session {
                 tracing::warn!(peer = %self.peer, %user, "login failed");
                 // Slow down password guessing.
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                if let Some(wait) = self.shared.throttle.failed(ip, std::time::Instant::now()) {
+                if let Some(wait) = self.shared.throttle.locked(ip, std::time::Instant::now()) {
                     tracing::warn!(peer = %self.peer, "address locked out for {} s after repeated failed logins", wait.as_secs());
                     self.reply(
                         421,
@@ -1875,6 +1915,12 @@ impl Session {
                             }
                             self.reply(code, text).await?;
                             self.flush_replies().await?;
+                        } else if self.queued.len() >= MAX_QUEUED {
+                            halt(&mut task, stop.take()).await;
+                            let _ = self
+                                .reply(421, format!("More than {MAX_QUEUED} commands sent during a transfer; closing the session."))
+                                .await;
+                            return Err(std::io::Error::other("too many commands queued during a transfer"));
                         } else {
                             self.queued.push_back(l);
                         }

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn paths_cannot_escape_the_root() {
@@ -334,6 +334,31 @@ async fn failed_logins_with_users_file() {
     assert!(c.read_reply().await.is_none());
 }
 
+/// An anonymous login does not clear a named user's failed guesses from
+/// the same address (it would let guessing go on without end).
+#[tokio::test]
+async fn an_anonymous_login_does_not_clear_failed_guesses() {
+    let mut db = xftp_server::UserDb::default();
+    db.set("alice", "right", xftp_server::Access::ReadOnly)
+        .unwrap();
+    let srv = start(move |cfg| {
+        cfg.users = db;
+        cfg.login_max_failures = 3;
+    })
+    .await;
+    for _ in 0..2 {
+        let mut c = Ctl::connect(srv.addr).await;
+        c.cmd("USER alice", 331).await;
+        c.cmd("PASS wrong", 530).await;
+        c.cmd("USER anonymous", 331).await;
+        c.cmd("PASS a@b", 230).await;
+    }
+    // The third guess locks the address: the two before it still count.
+    let mut c = Ctl::connect(srv.addr).await;
+    c.cmd("USER alice", 331).await;
+    c.cmd("PASS wrong", 421).await;
+}
+
 #[tokio::test]
 async fn stalled_data_connection_is_aborted() {
     let srv = start(|cfg| cfg.stall_timeout = Duration::from_secs(2)).await;
@@ -467,4 +492,60 @@ async fn mfmt_sets_a_time_and_replies_with_the_one_the_file_has() {
     c.cmd("MFMT 20200102030405 missing", 550).await;
     c.cmd("MFMT yesterday f", 501).await;
     c.cmd("NOOP", 200).await;
+}
+
+/// A client that sends commands but reads no replies: the server's writes
+/// block once the socket buffers fill, and the idle timeout still ends the
+/// session (it would otherwise hold its place under the session limits).
+#[tokio::test]
+async fn a_client_that_reads_no_replies_is_ended_by_the_idle_timeout() {
+    let srv = start(|cfg| {
+        cfg.idle_timeout = Duration::from_secs(2);
+        cfg.max_sessions_per_ip = 1;
+    })
+    .await;
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&srv.addr.into()).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let mut s = tokio::net::TcpStream::from_std(sock.into()).unwrap();
+    // HELP's reply is long: a few thousand fill both ends' buffers.
+    let flood = b"HELP\r\n".repeat(2000);
+    let t = std::time::Instant::now();
+    // The write itself may block or fail once the server stops reading.
+    let _ = tokio::time::timeout(Duration::from_secs(3), s.write_all(&flood)).await;
+    // Held, the place refuses a second session (421); given back, the
+    // next one is greeted (220).
+    loop {
+        let mut n = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        let mut first = [0u8; 3];
+        n.read_exact(&mut first).await.unwrap();
+        if &first == b"220" {
+            break;
+        }
+        assert_eq!(&first, b"421");
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the session that reads no replies still holds its place"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(s);
+}
+
+/// Commands sent while a transfer runs wait in a queue; a client that
+/// sends without end is cut off rather than filling the server's memory.
+#[tokio::test]
+async fn commands_piled_up_during_a_transfer_are_bounded() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "big", &pattern(16 << 20, 9));
+    let mut c = Ctl::login(srv.addr).await;
+    // The data connection is opened and never read: the transfer stalls.
+    let _d = c.epsv_connect(1).await;
+    c.cmd("RETR big", 150).await;
+    let lines = b"XYZZ\r\n".repeat(10_000);
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.s.write_all(&lines)).await;
+    let r = c.read_reply().await.expect("a reply before the close");
+    assert_eq!(r.code, 421, "{r}");
+    assert!(r.text().contains("commands sent during a transfer"), "{r}");
 }
