@@ -2324,6 +2324,13 @@ impl Session {
         {
             return self.reply(552, too_large(max)).await;
         }
+        // Without MULT the client chose how many connections to send on
+        // (a GridFTP client's -p): the ones it left open are its count.
+        let n = if framed && !self.mult_set && self.can_reuse(self.cached.len()) {
+            self.cached.len()
+        } else {
+            n
+        };
         let reuse = framed && self.can_reuse(n);
         if !reuse && !self.data_planned().await? {
             return Ok(());

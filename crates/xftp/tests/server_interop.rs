@@ -413,6 +413,46 @@ fn globus_url_copy_mode_e_both_directions() {
     }
 }
 
+/// A tree (several files in one session) up and down with `-p 4`: the
+/// connections a GridFTP client left open after a MODE E upload carry
+/// the next file, whatever their count (no MULT says it).
+#[test]
+fn globus_url_copy_trees_with_parallel_streams() {
+    if !have("globus-url-copy") {
+        return;
+    }
+    let srv = serve(&["--anonymous-write"]);
+    let local = tempfile::tempdir().unwrap();
+    let tree = local.path().join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    for i in 0..4u64 {
+        make_file(
+            &tree.join(format!("f{i}")),
+            300_000 + i as usize * 77_777,
+            60 + i,
+        );
+    }
+    run(Command::new("globus-url-copy")
+        .args(["-cd", "-r", "-p", "4"])
+        .arg(format!("file://{}/", tree.display()))
+        .arg(format!("ftp://127.0.0.1:{}/up/", srv.port)));
+    let back = local.path().join("back");
+    run(Command::new("globus-url-copy")
+        .args(["-cd", "-r", "-p", "4"])
+        .arg(format!("ftp://127.0.0.1:{}/up/", srv.port))
+        .arg(format!("file://{}/", back.display())));
+    for i in 0..4 {
+        let name = format!("f{i}");
+        let src = sha(&tree.join(&name));
+        assert_eq!(
+            sha(&srv.root.path().join("up").join(&name)),
+            src,
+            "upload of {name}"
+        );
+        assert_eq!(sha(&back.join(&name)), src, "download of {name}");
+    }
+}
+
 /// ftp(1)'s `mget *.txt` sends `NLST *.txt` and fetches the names that
 /// come back: the server matches a last component with wildcards against
 /// its directory (`d/*.txt` gives `d/x.txt`); `*` skips dot files; no
