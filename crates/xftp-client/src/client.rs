@@ -3694,9 +3694,29 @@ fn set_new_file_mode(tmp: &Path, target: &Path) {
         let mode = std::fs::symlink_metadata(target)
             .ok()
             .filter(|m| m.is_file())
-            .map_or(0o644, |m| m.permissions().mode() & 0o777);
+            .map_or(0o666 & !umask(), |m| m.permissions().mode() & 0o777);
         let _ = std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(mode));
     }
+}
+
+/// The process's umask, which chmod does not apply as open(2) does: a new
+/// file gets 0666 less it, as `touch` or `cp` would make it. Read from
+/// /proc (umask(2) cannot be read without being set, a race with other
+/// threads' file creation); 022 where /proc does not say.
+#[cfg(unix)]
+fn umask() -> u32 {
+    static MASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o022)
+            & 0o777
+    })
 }
 
 /// What a finished download moved, before its checks.
@@ -4089,7 +4109,8 @@ fn a_replaced_file_keeps_its_permissions() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     let new = dir.path().join("new");
     finish_temp(temp_next_to(&new).unwrap(), &new).unwrap();
-    assert_eq!(mode(&new), 0o644);
+    // As open(2) would make it under this process's umask.
+    assert_eq!(mode(&new), 0o666 & !umask());
     let private = dir.path().join("private");
     std::fs::write(&private, b"old").unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();

@@ -599,3 +599,38 @@ fn one_stalled_data_connection_times_out_the_download() {
 fn serve(root: &Path, max_streams: u32) -> Server {
     serve_with(root, &["--max-streams", &max_streams.to_string()])
 }
+
+/// A new file gets 0666 less the umask, as `cp` would make it (not a
+/// fixed 0644 that shows a private user's downloads to everyone), with
+/// one connection and with four.
+#[test]
+fn a_new_download_follows_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    write_prng_file(&d.srv.join("f.bin"), 3_000_000, 21);
+    let srv = serve_with(&d.srv, &[]);
+    for p in ["1", "4"] {
+        let name = format!("u{p}.bin");
+        let cmd = format!(
+            "umask 077; exec '{}' get -q -p {p} ftp://127.0.0.1:{}/f.bin {name}",
+            env!("CARGO_BIN_EXE_xftp"),
+            srv.port
+        );
+        let out = Command::new("sh")
+            .args(["-c", &cmd])
+            .current_dir(&d.local)
+            .env("HOME", &d.local)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mode = std::fs::metadata(d.local.join(&name))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "-p {p}");
+    }
+}
