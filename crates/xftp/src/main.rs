@@ -1,6 +1,16 @@
 //! `xftp`: the command-line front end. Each subcommand lives in its own
 //! module under `cmd/`; this file only parses arguments and dispatches.
 
+/// `println!` that ignores a closed stdout (`xftp get --json | head -c
+/// 10`): the reader left, which is no reason to panic in the middle of a
+/// transfer or after it.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod cmd;
 
 use std::process::ExitCode;

@@ -634,3 +634,38 @@ fn a_new_download_follows_the_umask() {
         assert_eq!(mode & 0o777, 0o600, "-p {p}");
     }
 }
+
+/// A reader of `--json` output that goes away (`| head -c 10`) does not
+/// make the transfer fail or panic: the file is still completed.
+#[test]
+fn a_closed_stdout_does_not_stop_a_download() {
+    let d = dirs();
+    write_prng_file(&d.srv.join("f.bin"), 8_000_000, 22);
+    let srv = serve_with(&d.srv, &[]);
+    let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args([
+            "get",
+            "--json",
+            "--json-progress",
+            "--limit-rate",
+            "8M",
+            &url,
+            "f.bin",
+        ])
+        .current_dir(&d.local)
+        .env("HOME", &d.local)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        sha256_file(&d.local.join("f.bin")),
+        sha256_file(&d.srv.join("f.bin"))
+    );
+}

@@ -84,7 +84,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
     let json = a.common.json;
     match measure(a).await {
         Ok(p) if json => {
-            println!("{}", serde_json::to_string(&p).context("formatting JSON")?);
+            out!("{}", serde_json::to_string(&p).context("formatting JSON")?);
             Ok(ExitCode::SUCCESS)
         }
         Ok(p) => {
@@ -95,7 +95,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             let msg = format!("{e:#}");
             eprintln!("xftp probe: {msg}");
             if json {
-                println!("{}", serde_json::json!({ "status": "error", "error": msg }));
+                out!("{}", serde_json::json!({ "status": "error", "error": msg }));
             }
             Ok(ExitCode::FAILURE)
         }
@@ -178,30 +178,30 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
 }
 
 fn render(p: &Probe) {
-    println!("destination      {}", p.destination);
+    out!("destination      {}", p.destination);
     match p.rtt_tcp_info_ms {
-        Some(r) => println!("rtt (TCP_INFO)   {r:.3} ms"),
-        None => println!("rtt (TCP_INFO)   unknown"),
+        Some(r) => out!("rtt (TCP_INFO)   {r:.3} ms"),
+        None => out!("rtt (TCP_INFO)   unknown"),
     }
-    println!(
+    out!(
         "rtt (NOOP)       {:.3} ms median of {}",
         p.rtt_noop_median_ms,
         p.rtt_noop_ms.len()
     );
-    println!(
+    out!(
         "server features  MULT {}  MODE E {}  MPRT {}  GridFTP {}",
         yes(p.mult),
         yes(p.mode_e),
         yes(p.mprt),
         yes(p.gridftp)
     );
-    println!(
+    out!(
         "cache            {} ({} fresh record(s))",
         p.cache_file.as_deref().unwrap_or("none"),
         p.cached.len()
     );
     for r in &p.cached {
-        println!(
+        out!(
             "  rtt {:.3} ms  streams {}  {:.1} Mbit/s  {} bytes",
             r.rtt_us as f64 / 1e3,
             r.streams,
@@ -209,7 +209,7 @@ fn render(p: &Probe) {
             r.bytes
         );
     }
-    println!(
+    out!(
         "would start with {} connection(s){}: {}",
         p.initial_streams,
         if p.adaptive {

@@ -165,7 +165,7 @@ async fn run(p: Arc<Progress>, mode: Mode, seen: u64, mut stop: oneshot::Receive
                 per_stream_bytes: &s.per_stream,
             };
             if let Ok(text) = serde_json::to_string(&line) {
-                println!("{text}");
+                out!("{text}");
             }
             last_json = Instant::now();
             prev_json = Some(s);

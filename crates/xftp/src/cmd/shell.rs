@@ -625,11 +625,11 @@ impl Shell {
             "pwd" => {
                 want(0, 0)?;
                 let d = self.pwd().await?;
-                println!("{d}");
+                out!("{d}");
             }
             "lpwd" => {
                 want(0, 0)?;
-                println!("{}", local_dir()?);
+                out!("{}", local_dir()?);
             }
             "ls" => {
                 want(0, 1)?;
@@ -726,7 +726,7 @@ impl Shell {
             "verify" => {
                 want(0, 1)?;
                 match args.first() {
-                    None => println!("verify {}", verify_text(self.set.verify)),
+                    None => out!("verify {}", verify_text(self.set.verify)),
                     Some(a) => {
                         let v = parse_verify(a).map_err(|e| anyhow::anyhow!("verify: {e}"))?;
                         if self.set.verify != v {
@@ -1297,7 +1297,7 @@ impl Shell {
 
     fn status(&self) {
         match &self.conn {
-            None => println!("Not connected."),
+            None => out!("Not connected."),
             Some(c) => {
                 let state = match &c.client {
                     Some(cl) => match cl.tls_info() {
@@ -1306,15 +1306,15 @@ impl Shell {
                     },
                     None => "connection closed; the next command connects again".to_string(),
                 };
-                println!("Server: {} ({state})", c.url.authority());
-                println!("User: {}", c.user.as_deref().unwrap_or("anonymous"));
-                println!(
+                out!("Server: {} ({state})", c.url.authority());
+                out!("User: {}", c.user.as_deref().unwrap_or("anonymous"));
+                out!(
                     "Remote directory: {}",
                     c.cwd.as_deref().unwrap_or("unknown")
                 );
             }
         }
-        println!(
+        out!(
             "Local directory: {}",
             local_dir().unwrap_or_else(|e| format!("unknown ({e})"))
         );
@@ -1323,14 +1323,14 @@ impl Shell {
             DataMode::Active => "active",
             DataMode::Mprt => "active (MPRT)",
         };
-        println!("Data connections: {mode}");
+        out!("Data connections: {mode}");
         let last = self
             .conn
             .as_ref()
             .and_then(|c| c.last_streams)
             .map(|n| format!(" (last transfer: {n})"))
             .unwrap_or_default();
-        println!("Mult: {}{last}", mult_text(self.set.mult));
+        out!("Mult: {}{last}", mult_text(self.set.mult));
         let mut buf = bufsize_text(self.set.bufsize);
         if let Some(b) = self
             .conn
@@ -1345,9 +1345,9 @@ impl Shell {
                 buf.push_str(&format!("; server: {r}"));
             }
         }
-        println!("Bufsize: {buf}");
-        println!("Verify: {}", verify_text(self.set.verify));
-        println!(
+        out!("Bufsize: {buf}");
+        out!("Verify: {}", verify_text(self.set.verify));
+        out!(
             "Type: {}",
             if self.set.ascii {
                 "ascii for listings (files move in binary)"
@@ -1356,7 +1356,7 @@ impl Shell {
             }
         );
         if let Some(c) = self.conn.as_ref().filter(|c| !c.stale.is_empty()) {
-            println!(
+            out!(
                 "Pending: the next transfer connects again to apply {}",
                 c.stale.join(", ")
             );
@@ -1622,20 +1622,20 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
 fn help(cmd: Option<&str>) -> anyhow::Result<()> {
     match cmd {
         None => {
-            println!("Commands (help COMMAND for one):");
+            out!("Commands (help COMMAND for one):");
             for h in COMMANDS {
                 let usage = format!("{} {}", h.names.join(", "), h.args);
-                println!("  {usage:<34} {}", first_clause(h.about));
+                out!("  {usage:<34} {}", first_clause(h.about));
             }
         }
         Some(c) => {
             let h = help_for(&c.to_ascii_lowercase())
                 .ok_or_else(|| anyhow::anyhow!("no command {c:?} — type `help` for the list"))?;
-            println!("{} {}", h.names[0], h.args);
+            out!("{} {}", h.names[0], h.args);
             if h.names.len() > 1 {
-                println!("  (also: {})", h.names[1..].join(", "));
+                out!("  (also: {})", h.names[1..].join(", "));
             }
-            println!("  {}", h.about);
+            out!("  {}", h.about);
         }
     }
     Ok(())

@@ -481,7 +481,7 @@ pub fn print_interrupted(why: &str, total: Duration) {
     let mut s = Summary::failed(format!("interrupted ({why})"), total);
     fill_counted(&mut s);
     if let Ok(line) = serde_json::to_string(&s) {
-        println!("{line}");
+        out!("{line}");
     }
 }
 
@@ -1306,7 +1306,7 @@ fn tree_finish(
                 runs,
                 error: Some(msg),
             };
-            println!("{}", serde_json::to_string(&s).context("formatting JSON")?);
+            out!("{}", serde_json::to_string(&s).context("formatting JSON")?);
             return Ok(ExitCode::FAILURE);
         }
         Err(e) => return finish_runs(Err(e), json, quiet, start, what, runs),
@@ -1335,7 +1335,7 @@ fn tree_finish(
         error: None,
     };
     if json {
-        println!("{}", serde_json::to_string(&s).context("formatting JSON")?);
+        out!("{}", serde_json::to_string(&s).context("formatting JSON")?);
     } else {
         for (p, why) in &s.failed {
             eprintln!("xftp {what}: {p}: {why}");
@@ -1604,7 +1604,7 @@ fn finish_runs(
     };
     if json {
         let line = serde_json::to_string(&summary).context("cannot format the JSON summary")?;
-        println!("{line}");
+        out!("{line}");
     } else if summary.status == "ok" && what != "ls" && !quiet {
         if summary.bytes == 0 && summary.bytes_already_present > 0 {
             eprintln!(
