@@ -628,3 +628,19 @@ fn an_interrupted_put_leaves_no_prefix_on_a_stock_server() {
         assert_eq!(len, 4 * MIB, "{:?} is cut short: {err}", e.file_name());
     }
 }
+
+/// `ftp://anonymous@host/` names the anonymous login, which needs no
+/// password (none is asked for, as with no user at all).
+#[test]
+fn an_anonymous_user_in_the_url_needs_no_password() {
+    if !have_pyftpdlib("an_anonymous_user_in_the_url_needs_no_password") {
+        return;
+    }
+    let d = dirs();
+    std::fs::write(d.srv.join("a.txt"), b"hello").unwrap();
+    let server = pyftpd(&d.srv);
+    let url = format!("ftp://anonymous@127.0.0.1:{}/a.txt", server.port);
+    let out = xftp(&["get", "-q", &url, "a.txt"], &d.local);
+    assert_ok(&out, "get as anonymous@");
+    assert_eq!(std::fs::read(d.local.join("a.txt")).unwrap(), b"hello");
+}

@@ -1448,7 +1448,7 @@ async fn dial(
     Ok(client)
 }
 
-fn is_anonymous(user: &str) -> bool {
+pub(crate) fn is_anonymous(user: &str) -> bool {
     user.eq_ignore_ascii_case("anonymous") || user.eq_ignore_ascii_case("ftp")
 }
 

@@ -1411,6 +1411,9 @@ fn password_for(url: &FtpUrl, c: &CommonArgs) -> anyhow::Result<Option<String>> 
     if let Ok(p) = std::env::var("XFTP_PASSWORD") {
         return Ok(Some(p));
     }
+    if super::shell::is_anonymous(user) {
+        return Ok(Some(xftp_client::ANONYMOUS_PASSWORD.to_string()));
+    }
     anyhow::bail!(
         "no password for user {user:?} — set XFTP_PASSWORD, or use --password-file FILE (or ftp://user:password@host/ in the URL)"
     )
