@@ -222,3 +222,65 @@ fn pipe_over_tls_and_refused_without_it() {
     assert!(recv.wait().unwrap().success());
     assert_eq!(Sha256::digest(&got), Sha256::digest(&payload));
 }
+
+/// Two senders joined by mistake: each gets the other's stream, and
+/// neither may say it delivered its own.
+#[test]
+fn two_senders_both_fail() {
+    let (mut listener, addr, mut lerr) = listen("send", &[], Stdio::piped());
+    let mut lin = listener.stdin.take().unwrap();
+    let feed = std::thread::spawn(move || {
+        let _ = lin.write_all(&data(300_000));
+    });
+    let mut other = Command::new(XFTP)
+        .args(["send", &addr, "-p", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut oin = other.stdin.take().unwrap();
+    oin.write_all(&data(200_000)).unwrap();
+    drop(oin);
+    let out = other.wait_with_output().unwrap();
+    feed.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("it is an `xftp send` too"), "{err}");
+    let mut rest = String::new();
+    lerr.read_to_string(&mut rest).unwrap();
+    assert!(!listener.wait().unwrap().success(), "{rest}");
+}
+
+/// A producer that writes a line now and then (`tail -f`) has each line
+/// delivered soon after it is written, on several connections too, not
+/// held until a record fills or the input ends.
+#[test]
+fn a_slow_producer_is_not_held_back() {
+    let (mut recv, addr, _rerr) = listen("recv", &[], Stdio::null());
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = send.stdin.take().unwrap();
+    input.write_all(b"first line\n").unwrap();
+    input.flush().unwrap();
+    // The input stays open: the line must come through on its own.
+    let mut out = BufReader::new(recv.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = out.read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the line did not arrive while the input stayed open");
+    assert_eq!(line, "first line\n");
+    drop(input);
+    assert!(send.wait().unwrap().success());
+    assert!(recv.wait().unwrap().success());
+}

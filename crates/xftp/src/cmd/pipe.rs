@@ -151,15 +151,32 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; BUF];
+    // Bytes written since the last flush. A producer that pauses (`tail
+    // -f`, a log) has what it wrote sent after a moment, not held until a
+    // record fills; one that keeps up never waits for the timer.
+    let mut unflushed = false;
     loop {
-        let n = r.read(&mut buf).await?;
+        let mut read = std::pin::pin!(r.read(&mut buf));
+        let n = match tokio::time::timeout(FLUSH_AFTER, &mut read).await {
+            Ok(n) => n?,
+            Err(_) => {
+                if unflushed {
+                    w.flush().await?;
+                }
+                read.await?
+            }
+        };
         if n == 0 {
             return Ok(());
         }
         w.write_all(&buf[..n]).await?;
+        unflushed = true;
         *count += n as u64;
     }
 }
+
+/// How long the input may pause before what came of it is sent on.
+const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// `xftp send`.
 pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
@@ -179,6 +196,14 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         s.read_to_end(&mut extra)
             .await
             .context("waiting for the receiver's confirmation")?;
+        // An `xftp recv` sends nothing back: data from the peer means it
+        // sent too, and neither stream went anywhere.
+        if !extra.is_empty() {
+            anyhow::bail!(
+                "the peer sent {} bytes back: it is an `xftp send` too, not `xftp recv`, and nothing was delivered",
+                extra.len()
+            );
+        }
         Ok(())
     }
     .await;
