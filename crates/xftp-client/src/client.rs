@@ -2120,7 +2120,10 @@ impl Client {
         if self.features().await?.mlst {
             return self.mlsd(path).await;
         }
-        let out = match self.listing(Cmd::with("LIST", format!("-a {path}"))).await {
+        let out = match self
+            .listing(Cmd::with("LIST", format!("-a {}", list_arg(path))))
+            .await
+        {
             Err(ClientError::Reply { code, .. }) if (500..600).contains(&code) => {
                 tracing::debug!("LIST -a refused: listing {path} without hidden names");
                 self.list(Some(path)).await?
@@ -3463,6 +3466,17 @@ impl Client {
             report.bytes,
             report.duplicate_bytes,
         ))
+    }
+}
+
+/// A path as LIST's argument: servers (vsftpd, xftp) read a leading `-`
+/// as `ls` options, and would list the current directory instead, so
+/// such a relative path goes as `./-name`.
+pub fn list_arg(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.starts_with('-') {
+        format!("./{path}").into()
+    } else {
+        path.into()
     }
 }
 

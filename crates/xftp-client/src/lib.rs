@@ -49,7 +49,7 @@ pub mod url;
 mod watchdog;
 
 pub use client::{
-    AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, Made,
+    list_arg, AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, Made,
     SessionFactory, Timeline, TlsSetup, TransferReport, UploadItem, Verify, ANONYMOUS_PASSWORD,
     MAX_LISTING,
 };

@@ -2745,11 +2745,24 @@ impl Session {
         kind: ListKind,
         arg: Option<Vec<u8>>,
     ) -> Result<(Vec<u8>, Unlisted), (u16, String)> {
-        // `ls` options (`LIST -la`) are accepted and ignored.
+        // `ls` options (`LIST -la`) are accepted and ignored: words of
+        // letters after a `-`, unless the argument names an entry (a
+        // directory called `-ldir`), which is listed.
+        let names_entry = |a: &[u8]| self.vpath(a).is_ok_and(|v| self.root.existing(&v).is_ok());
         let arg = arg.map(|a| {
+            if names_entry(&a) {
+                return a;
+            }
             let mut a: &[u8] = &a;
-            while a.first() == Some(&b'-') {
+            loop {
                 let end = a.iter().position(|b| *b == b' ').unwrap_or(a.len());
+                let word = &a[..end];
+                let flags = word.len() > 1
+                    && word[0] == b'-'
+                    && word[1..].iter().all(u8::is_ascii_alphanumeric);
+                if !flags {
+                    break;
+                }
                 a = &a[end..];
                 while a.first() == Some(&b' ') {
                     a = &a[1..];

@@ -549,3 +549,28 @@ async fn commands_piled_up_during_a_transfer_are_bounded() {
     assert_eq!(r.code, 421, "{r}");
     assert!(r.text().contains("commands sent during a transfer"), "{r}");
 }
+
+/// `LIST -la` takes options; a name that starts with `-` is listed when
+/// an entry has it, and one with a `/` is a path, never options that would
+/// list the current directory instead.
+#[tokio::test]
+async fn list_arguments_that_start_with_a_dash() {
+    let srv = start(|_| {}).await;
+    std::fs::create_dir(srv.dir.path().join("-ldir")).unwrap();
+    write(&srv.dir.path().join("-ldir"), "inside", b"x");
+    write(srv.dir.path(), "top", b"y");
+    let mut c = Ctl::login(srv.addr).await;
+    async fn list(c: &mut Ctl, arg: &str) -> String {
+        let d = c.epsv_connect(1).await;
+        c.cmd(&format!("LIST {arg}"), 150).await;
+        let got = read_all(d.into_iter().next().unwrap()).await;
+        c.expect(226).await;
+        String::from_utf8(got).unwrap()
+    }
+    let l = list(&mut c, "-la").await;
+    assert!(l.contains("top") && l.contains("-ldir"), "{l}");
+    let l = list(&mut c, "-ldir").await;
+    assert!(l.contains("inside") && !l.contains("top"), "{l}");
+    c.cmd("EPSV", 229).await;
+    c.cmd("LIST -nonexistent/", 550).await;
+}

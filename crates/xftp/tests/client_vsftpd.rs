@@ -190,6 +190,16 @@ fn get_and_put_against_vsftpd_without_mult() {
         "ls empty",
     );
     assert!(out.stdout.is_empty());
+    // vsftpd reads `LIST -name` as options (and lists the current
+    // directory): a name that starts with `-` goes as `./-name`.
+    let top = format!("ftp://127.0.0.1:{}", server.port);
+    let out = xftp(&["ls", &format!("{top}/-missing/")], &d.local);
+    assert!(
+        !out.status.success(),
+        "{} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -997,7 +997,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
         let mut client = session(&url, &a.common, None, None).await?;
         let t0 = Instant::now();
         let listing = client
-            .list(Some(&url.path))
+            .list(Some(&xftp_client::list_arg(&url.path)))
             .await
             .map_err(|e| explain(e, Op::Ls, &url))?;
         let elapsed = t0.elapsed();
