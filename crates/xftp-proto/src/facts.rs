@@ -276,7 +276,10 @@ pub fn parse_list_line(line: &str) -> Option<Entry> {
                 .filter(|t| digits(t))
                 .and_then(|t| t.parse().ok());
         }
-        let name = &line[f.get(date + 3)?.0..];
+        // The name begins one space after the time or year, blanks of
+        // its own included ("  lead" is not "lead").
+        let after = f.get(date + 2)?.1;
+        let name = line.get(after + 1..).filter(|n| !n.trim().is_empty())?;
         e.name = if perms[0] == b'l' {
             name.split(" -> ").next().unwrap_or(name)
         } else {
@@ -339,6 +342,15 @@ mod tests {
         assert_eq!(
             e("drwxr-xr-x    3 104      107          4096 Nov 27 03:45 tree"),
             Some(("tree".into(), Kind::Dir, None, Some(0o755)))
+        );
+        // A name's own leading blanks are kept (vsftpd lists them so).
+        assert_eq!(
+            e("-rw-r--r--    1 0        0               3 Nov 29 09:00   lead"),
+            Some(("  lead".into(), Kind::File, Some(3), Some(0o644)))
+        );
+        assert_eq!(
+            e("-rw-r--r--    1 0        0               3 Nov 29  2024  lead"),
+            Some((" lead".into(), Kind::File, Some(3), Some(0o644)))
         );
         assert_eq!(
             e("01-02-24  10:00AM       <DIR>          dos dir"),
