@@ -51,13 +51,22 @@ pub fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How long [`Cache::record_at`] waits for another process's lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Cache {
     /// `$XDG_CACHE_HOME/xftp/paths.json`, else `$HOME/.cache/xftp/paths.json`.
     pub fn default_path() -> Option<PathBuf> {
+        // Relative or empty values are ignored (the XDG base directory
+        // spec; an empty HOME would put the cache in the current directory).
+        let absolute = |v: std::ffi::OsString| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
         let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            .and_then(absolute)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .and_then(absolute)
+                    .map(|h| h.join(".cache"))
+            })?;
         Some(base.join("xftp").join("paths.json"))
     }
 
@@ -163,16 +172,45 @@ impl Cache {
         }
         let mut lock_path = path.as_os_str().to_owned();
         lock_path.push(".lock");
+        let lock_err = |source| CacheError::Io {
+            path: PathBuf::from(&lock_path).display().to_string(),
+            source,
+        };
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(err)?;
-        // Released when `lock` is closed, also on an early return.
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-            return Err(err(std::io::Error::last_os_error()));
+            .map_err(lock_err)?;
+        // Released when `lock` is closed, also on an early return. Waited
+        // for a moment only: a process that holds it for long must not
+        // hold up this one's exit (the record is worth a warning, no more).
+        let give_up = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            let r = unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&lock),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(lock_err(e));
+            }
+            if std::time::Instant::now() >= give_up {
+                return Err(lock_err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!(
+                        "held by another process for over {} s; this run is not recorded",
+                        LOCK_WAIT.as_secs()
+                    ),
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let mut c = Cache::load(path);
         c.record(dest, rec);
@@ -366,6 +404,34 @@ mod tests {
                 .len();
             assert_eq!(n, 8, "destination h{t}:21 kept {n} of 8 records");
         }
+    }
+
+    #[test]
+    fn a_lock_held_elsewhere_is_waited_for_only_a_moment() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("paths.json");
+        let held = std::fs::File::create(dir.path().join("paths.json.lock")).unwrap();
+        // SAFETY: flock on a descriptor the test owns.
+        let r = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) };
+        assert_eq!(r, 0);
+        let rec = PathRecord {
+            when: now_secs(),
+            rtt_us: 1000,
+            streams: 4,
+            throughput_bps: 1e6,
+            bytes: 1,
+        };
+        let t = std::time::Instant::now();
+        let e = Cache::record_at(&p, "h:21", rec.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(t.elapsed() < LOCK_WAIT * 3, "{:?}", t.elapsed());
+        assert!(
+            e.contains("paths.json.lock") && e.contains("not recorded"),
+            "{e}"
+        );
+        drop(held);
+        Cache::record_at(&p, "h:21", rec).unwrap();
     }
 
     #[test]
