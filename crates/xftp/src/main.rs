@@ -82,7 +82,21 @@ Examples:
   xftp ls ftpes://alice@secure.example.org/ --json";
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--json` promises one object on stdout, also when the
+            // command line itself is wrong (clap's text goes to stderr).
+            let json = std::env::args().any(|a| a == "--json");
+            if json && e.use_stderr() {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("invalid command line");
+                let msg = first.strip_prefix("error: ").unwrap_or(first);
+                out!("{}", serde_json::json!({ "status": "error", "error": msg }));
+            }
+            e.exit()
+        }
+    };
     init_logging(cli.verbose);
     cmd::transfer::set_verbose(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -669,3 +669,21 @@ fn a_closed_stdout_does_not_stop_a_download() {
         sha256_file(&d.srv.join("f.bin"))
     );
 }
+
+/// `--json` gives one object on stdout also for a wrong command line.
+#[test]
+fn a_wrong_command_line_with_json_still_prints_one_object() {
+    let d = dirs();
+    let out = xftp(
+        &["get", "--json", "-p", "99", "ftp://127.0.0.1:1/x", "o"],
+        &d.local,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON object");
+    assert_eq!(j["status"], "error");
+    assert!(
+        j["error"].as_str().unwrap_or("").contains("--parallel"),
+        "{j}"
+    );
+}
