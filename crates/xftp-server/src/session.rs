@@ -1702,6 +1702,9 @@ impl Session {
                     .await
             }
         };
+        // The session's earlier listener goes first: with a narrow
+        // --passive-ports range its port may be the only one free.
+        self.data = DataPlan::None;
         match data::passive_listener(IpAddr::V4(ip), self.bufsize, self.cfg.passive_ports).and_then(
             |l| {
                 let port = l.local_addr()?.port();
@@ -1741,6 +1744,7 @@ impl Session {
             }
             Some(other) => return self.reply(501, format!("Bad EPSV argument {other}.")).await,
         }
+        self.data = DataPlan::None;
         match data::passive_listener(self.local.ip(), self.bufsize, self.cfg.passive_ports)
             .and_then(|l| Ok((l.local_addr()?.port(), l)))
         {

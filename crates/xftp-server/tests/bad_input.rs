@@ -574,3 +574,23 @@ async fn list_arguments_that_start_with_a_dash() {
     c.cmd("EPSV", 229).await;
     c.cmd("LIST -nonexistent/", 550).await;
 }
+
+/// With a one-port --passive-ports range, a session's second PASV (its
+/// first never used: the RETR failed) gets the same port again.
+#[tokio::test]
+async fn a_new_pasv_frees_the_sessions_own_port_first() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let srv = start(move |cfg| cfg.passive_ports = Some((port, port))).await;
+    write(srv.dir.path(), "f", b"data");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("PASV", 227).await;
+    c.cmd("RETR missing", 550).await;
+    c.cmd("PASV", 227).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR f", 150).await;
+    assert_eq!(read_all(d.into_iter().next().unwrap()).await, b"data");
+    c.expect(226).await;
+}
