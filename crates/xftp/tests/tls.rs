@@ -955,3 +955,43 @@ fn a_download_does_not_wait_for_a_slow_tls_handshake() {
         .unwrap_or_else(|| panic!("no first block: {text}"));
     assert!(first < 2.0, "first block after {first:.2} s: {text}");
 }
+
+/// RFC 2228 3: after AUTH the user logs in again. A login made in clear
+/// before AUTH TLS does not carry over into the TLS session.
+#[test]
+fn a_login_in_clear_does_not_survive_auth_tls() {
+    if !have("python3") {
+        return;
+    }
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let srv = serve_tls(root.path(), &pki, &["--tls", "optional", "--anonymous"]);
+    let script = r#"
+import ftplib, ssl, sys
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+f = ftplib.FTP_TLS(context=ctx)
+f.connect("localhost", int(sys.argv[1]))
+ftplib.FTP.login(f)          # in clear
+print(f.auth())              # 234, then the handshake
+try:
+    print(f.sendcmd("PWD"))
+except ftplib.error_perm as e:
+    print(e)
+print(f.login())             # again, under TLS
+print(f.sendcmd("PWD"))
+"#;
+    let out = ok(
+        Command::new(PYTHON)
+            .args(["-c", script, &srv.port.to_string(), s(&pki.cert)])
+            .output()
+            .unwrap(),
+        "ftplib login then AUTH TLS",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() == 4, "{text}");
+    assert!(lines[0].starts_with("234"), "{text}");
+    assert!(lines[1].starts_with("530"), "{text}");
+    assert!(lines[2].starts_with("230"), "{text}");
+    assert!(lines[3].starts_with("257"), "{text}");
+}
