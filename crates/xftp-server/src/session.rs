@@ -1945,6 +1945,13 @@ impl Session {
                 // RFC 959: 552, exceeded storage allocation.
                 self.reply(552, too_large(max)).await
             }
+            Outcome::Failed(TransferError::TooLargeKept { max, from }) => {
+                self.reply(
+                    552,
+                    format!("Upload stopped at this server's limit of {max} bytes; what came before it was written in place from byte {from} (REST) on."),
+                )
+                .await
+            }
             Outcome::Failed(TransferError::Storage(e)) => self.storage_failed(&e.to_string()).await,
             // The file system under a striped transfer: the server's, not
             // the connection's, fault.
@@ -2442,6 +2449,11 @@ impl Session {
             Outcome::Done((b, k, kept)) => {
                 self.cached = kept;
                 Outcome::Done((b, k))
+            }
+            // REST+STOR writes in place, and what it wrote before the limit
+            // stays (it is how a stock client resumes): not "nothing".
+            Outcome::Failed(TransferError::TooLarge(max)) if kind == UploadKind::Resume => {
+                Outcome::Failed(TransferError::TooLargeKept { max, from: rest })
             }
             Outcome::Failed(e) => Outcome::Failed(e),
             Outcome::Aborted => Outcome::Aborted,

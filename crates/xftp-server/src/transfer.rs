@@ -32,6 +32,15 @@ pub enum TransferError {
     /// The upload passed `--max-upload-size` (552); nothing is kept.
     #[error("upload larger than the limit of {0} bytes")]
     TooLarge(u64),
+    /// As [`TransferError::TooLarge`], for an upload written in place
+    /// from offset `from` (REST+STOR): what came before the limit stays.
+    #[error("upload larger than the limit of {max} bytes, written in place from byte {from}")]
+    TooLargeKept {
+        /// The limit.
+        max: u64,
+        /// Where the upload began writing.
+        from: u64,
+    },
     /// A striped transfer failed (426): lost connection, hole, bad block.
     #[error("{0}")]
     Stripe(#[from] StripeError),

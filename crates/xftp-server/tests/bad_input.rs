@@ -594,3 +594,22 @@ async fn a_new_pasv_frees_the_sessions_own_port_first() {
     assert_eq!(read_all(d.into_iter().next().unwrap()).await, b"data");
     c.expect(226).await;
 }
+
+/// REST+STOR writes in place (how a stock client resumes), so an upload
+/// stopped at --max-upload-size leaves what it wrote: the 552 says so,
+/// rather than that nothing was stored.
+#[tokio::test]
+async fn a_rest_upload_over_the_limit_says_what_it_left() {
+    let srv = start(|cfg| cfg.max_upload_size = Some(1 << 20)).await;
+    write(srv.dir.path(), "f", &vec![b'A'; 3_000_000]);
+    let mut c = Ctl::login(srv.addr).await;
+    let d = c.epsv_connect(1).await;
+    c.cmd("REST 100", 350).await;
+    c.cmd("STOR f", 150).await;
+    let mut d = d.into_iter().next().unwrap();
+    let _ = d.write_all(&vec![b'Z'; 2_000_000]).await;
+    drop(d);
+    let r = c.read_reply().await.expect("the upload's end");
+    assert_eq!(r.code, 552, "{r}");
+    assert!(r.text().contains("written in place from byte 100"), "{r}");
+}
