@@ -31,6 +31,11 @@ use crate::secure::DataTls;
 use crate::transfer::{self, Progress, TransferError, Upload, UploadKind};
 use crate::{Config, TlsMode};
 
+/// REST counts the bytes as sent (RFC 3659 5), and in TYPE A those are
+/// converted (CRLF) while the file's are not: an offset could not be
+/// placed without reading the file up to it. TYPE I resumes.
+const REST_IN_ASCII: &str = "REST with TYPE A is not supported (the offset would count converted bytes); use TYPE I to resume.";
+
 /// Replies kept for one write at most (see `Session::send`).
 const MAX_UNSENT: usize = 64 * 1024;
 
@@ -2052,6 +2057,9 @@ impl Session {
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
         self.allo = None;
+        if rest > 0 && self.ttype == TransferType::Ascii {
+            return self.reply(504, REST_IN_ASCII).await;
+        }
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
@@ -2208,6 +2216,13 @@ impl Session {
         let rest = std::mem::take(&mut self.rest);
         let have = self.rest_ranges.take();
         let allo = self.allo.take();
+        if rest > 0 && self.ttype == TransferType::Ascii {
+            return self.reply(504, REST_IN_ASCII).await;
+        }
+        if arg.ends_with(b"/") {
+            // "f.txt/" names a directory; it must not replace f.txt.
+            return self.reply(553, "A file name cannot end with '/'.").await;
+        }
         if let Some(meta) = self.resumable.take() {
             if append || rest > 0 {
                 return self

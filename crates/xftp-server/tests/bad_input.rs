@@ -613,3 +613,25 @@ async fn a_rest_upload_over_the_limit_says_what_it_left() {
     assert_eq!(r.code, 552, "{r}");
     assert!(r.text().contains("written in place from byte 100"), "{r}");
 }
+
+/// REST in TYPE A would count converted bytes (SIZE does, the file does
+/// not): refused rather than resumed at the wrong place. A STOR name with
+/// a trailing slash names a directory and replaces no file.
+#[tokio::test]
+async fn rest_in_ascii_and_a_file_name_with_a_trailing_slash_are_refused() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "t.txt", b"line1\nline2\n");
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE A", 200).await;
+    c.cmd("EPSV", 229).await;
+    c.cmd("REST 7", 350).await;
+    c.cmd("RETR t.txt", 504).await;
+    c.cmd("REST 7", 350).await;
+    c.cmd("STOR t.txt", 504).await;
+    c.cmd("TYPE I", 200).await;
+    c.cmd("STOR t.txt/", 553).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("t.txt")).unwrap(),
+        b"line1\nline2\n"
+    );
+}
