@@ -3059,9 +3059,8 @@ impl Client {
         }
         let grace = Duration::from_secs(1) + self.ctl.rtt().unwrap_or_default() * 2;
         let deadline = tokio::time::Instant::now() + grace;
-        // Progress and MULT replies may come first; a refused MULT (501,
-        // 504) is not the transfer's end: only the codes a transfer ends
-        // with are taken.
+        // Progress and MULT replies may come first, and are not the
+        // transfer's end.
         loop {
             let r = match tokio::time::timeout_at(deadline, self.ctl.read_reply()).await {
                 Ok(Ok(r)) => r,
@@ -3073,8 +3072,9 @@ impl Client {
                 }
                 _ => return (e, false),
             };
-            // (GridFTP ends a cut one with 500.)
-            if r.code >= 400 && !matches!(r.code, 501 | 504) {
+            // (GridFTP ends a cut one with 500; 501, 502 and 504 refuse a
+            // MULT or STAT sent during the transfer.)
+            if r.code >= 400 && !matches!(r.code, 501 | 502 | 504) {
                 return (unexpected(c, &r), false);
             }
             if matches!(r.code, 226 | 250) {
