@@ -279,7 +279,9 @@ pub fn parse_list_line(line: &str) -> Option<Entry> {
         // The name begins one space after the time or year, blanks of
         // its own included ("  lead" is not "lead").
         let after = f.get(date + 2)?.1;
-        let name = line.get(after + 1..).filter(|n| !n.trim().is_empty())?;
+        let name = line
+            .get(after + 1..)
+            .filter(|n| n.chars().any(|c| c != ' ' && c != '\t'))?;
         e.name = if perms[0] == b'l' {
             name.split(" -> ").next().unwrap_or(name)
         } else {
@@ -342,6 +344,11 @@ mod tests {
         assert_eq!(
             e("drwxr-xr-x    3 104      107          4096 Nov 27 03:45 tree"),
             Some(("tree".into(), Kind::Dir, None, Some(0o755)))
+        );
+        // Only spaces and tabs separate fields: a vertical tab is a name.
+        assert_eq!(
+            e("-rw-r--r-- 1 0 0 3 Nov 29 09:00 \u{b}").map(|x| x.0),
+            Some("\u{b}".to_string())
         );
         // A name's own leading blanks are kept (vsftpd lists them so).
         assert_eq!(
