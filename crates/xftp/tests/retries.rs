@@ -54,15 +54,7 @@ fn bytes_under(dir: &Path) -> u64 {
 fn through_a_crash(args: &[&str], cwd: &Path, root: &Path, port: u16, watch: &Path) -> Output {
     let before = bytes_under(watch);
     let srv = serve_on(root, port);
-    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(args)
-        .current_dir(cwd)
-        .env("HOME", cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn xftp");
+    let child = support::spawn_xftp(args, cwd);
     let t0 = std::time::Instant::now();
     while bytes_under(watch) < before + (3 << 20) && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(20));

@@ -382,21 +382,30 @@ pub fn xftp_killed(args: &[&str], cwd: &Path, after: Duration) -> bool {
     killed
 }
 
-/// `xftp put -p 1 --limit-rate 4M LOCAL URL` in `cwd`, with `change`
-/// done to LOCAL (12 MB) after 0.6 s, mid-transfer: what the upload
-/// then says.
-pub fn put_while_changing(cwd: &Path, url: &str, change: impl FnOnce(&Path)) -> Output {
-    let local = cwd.join("changing.bin");
-    write_prng_file(&local, 12_000_000, 77);
-    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(["put", "-p", "1", "--limit-rate", "4M", "changing.bin", url])
+/// Start `xftp ARGS` in `cwd` (HOME there too, so its path cache is the
+/// test's), stdout and stderr piped.
+pub fn spawn_xftp(args: &[&str], cwd: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(args)
         .current_dir(cwd)
         .env("HOME", cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn xftp put");
+        .expect("spawn xftp")
+}
+
+/// `xftp put -p 1 --limit-rate 4M LOCAL URL` in `cwd`, with `change`
+/// done to LOCAL (12 MB) after 0.6 s, mid-transfer: what the upload
+/// then says.
+pub fn put_while_changing(cwd: &Path, url: &str, change: impl FnOnce(&Path)) -> Output {
+    let local = cwd.join("changing.bin");
+    write_prng_file(&local, 12_000_000, 77);
+    let child = spawn_xftp(
+        &["put", "-p", "1", "--limit-rate", "4M", "changing.bin", url],
+        cwd,
+    );
     std::thread::sleep(Duration::from_millis(600));
     change(&local);
     child.wait_with_output().expect("wait for xftp put")
@@ -415,15 +424,7 @@ pub fn shrink(path: &Path, len: u64) {
 /// Run `xftp ARGS` in `cwd` and send it SIGINT after `after`: its output,
 /// and whether it was still running when the signal went.
 pub fn xftp_interrupted(args: &[&str], cwd: &Path, after: Duration) -> (Output, bool) {
-    let child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(args)
-        .current_dir(cwd)
-        .env("HOME", cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn xftp");
+    let child = spawn_xftp(args, cwd);
     std::thread::sleep(after);
     let pid = child.id().to_string();
     let running = Command::new("kill")
