@@ -2117,23 +2117,44 @@ impl Client {
     /// starting with a dot are not left out; plain `LIST` where the server
     /// refuses the option.
     pub async fn entries(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+        Ok(self.entries_dotted(path).await?.0)
+    }
+
+    /// [`Client::entries`], and whether a `LIST -a` listing held the
+    /// directory's own `.` entry (`None` for MLSD, or a server that
+    /// refused `-a`). A server that lists `.` for a directory it can
+    /// read lists it for every one; where it is missing the server
+    /// could not open the directory: vsftpd then answers 226 with the
+    /// directory's own line (`d--------- ... name`), which read as a
+    /// listing is a subdirectory of the same name and an empty tree.
+    pub async fn entries_dotted(
+        &mut self,
+        path: &str,
+    ) -> Result<(Vec<xftp_proto::facts::Entry>, Option<bool>)> {
         if self.features().await?.mlst {
-            return self.mlsd(path).await;
+            return Ok((self.mlsd(path).await?, None));
         }
-        let out = match self
+        let (out, dashed) = match self
             .listing(Cmd::with("LIST", format!("-a {}", list_arg(path))))
             .await
         {
             Err(ClientError::Reply { code, .. }) if (500..600).contains(&code) => {
                 tracing::debug!("LIST -a refused: listing {path} without hidden names");
-                self.list(Some(path)).await?
+                (self.list(Some(path)).await?, false)
             }
-            r => r?,
+            r => (r?, true),
         };
-        Ok(xftp_proto::name::decode(&out)
-            .lines()
-            .filter_map(xftp_proto::facts::parse_list_line)
-            .collect())
+        let text = xftp_proto::name::decode(&out);
+        let dot = dashed.then(|| {
+            text.lines()
+                .any(|l| l.starts_with('d') && l.trim_end().ends_with(" ."))
+        });
+        Ok((
+            text.lines()
+                .filter_map(xftp_proto::facts::parse_list_line)
+                .collect(),
+            dot,
+        ))
     }
 
     /// The facts of one path (MLST, RFC 3659) where FEAT lists MLST;

@@ -39,6 +39,14 @@ pub enum ClientError {
         /// The path as listed.
         path: String,
     },
+    /// A directory the server could not read: its `LIST -a` lacked the
+    /// directory's own `.` entry where the server lists one for what it
+    /// can read, and CWD into it is refused (vsftpd answers 226 for it).
+    #[error("{path}: the server cannot read this directory (its listing lacks the directory's own entry, and CWD into it is refused): check its permissions on the server")]
+    NotListed {
+        /// The path as listed.
+        path: String,
+    },
     /// The server answered a command with a code we did not expect.
     /// `code` and `text` are the server's own words.
     #[error("{command}: server replied {code} {text}")]

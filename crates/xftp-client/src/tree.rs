@@ -275,6 +275,7 @@ pub async fn get_tree(
     report.dirs = walked.dirs;
     report.other = walked.other;
     report.unlisted = walked.unlisted;
+    report.failed = walked.refused;
     let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs, &mut report));
     announce(opt, &jobs);
     let q = Arc::new(Queues::new(jobs, opt.large));
@@ -372,6 +373,8 @@ struct Walked {
     unlisted: usize,
     /// Each directory's time and mode, as listed: set once its files are in.
     dir_facts: Vec<(String, Option<i64>, Option<u32>)>,
+    /// Subdirectories not listed, with why.
+    refused: Vec<(String, String)>,
 }
 
 /// List the tree under `remote` (MLSD gives sizes, times, modes; LIST
@@ -396,6 +399,9 @@ async fn walk(
         /// Only these directories are listed (a run over some files
         /// only: their directories and those above them).
         needed: Option<HashSet<String>>,
+        /// A `LIST -a` listing showed a directory's own `.`: the server
+        /// lists it for what it can read ([`Client::entries_dotted`]).
+        dots: std::sync::atomic::AtomicBool,
     }
     #[derive(Default)]
     struct WalkState {
@@ -407,6 +413,9 @@ async fn walk(
         other: usize,
         unlisted: usize,
         failed: Option<ClientError>,
+        /// Subdirectories the server refused to list or could not read,
+        /// with why: failures of the tree, the rest of it is copied.
+        refused: Vec<(String, String)>,
         /// The `unique` facts of the directories taken (where the server
         /// gives them), by path: a directory whose fact one above it has
         /// is a link back up the tree.
@@ -427,7 +436,30 @@ async fn walk(
         // Counted for this listing only (a shell session may have listed
         // before).
         c.take_unlisted();
-        let entries = c.entries(&join(remote, d)).await?;
+        let (entries, dot) = c.entries_dotted(&join(remote, d)).await?;
+        use std::sync::atomic::Ordering::Relaxed;
+        match dot {
+            Some(true) => sh.dots.store(true, Relaxed),
+            // The top, from a server that lists `.` where it can read (else
+            // it is the first listing: nothing learnt yet): CWD tells.
+            Some(false) if d.is_empty() && entries.len() <= 1 => {
+                let top = join(remote, d);
+                if !c.is_dir(&top).await? {
+                    return Err(ClientError::NotListed { path: top });
+                }
+            }
+            Some(false) if !d.is_empty() && sh.dots.load(Relaxed) => {
+                lock(sh).refused.push((
+                    format!("{d}/"),
+                    "the server could not read this directory (its listing lacks the \
+                     directory's own entry): nothing in it was copied; check its \
+                     permissions on the server"
+                        .into(),
+                ));
+                return Ok(());
+            }
+            _ => {}
+        }
         let mut st = lock(sh);
         st.unlisted += c.take_unlisted();
         for e in entries {
@@ -509,8 +541,16 @@ async fn walk(
             let r = list_one(&mut c, &sh, &remote, &local, &d).await;
             let mut st = lock(&sh);
             st.busy -= 1;
-            if let Err(e) = r {
-                st.failed.get_or_insert(e);
+            match r {
+                // A subdirectory refused (550, permission denied): the
+                // rest of the tree is still copied, and the run fails.
+                Err(e @ ClientError::Reply { code, .. }) if (500..600).contains(&code) => {
+                    st.refused.push((format!("{d}/"), e.to_string()));
+                }
+                Err(e) => {
+                    st.failed.get_or_insert(e);
+                }
+                Ok(()) => {}
             }
             drop(st);
             sh.more.notify_waiters();
@@ -531,6 +571,7 @@ async fn walk(
         st: Mutex::new(WalkState::default()),
         more: Notify::new(),
         needed,
+        dots: Default::default(),
     });
     // The top's own `unique`, so that a link back to it is told at once
     // (else its first step is copied once more). Best effort: a server
@@ -585,6 +626,7 @@ async fn walk(
         other: st.other,
         unlisted: st.unlisted,
         dir_facts: st.dir_facts,
+        refused: st.refused,
     })
 }
 

@@ -274,6 +274,56 @@ fn trees_against_vsftpd_are_listed_with_list() {
     assert_same_tree(&served, &got);
 }
 
+/// vsftpd answers LIST of a directory it cannot open with 226 and the
+/// directory's own line: read as a listing, an empty tree holding a
+/// subdirectory of the same name. The tree must fail instead, naming it,
+/// and still copy the rest.
+#[test]
+fn a_directory_the_server_cannot_read_fails_the_tree() {
+    if !have_vsftpd("a_directory_the_server_cannot_read_fails_the_tree") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let tree = d.root.join("pub/tree");
+    std::fs::create_dir_all(tree.join("ok")).unwrap();
+    std::fs::create_dir_all(tree.join("locked")).unwrap();
+    std::fs::write(tree.join("ok/a"), b"a").unwrap();
+    std::fs::write(tree.join("locked/b"), b"b").unwrap();
+    // Owned by root, mode 0: the anonymous user (ftp) can neither list
+    // nor enter it.
+    std::fs::set_permissions(tree.join("locked"), std::fs::Permissions::from_mode(0)).unwrap();
+    let server = vsftpd(&d.root, None, "");
+    let base = format!("ftp://127.0.0.1:{}/pub/tree", server.port);
+    let got = d.local.join("got");
+    let out = xftp(&["get", "-r", &format!("{base}/"), s(&got)], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("locked/: the server could not read"), "{err}");
+    assert!(err.contains("1 FAILED"), "{err}");
+    assert_eq!(std::fs::read(got.join("ok/a")).unwrap(), b"a");
+    assert!(!got.join("locked/locked").exists(), "{err}");
+    // The unreadable directory as the top: an error, nothing made.
+    let top = d.local.join("top");
+    let out = xftp(
+        &["get", "-r", &format!("{base}/locked/"), s(&top)],
+        &d.local,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot read this directory"), "{err}");
+    assert!(!top.exists(), "{err}");
+    // The same names readable: the tree is whole and the run passes
+    // (a readable directory lists its `.`).
+    std::fs::set_permissions(tree.join("locked"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let again = d.local.join("again");
+    ok(
+        xftp(&["get", "-r", &format!("{base}/"), s(&again)], &d.local),
+        "get -r readable",
+    );
+    assert_eq!(std::fs::read(again.join("locked/b")).unwrap(), b"b");
+}
+
 #[test]
 fn tls_against_vsftpd_reuses_the_control_session() {
     if !have_vsftpd("tls_against_vsftpd_reuses_the_control_session") {

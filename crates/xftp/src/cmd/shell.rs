@@ -1500,6 +1500,7 @@ fn keeps_session(e: &ClientError) -> bool {
         ClientError::Reply { code, .. } => *code != 421,
         ClientError::BadArgument { .. }
         | ClientError::NotThere { .. }
+        | ClientError::NotListed { .. }
         | ClientError::Usage(_)
         | ClientError::UploadResumeUnsupported
         | ClientError::ChecksumMismatch { .. } => true,
