@@ -292,7 +292,7 @@ fn a_directory_the_server_cannot_read_fails_the_tree() {
     std::fs::write(tree.join("locked/b"), b"b").unwrap();
     // Owned by root, mode 0: the anonymous user (ftp) can neither list
     // nor enter it.
-    std::fs::set_permissions(tree.join("locked"), std::fs::Permissions::from_mode(0)).unwrap();
+    std::fs::set_permissions(tree.join("locked"), std::fs::Permissions::from_mode(0o0)).unwrap();
     let server = vsftpd(&d.root, None, "");
     let base = format!("ftp://127.0.0.1:{}/pub/tree", server.port);
     let got = d.local.join("got");
