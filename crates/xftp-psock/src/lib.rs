@@ -140,6 +140,12 @@ const MULTI_RECORD: usize = 128 * 1024;
 /// Largest automatic record size on one connection.
 const SINGLE_RECORD_MAX: usize = 1024 * 1024;
 
+impl From<handshake::HelloError> for PsockError {
+    fn from(e: handshake::HelloError) -> Self {
+        PsockError::Protocol(e)
+    }
+}
+
 /// Why setting up or using a parallel stream failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -160,9 +166,10 @@ pub enum PsockError {
         /// The listener's reason.
         status: Status,
     },
-    /// The peer does not speak this protocol.
+    /// The peer does not speak this protocol. (Not a `source`: the text
+    /// already says it, and `{:#}` would say it twice.)
     #[error("peer is not a parallel-sockets endpoint: {0}")]
-    Protocol(#[from] handshake::HelloError),
+    Protocol(handshake::HelloError),
     /// TLS could not be set up (the text names the cause and the fix).
     #[error("TLS: {0}")]
     Tls(String),

@@ -1266,6 +1266,13 @@ impl Session {
                 let path = after_words(s, 2).to_owned();
                 self.chmod(m, &path).await
             }
+            // Known, but the argument is missing: RFC 959's 501, not 500.
+            ("CHMOD", None) => self.reply(501, "SITE CHMOD MODE PATH (octal mode).").await,
+            ("RANGES", None) => self.reply(501, "SITE RANGES PATH.").await,
+            ("RESUMABLE", None) => {
+                self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, seconds since the epoch).")
+                    .await
+            }
             // GridFTP clients announce themselves; nothing to do.
             ("CLIENTINFO", _) => self.reply(250, "Client info noted.").await,
             ("BUFSIZE" | "WIN" | "RBUFSZ" | "SBUFSZ" | "RBUFSIZ" | "SBUFSIZ", None) => {

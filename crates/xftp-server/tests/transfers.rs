@@ -437,6 +437,10 @@ async fn buffer_size_commands() {
     let r = c.cmd("SITE BUFSIZE auto", 200).await;
     assert!(r.text().contains("autotuning"), "{r}");
     c.cmd("SITE FROB", 500).await;
+    // Known commands without their arguments: 501, not "unknown".
+    for bare in ["SITE CHMOD", "SITE RANGES", "SITE RESUMABLE", "SITE"] {
+        c.cmd(bare, 501).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

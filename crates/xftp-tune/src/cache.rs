@@ -44,6 +44,13 @@ pub struct Cache {
     entries: BTreeMap<String, Vec<PathRecord>>,
 }
 
+/// Largest cache file read.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// How far ahead of the clock a record may be and still count (clocks
+/// of a host differ by little; a record a day ahead is no measurement).
+const FUTURE_SLACK_SECS: u64 = 300;
+
 /// Now, in seconds since the epoch.
 pub fn now_secs() -> u64 {
     SystemTime::now()
@@ -72,10 +79,31 @@ impl Cache {
 
     /// Load from `path`; a missing or unreadable file gives an empty cache.
     pub fn load(path: &Path) -> Cache {
-        let entries = std::fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        // Bounded: a cache is a few KiB a destination; a file of hundreds
+        // of megabytes (junk, a wrong XDG_CACHE_HOME) is not read whole.
+        let read = std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes));
+        let entries = match read {
+            Ok(_) if bytes.len() as u64 > MAX_FILE_BYTES => {
+                tracing::warn!(
+                    "path cache {}: larger than {} MiB, not a cache of ours; starting a new one",
+                    path.display(),
+                    MAX_FILE_BYTES >> 20
+                );
+                BTreeMap::new()
+            }
+            Ok(0) => BTreeMap::new(),
+            Ok(_) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(
+                    "path cache {}: unreadable ({e}); starting a new one",
+                    path.display()
+                );
+                BTreeMap::new()
+            }),
+            Err(_) => BTreeMap::new(),
+        };
         Cache {
             path: Some(path.to_owned()),
             entries,
@@ -94,7 +122,13 @@ impl Cache {
             .get(dest)
             .map(|v| {
                 v.iter()
-                    .filter(|r| now.saturating_sub(r.when) <= max_age.as_secs())
+                    // A record from more than a few minutes ahead (a clock
+                    // set back since, or a hand-edited file) would stay
+                    // fresh until the clock caught up: not taken.
+                    .filter(|r| {
+                        now.saturating_sub(r.when) <= max_age.as_secs()
+                            && r.when <= now + FUTURE_SLACK_SECS
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -476,6 +510,19 @@ mod tests {
         assert_eq!(c.best("h:21", day), Some((8, 80e6)));
         assert_eq!(c.rtt("h:21", day), Some(Duration::from_micros(90_000)));
         assert_eq!(c.best("other:21", day), None);
+        // From a day ahead: not a measurement of this path's present.
+        let mut ahead = Cache::in_memory();
+        ahead.record(
+            "h:21",
+            PathRecord {
+                when: now + 86_400,
+                rtt_us: 1,
+                streams: 64,
+                throughput_bps: 900e6,
+                bytes: 1,
+            },
+        );
+        assert_eq!(ahead.best("h:21", day), None);
         // Within 5 % of the best, the smallest count wins.
         let mut c = c;
         c.record(
