@@ -1844,7 +1844,17 @@ impl Client {
         let Some(auto) = self.cfg.auto.clone() else {
             return Ok(());
         };
-        if self.start.is_some() {
+        if let Some((_, _, adaptive)) = self.start {
+            // A listing went back to MODE S since (listings are read in
+            // stream mode): framed again, or the count could not change.
+            if adaptive && !self.mode_e && self.pending_prelude.is_none() {
+                let prelude = Prelude {
+                    mode_e: Some(Cmd::with("MODE", "E")),
+                    mult: None,
+                };
+                self.ctl.send(&[&Cmd::with("MODE", "E")]).await?;
+                self.pending_prelude = Some(prelude);
+            }
             return Ok(());
         }
         self.settle().await?;
@@ -2073,7 +2083,25 @@ impl Client {
     }
 
     async fn listing_inner(&mut self, c: Cmd) -> Result<Vec<u8>> {
-        let (_, setup) = self.prepare_data(true, None, Fit::Session).await?;
+        // Listings are read in stream mode. A server in MODE E (left so by
+        // this session's transfers) frames them as MODE E blocks, as
+        // GridFTP does: back to MODE S first, in the same write as the
+        // data plan.
+        if self
+            .pending_prelude
+            .as_ref()
+            .is_some_and(|p| p.mode_e.is_some())
+        {
+            self.settle().await?;
+        }
+        let mode = self.mode_e.then(|| Cmd::with("MODE", "S"));
+        let (reply, setup) = self.prepare_data(true, mode.as_ref(), Fit::Session).await?;
+        if let (Some(m), Some(r)) = (&mode, &reply) {
+            if r.code != 200 {
+                return Err(unexpected(m, r));
+            }
+            self.mode_e = false;
+        }
         self.ctl.send(&[&c]).await?;
         let (conns, _) = self.start_transfer(&c, setup).await?;
         let mut out = Vec::new();

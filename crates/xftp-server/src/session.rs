@@ -2867,6 +2867,9 @@ impl Session {
                 return self.reply(code, text).await;
             }
         };
+        if self.mode_e {
+            return self.listing_framed(body, unlisted).await;
+        }
         if !self.data_planned().await? {
             return Ok(());
         }
@@ -2890,6 +2893,54 @@ impl Session {
             Ok(())
         });
         let out = self.run_transfer(task, progress, None).await?;
+        self.finish(out, |_| match unlisted.describe() {
+            Some(u) => format!("Directory send OK; {u}"),
+            None => "Directory send OK.".to_string(),
+        })
+        .await
+    }
+
+    /// A listing in MODE E, as GridFTP sends it (`globus-url-copy -r
+    /// -fast` reads MLSD so): MODE E blocks on the transfer's connections,
+    /// kept ones reused, each ending with its EOD and kept for the next
+    /// transfer (data channel caching), as a download's are.
+    async fn listing_framed(&mut self, body: Vec<u8>, unlisted: Unlisted) -> std::io::Result<()> {
+        let n = self.streams.max(1) as usize;
+        let cached = self.take_cached(n);
+        if cached.is_none() && !self.data_planned().await? {
+            return Ok(());
+        }
+        let how = if cached.is_some() { "kept" } else { "new" };
+        self.reply(
+            150,
+            format!("Here comes the directory listing (MODE E, {how} data connections)."),
+        )
+        .await?;
+        let conns = match cached {
+            Some(c) => c,
+            None => match self.open_data(n, true, false).await? {
+                Some((c, _, _)) => c,
+                None => return Ok(()),
+            },
+        };
+        let len = body.len() as u64;
+        let cfg = SendConfig {
+            record_size: xftp_stripe::record_size_for(len, n, self.cfg.record_size),
+            schedule: Schedule::Dynamic,
+            keep_open: true,
+            endgame: false,
+        };
+        let sender = Sender::file(Arc::new(xftp_stripe::MemFile::from(body)), len, conns, &cfg);
+        let progress: Progress = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(async move { Ok(sender.finish_kept().await?) });
+        let out = match self.run_transfer(task, progress, None).await? {
+            Outcome::Done((r, kept)) => {
+                self.cached = kept;
+                Outcome::Done(r)
+            }
+            Outcome::Failed(e) => Outcome::Failed(e),
+            Outcome::Aborted => Outcome::Aborted,
+        };
         self.finish(out, |_| match unlisted.describe() {
             Some(u) => format!("Directory send OK; {u}"),
             None => "Directory send OK.".to_string(),

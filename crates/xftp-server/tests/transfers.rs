@@ -813,3 +813,48 @@ async fn replies_to_a_pipelined_flight_go_out_together() {
     assert!(String::from_utf8_lossy(&listing).contains('f'));
     c.expect(226).await;
 }
+
+/// In MODE E a listing is MODE E blocks too, on the transfer's
+/// connections, which stay open for the next transfer (GridFTP's data
+/// channel caching: `globus-url-copy -r -fast` lists a tree so, and
+/// aborts on a listing in stream mode). MODE S lists in stream mode again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_in_mode_e_are_framed_on_kept_connections() {
+    let srv = start(|_| {}).await;
+    write(srv.dir.path(), "a.txt", b"hello");
+    std::fs::create_dir(srv.dir.path().join("d")).unwrap();
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("MODE E", 200).await;
+    let conns = c.epsv_connect(1).await;
+    c.cmd("MLSD", 150).await;
+    let dst = Arc::new(MemFile::default());
+    let (_, kept) = xftp_stripe::Receiver::file_kept(dst.clone(), None, conns)
+        .finish_kept()
+        .await
+        .expect("a framed listing");
+    c.expect(226).await;
+    let text = String::from_utf8(dst.to_vec()).unwrap();
+    assert!(
+        text.contains("; a.txt\r\n") && text.contains("; d\r\n"),
+        "{text}"
+    );
+    assert_eq!(kept.len(), 1, "the connection stays open");
+    // The next listing goes over the kept connection: no EPSV.
+    let r = c.cmd("LIST d", 150).await;
+    assert!(r.text().contains("kept"), "{r}");
+    let dst = Arc::new(MemFile::default());
+    let (_, kept) = xftp_stripe::Receiver::file_kept(dst.clone(), None, kept)
+        .finish_kept()
+        .await
+        .expect("a framed listing on the kept connection");
+    c.expect(226).await;
+    assert!(dst.to_vec().is_empty(), "d is empty");
+    drop(kept);
+    // Stream mode again: the listing is the bytes themselves.
+    c.cmd("MODE S", 200).await;
+    let mut conns = c.epsv_connect(1).await;
+    c.cmd("NLST", 150).await;
+    let body = read_all(conns.remove(0)).await;
+    c.expect(226).await;
+    assert_eq!(body, b"a.txt\r\nd\r\n");
+}

@@ -424,32 +424,49 @@ fn globus_url_copy_trees_with_parallel_streams() {
     let srv = serve(&["--anonymous-write"]);
     let local = tempfile::tempdir().unwrap();
     let tree = local.path().join("tree");
-    std::fs::create_dir(&tree).unwrap();
+    std::fs::create_dir_all(tree.join("sub/deeper")).unwrap();
+    let mut names = Vec::new();
     for i in 0..4u64 {
-        make_file(
-            &tree.join(format!("f{i}")),
-            300_000 + i as usize * 77_777,
-            60 + i,
-        );
+        let name = match i {
+            0 => "sub/deeper/f0".to_string(),
+            1 => "sub/f1".to_string(),
+            _ => format!("f{i}"),
+        };
+        make_file(&tree.join(&name), 300_000 + i as usize * 77_777, 60 + i);
+        names.push(name);
     }
-    run(Command::new("globus-url-copy")
-        .args(["-cd", "-r", "-p", "4"])
-        .arg(format!("file://{}/", tree.display()))
-        .arg(format!("ftp://127.0.0.1:{}/up/", srv.port)));
-    let back = local.path().join("back");
-    run(Command::new("globus-url-copy")
-        .args(["-cd", "-r", "-p", "4"])
-        .arg(format!("ftp://127.0.0.1:{}/up/", srv.port))
-        .arg(format!("file://{}/", back.display())));
-    for i in 0..4 {
-        let name = format!("f{i}");
-        let src = sha(&tree.join(&name));
-        assert_eq!(
-            sha(&srv.root.path().join("up").join(&name)),
-            src,
-            "upload of {name}"
-        );
-        assert_eq!(sha(&back.join(&name)), src, "download of {name}");
+    // `-fast` keeps the data connections from one transfer to the next
+    // and reads the MLSD listings of the tree in MODE E over them, as
+    // globus-gridftp-server sends them (it aborted on an assertion when
+    // the listing came in stream mode).
+    for (k, flags) in [&["-p", "4"][..], &["-p", "4", "-fast"], &["-fast"]]
+        .iter()
+        .enumerate()
+    {
+        run(Command::new("globus-url-copy")
+            .args(["-cd", "-r"])
+            .args(*flags)
+            .arg(format!("file://{}/", tree.display()))
+            .arg(format!("ftp://127.0.0.1:{}/up{k}/", srv.port)));
+        let back = local.path().join(format!("back{k}"));
+        run(Command::new("globus-url-copy")
+            .args(["-cd", "-r"])
+            .args(*flags)
+            .arg(format!("ftp://127.0.0.1:{}/up{k}/", srv.port))
+            .arg(format!("file://{}/", back.display())));
+        for name in &names {
+            let src = sha(&tree.join(name));
+            assert_eq!(
+                sha(&srv.root.path().join(format!("up{k}")).join(name)),
+                src,
+                "upload of {name} with {flags:?}"
+            );
+            assert_eq!(
+                sha(&back.join(name)),
+                src,
+                "download of {name} with {flags:?}"
+            );
+        }
     }
 }
 
