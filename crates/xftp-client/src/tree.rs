@@ -462,7 +462,18 @@ async fn walk(
         }
         let mut st = lock(sh);
         st.unlisted += c.take_unlisted();
+        let mut seen = HashSet::new();
         for e in entries {
+            // A name listed twice (a broken or hostile server) would be
+            // fetched twice into one target at once: once.
+            if !seen.insert(e.name.clone()) {
+                tracing::warn!(
+                    "{}: listed twice in {:?}; taken once",
+                    e.name,
+                    join(remote, d)
+                );
+                continue;
+            }
             let rel = if d.is_empty() {
                 e.name.clone()
             } else {

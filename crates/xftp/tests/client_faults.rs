@@ -49,6 +49,8 @@ enum Script {
     EndlessReply,
     /// EPSV names port 0.
     PortZero,
+    /// LIST gives the file `a` twice (no MLSD: FEAT is refused).
+    DupListing,
 }
 
 const FILE_LEN: usize = 1000;
@@ -165,6 +167,20 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "EPSV" if matches!(script, Script::RefusedList) => {
                 let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
                 format!("229 Entering Extended Passive Mode (|||{p}|)")
+            }
+            "LIST" if matches!(script, Script::DupListing) => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                let line = format!("-rw-r--r--   1 0  0  {FILE_LEN} Jan  5 12:00 a\r\n");
+                d.write_all(b"drwxr-xr-x   2 0  0  4096 Jan  5 12:00 .\r\n")?;
+                d.write_all(line.as_bytes())?;
+                d.write_all(line.as_bytes())?;
+                drop(d);
+                "226 listed".into()
             }
             "LIST" => {
                 thread::sleep(Duration::from_millis(300));
@@ -314,6 +330,33 @@ fn honest_server_control_case_succeeds() {
         std::fs::read(dir.path().join("f.bin")).unwrap().len(),
         FILE_LEN
     );
+}
+
+/// A listing that names a file twice: fetched once (twice, both copies
+/// would be written into one target at once).
+#[test]
+fn a_name_listed_twice_is_fetched_once() {
+    let (port, seen) = fake_server(Script::DupListing);
+    let dir = tempfile::tempdir().unwrap();
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            "--json",
+            &format!("ftp://127.0.0.1:{port}/d/"),
+            "got",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["files"], 1, "{j}");
+    assert_eq!(
+        std::fs::read(dir.path().join("got/a")).unwrap().len(),
+        FILE_LEN
+    );
+    let retrs = seen.try_iter().filter(|c| c.starts_with("RETR")).count();
+    assert_eq!(retrs, 1);
 }
 
 #[test]
