@@ -629,6 +629,69 @@ fn an_interrupted_put_leaves_no_prefix_on_a_stock_server() {
     }
 }
 
+/// pyftpdlib, anonymous and writable, reading uploads at 2 MiB/s (its
+/// `ThrottledDTPHandler`): an upload that is still running when a signal
+/// comes, whatever the machine's speed.
+fn pyftpd_slow_uploads(dir: &Path) -> Pyftpd {
+    let script = r#"
+import logging, sys
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler, ThrottledDTPHandler
+from pyftpdlib.servers import FTPServer
+logging.basicConfig(level=logging.INFO)
+auth = DummyAuthorizer()
+auth.add_anonymous(sys.argv[1], perm="elradfmwMT")
+ThrottledDTPHandler.read_limit = 2 * 1024 * 1024
+FTPHandler.authorizer = auth
+FTPHandler.dtp_handler = ThrottledDTPHandler
+FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
+"#;
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg("-c").arg(script).arg(dir);
+    spawn_logging_server(cmd)
+}
+
+/// Ctrl-C (SIGINT) during the shell's `put` stops the upload as `xftp put`
+/// does: the data connection reset, the server's reply read, and the cut
+/// copy deleted, not left under the file's name.
+#[test]
+fn an_interrupted_put_in_the_shell_leaves_no_prefix() {
+    if !have_pyftpdlib("an_interrupted_put_in_the_shell_leaves_no_prefix") {
+        return;
+    }
+    use std::io::Write;
+    let d = dirs();
+    let server = pyftpd_slow_uploads(&d.srv);
+    write_prng_file(&d.local.join("big.bin"), 12 * MIB, 6);
+    let url = format!("ftp://127.0.0.1:{}/", server.port);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["shell", "-p", "1", url.as_str()])
+        .current_dir(&d.local)
+        .env("HOME", &d.local)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn xftp shell");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"put big.bin\nls\n")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let signalled = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    let out = child.wait_with_output().expect("wait for xftp shell");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(signalled, "{err}");
+    assert!(err.contains("stopping the upload"), "{err}");
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(!d.srv.join("big.bin").exists(), "a prefix was left: {err}");
+}
+
 /// `ftp://anonymous@host/` names the anonymous login, which needs no
 /// password (none is asked for, as with no user at all).
 #[test]

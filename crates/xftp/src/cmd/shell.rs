@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 use xftp_client::xftp_tune::{self, PathRecord, TuneConfig};
 use xftp_client::{
     AutoConfig, Client, ClientConfig, ClientError, DataMode, FtpUrl, Progress, TransferReport,
@@ -406,6 +407,9 @@ struct Shell {
     input: Input,
     /// Shared by every connection, so one display follows all transfers.
     progress: Arc<Progress>,
+    /// Cancelled by Ctrl-C during an upload, which then stops and cleans
+    /// up on the server (`ClientConfig::interrupt`); a new one after.
+    interrupt: CancellationToken,
 }
 
 /// Run the shell; exits with 0 after `quit` or the end of the input.
@@ -441,6 +445,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
         refused: None,
         input: Input::start(interactive),
         progress: Progress::new(),
+        interrupt: CancellationToken::new(),
     };
     let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
     if let Some(url) = a.url {
@@ -521,24 +526,53 @@ impl Shell {
     /// prompt) or a signal that ends the shell.
     async fn step(&mut self, words: &[String], term: &mut tokio::signal::unix::Signal) -> Step {
         let interactive = self.interactive;
-        let outcome = tokio::select! {
-            r = self.execute(words) => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
-            _ = term.recv() => return Step::Signal(143),
+        // An upload stopped by a signal first cleans up on the server (a
+        // stock server keeps a cut upload under the file's name), as `xftp
+        // put` does; a second signal drops it at once.
+        let upload = matches!(
+            words.first().map(String::as_str),
+            Some("put" | "reput" | "mput")
+        );
+        let token = self.interrupt.clone();
+        let signal = {
+            let exec = self.execute(words);
+            tokio::pin!(exec);
+            let signal = tokio::select! {
+                r = &mut exec => return Step::Done(r),
+                _ = tokio::signal::ctrl_c() => 130,
+                _ = term.recv() => 143,
+            };
+            if upload {
+                let nl = if interactive { "\n" } else { "" };
+                eprintln!(
+                    "{nl}xftp: interrupted; stopping the upload (a second signal stops at once)"
+                );
+                token.cancel();
+                tokio::select! {
+                    _ = tokio::time::timeout(GRACEFUL_STOP, &mut exec) => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            signal
         };
-        match outcome {
-            Some(r) => Step::Done(r),
-            None if interactive => {
+        if token.is_cancelled() {
+            self.interrupt = CancellationToken::new();
+        }
+        match signal {
+            130 if interactive => {
                 // Dropping the command cleaned up after it (a partial
                 // download is removed), but the control connection may
                 // still owe replies: start a fresh one next time.
                 if let Some(c) = self.conn.as_mut() {
                     c.client = None;
                 }
-                eprintln!("\nxftp: interrupted");
+                if !upload {
+                    eprintln!("\nxftp: interrupted");
+                }
                 Step::Done(Ok(Flow::Continue))
             }
-            None => Step::Signal(130),
+            code => Step::Signal(code),
         }
     }
 
@@ -812,6 +846,7 @@ impl Shell {
         let dialed = dial(
             &self.set,
             &self.progress,
+            &self.interrupt,
             &url,
             url.user.as_deref(),
             password.as_deref(),
@@ -930,7 +965,15 @@ impl Shell {
         };
         // The new login is made before the old one ends: a refused one
         // leaves the session as it was.
-        let mut client = dial(&self.set, &self.progress, &url, Some(name), Some(&password)).await?;
+        let mut client = dial(
+            &self.set,
+            &self.progress,
+            &self.interrupt,
+            &url,
+            Some(name),
+            Some(&password),
+        )
+        .await?;
         let cwd = client.pwd().await.ok();
         let Some(conn) = self.conn.as_mut() else {
             anyhow::bail!(NOT_CONNECTED);
@@ -979,6 +1022,7 @@ impl Shell {
             let mut c = dial(
                 &self.set,
                 &self.progress,
+                &self.interrupt,
                 &conn.url,
                 conn.user.as_deref(),
                 conn.password.as_deref(),
@@ -1377,11 +1421,16 @@ impl std::fmt::Display for AnonymousRefused {
 
 impl std::error::Error for AnonymousRefused {}
 
+/// How long an interrupted upload may take to clean up on the server
+/// (its reset, the server's reply, a DELE: each bounded already).
+const GRACEFUL_STOP: Duration = Duration::from_secs(10);
+
 /// Connect and log in with the shell's settings; the login's replies are
 /// read here, so a refusal is reported by the command that asked.
 async fn dial(
     set: &Settings,
     progress: &Arc<Progress>,
+    interrupt: &CancellationToken,
     url: &FtpUrl,
     user: Option<&str>,
     password: Option<&str>,
@@ -1409,7 +1458,7 @@ async fn dial(
         progress: Some(progress.clone()),
         limit_rate: None,
         resume: false,
-        interrupt: None,
+        interrupt: Some(interrupt.clone()),
     };
     let mut client = Client::connect(&url.host, url.port, cfg.clone())
         .await
