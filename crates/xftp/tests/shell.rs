@@ -120,7 +120,7 @@ get up1.dat copy1.dat
 rename up2.dat renamed.dat
 lcd down
 lpwd
-mget renamed.dat \"my *\" n*.txt
+mget renamed.dat my\\ * n*.txt
 delete notes.txt
 cd /
 active
@@ -195,6 +195,54 @@ bye
     assert!(se.contains("mget: 3 files"), "{se}");
     assert!(se.contains("TYPE A"), "ascii says what it does: {se}");
     assert!(!se.contains("line "), "no failure: {se}");
+}
+
+/// mget and mput match as a shell does: a quoted or escaped wildcard is
+/// itself, and `*` leaves out names with a leading dot.
+#[test]
+fn quoted_wildcards_are_literal_and_star_skips_dot_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    for d in [&root.join("gl"), &local.join("up"), &local.join("down")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for n in ["s*.txt", "sxyz.txt", "[b].txt", "b.txt", ".hid.txt"] {
+        std::fs::write(root.join("gl").join(n), n).unwrap();
+        std::fs::write(local.join("up").join(n), n).unwrap();
+    }
+    std::fs::write(local.join("up/qa"), "qa").unwrap();
+    let srv = serve(&root, &[]);
+    let script = format!(
+        "open ftp://127.0.0.1:{port}/gl/\nlcd down\nmget s\\*.txt \"[b].txt\"\n\
+         mkdir /in\ncd /in\nlcd ../up\nmput s* 'q?' \"[b].txt\"\n\
+         mkdir /all\ncd /all\nmput *\n",
+        port = srv.port
+    );
+    // `'q?'` is the file of that name (not `qa`, say).
+    std::fs::write(local.join("up/q?"), "q").unwrap();
+    let out = run_script(&[], &script, &local, &cache);
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&local.join("down")), ["[b].txt", "s*.txt"], "{se}");
+    assert_eq!(
+        names(&root.join("in")),
+        ["[b].txt", "q?", "s*.txt", "sxyz.txt"],
+        "{se}"
+    );
+    assert!(root.join("all/b.txt").exists(), "{se}");
+    assert!(!root.join("all/.hid.txt").exists(), "{se}");
 }
 
 #[test]

@@ -410,6 +410,9 @@ struct Shell {
     /// Cancelled by Ctrl-C during an upload, which then stops and cleans
     /// up on the server (`ClientConfig::interrupt`); a new one after.
     interrupt: CancellationToken,
+    /// The words of the line running, as glob patterns
+    /// ([`words::split_patterns`]): what mget and mput match.
+    patterns: Vec<String>,
 }
 
 /// Run the shell; exits with 0 after `quit` or the end of the input.
@@ -446,6 +449,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
         input: Input::start(interactive),
         progress: Progress::new(),
         interrupt: CancellationToken::new(),
+        patterns: Vec::new(),
     };
     let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
     if let Some(url) = a.url {
@@ -485,6 +489,8 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
             }
         };
         lineno += 1;
+        // Each word also as a glob pattern, for mget and mput.
+        sh.patterns = words::split_patterns(&line).unwrap_or_default();
         let words = match words::split(&line) {
             Ok(w) => w,
             Err(e) => {
@@ -1187,8 +1193,18 @@ impl Shell {
         Ok(r.bytes)
     }
 
+    /// `args` as glob patterns: quoted or escaped wildcards match
+    /// themselves.
+    fn patterns_of(&self, args: &[String]) -> Vec<String> {
+        match self.patterns.split_first() {
+            Some((_, p)) if p.len() == args.len() => p.to_vec(),
+            _ => args.to_vec(),
+        }
+    }
+
     async fn mget(&mut self, args: &[String]) -> anyhow::Result<()> {
-        let (resume, patterns) = resume_flag("mget", args)?;
+        let args = self.patterns_of(args);
+        let (resume, patterns) = resume_flag("mget", &args)?;
         // Every pattern is expanded first: one that matches nothing fails
         // the command before anything moves.
         let mut files = Vec::new();
@@ -1206,7 +1222,8 @@ impl Shell {
     }
 
     async fn mput(&mut self, args: &[String]) -> anyhow::Result<()> {
-        let (resume, patterns) = resume_flag("mput", args)?;
+        let args = self.patterns_of(args);
+        let (resume, patterns) = resume_flag("mput", &args)?;
         let mut files = Vec::new();
         for pat in patterns {
             let matches = local_glob(pat)?;
@@ -1774,7 +1791,14 @@ fn local_glob(pat: &str) -> anyhow::Result<Vec<PathBuf>> {
         return Ok(vec![PathBuf::from(pat)]);
     }
     let mut out = Vec::new();
-    for entry in glob::glob(pat).with_context(|| format!("bad pattern {pat:?}"))? {
+    // As a shell: `*` does not match a leading dot (`mput *` in a home
+    // directory must not send .netrc), nor `/`.
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: true,
+    };
+    for entry in glob::glob_with(pat, opts).with_context(|| format!("bad pattern {pat:?}"))? {
         let p = entry.with_context(|| format!("while matching {pat:?}"))?;
         if p.is_file() {
             out.push(p);

@@ -6,6 +6,26 @@
 /// backslash takes the next character as it is. A line whose first
 /// non-blank character is `#` is a comment: no words.
 pub fn split(line: &str) -> Result<Vec<String>, String> {
+    split_with(line, false)
+}
+
+/// [`split`], each word as a glob pattern: a `*`, `?` or `[` that was
+/// quoted or escaped matches itself (`[*]`, `[?]`, `[[]`), as in a shell
+/// (`mget 's*.txt'` is the one file of that name, not every `s...txt`).
+pub fn split_patterns(line: &str) -> Result<Vec<String>, String> {
+    split_with(line, true)
+}
+
+fn split_with(line: &str, glob: bool) -> Result<Vec<String>, String> {
+    // A character taken literally (quoted or escaped).
+    let literal = |cur: &mut String, c: char| match c {
+        '*' | '?' | '[' if glob => {
+            cur.push('[');
+            cur.push(c);
+            cur.push(']');
+        }
+        c => cur.push(c),
+    };
     if line.trim_start().starts_with('#') {
         return Ok(Vec::new());
     }
@@ -21,11 +41,11 @@ pub fn split(line: &str) -> Result<Vec<String>, String> {
                 Some(n @ ('"' | '\\')) => cur.push(n),
                 Some(n) => {
                     cur.push('\\');
-                    cur.push(n);
+                    literal(&mut cur, n);
                 }
                 None => break,
             },
-            Some(_) => cur.push(c),
+            Some(_) => literal(&mut cur, c),
             None => match c {
                 '\'' | '"' => {
                     quote = Some(c);
@@ -33,7 +53,7 @@ pub fn split(line: &str) -> Result<Vec<String>, String> {
                 }
                 '\\' => match chars.next() {
                     Some(n) => {
-                        cur.push(n);
+                        literal(&mut cur, n);
                         in_word = true;
                     }
                     None => return Err("the line ends in a backslash".into()),
@@ -145,6 +165,27 @@ mod tests {
         ] {
             assert_eq!(w(&format!("cmd {}", quote(s))), ["cmd", s], "{s:?}");
         }
+    }
+
+    #[test]
+    fn quoted_or_escaped_wildcards_match_themselves() {
+        let p = |line: &str| split_patterns(line).unwrap();
+        assert_eq!(p("mget s*.txt"), ["mget", "s*.txt"]);
+        assert_eq!(
+            p(r"mget s\*.txt 'q?' \[b].txt"),
+            ["mget", "s[*].txt", "q[?]", "[[]b].txt"]
+        );
+        assert_eq!(p(r#"mget "a*" a*"#), ["mget", "a[*]", "a*"]);
+        for (pat, name) in [
+            ("s[*].txt", "s*.txt"),
+            ("q[?]", "q?"),
+            ("[[]b].txt", "[b].txt"),
+        ] {
+            let g = glob::Pattern::new(pat).unwrap();
+            assert!(g.matches(name), "{pat} {name}");
+        }
+        assert!(!glob::Pattern::new("s[*].txt").unwrap().matches("sxyz.txt"));
+        assert!(!glob::Pattern::new("[[]b].txt").unwrap().matches("b.txt"));
     }
 
     #[test]
