@@ -157,6 +157,17 @@ pub enum ClientError {
     /// the fix.
     #[error("TLS: {0}")]
     Tls(String),
+    /// Byte ranges fetched over several sessions (a server without MULT)
+    /// came from a file that changed meanwhile: SIZE or MDTM at the end
+    /// differ from the start. Each session sends its own REST and RETR,
+    /// so the ranges may belong to two versions.
+    #[error("the file changed on the server during the download ({was}; now {now}): its ranges, fetched by several sessions, may mix two versions; nothing was put in place")]
+    ChangedDuring {
+        /// SIZE and MDTM at the start.
+        was: String,
+        /// SIZE and MDTM at the end.
+        now: String,
+    },
     /// `-c`: the source is not the one the partial file came from.
     #[error("the source changed since the partial transfer ({was}; now {now}): resuming would splice two versions")]
     SourceChanged {

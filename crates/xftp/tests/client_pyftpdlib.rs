@@ -633,6 +633,12 @@ fn an_interrupted_put_leaves_no_prefix_on_a_stock_server() {
 /// `ThrottledDTPHandler`): an upload that is still running when a signal
 /// comes, whatever the machine's speed.
 fn pyftpd_slow_uploads(dir: &Path) -> Pyftpd {
+    pyftpd_throttled(dir, "read_limit")
+}
+
+/// pyftpdlib, anonymous and writable, with `limit` (`read_limit`:
+/// uploads, `write_limit`: downloads) at 2 MiB/s a data connection.
+fn pyftpd_throttled(dir: &Path, limit: &str) -> Pyftpd {
     let script = r#"
 import logging, sys
 from pyftpdlib.authorizers import DummyAuthorizer
@@ -641,13 +647,15 @@ from pyftpdlib.servers import FTPServer
 logging.basicConfig(level=logging.INFO)
 auth = DummyAuthorizer()
 auth.add_anonymous(sys.argv[1], perm="elradfmwMT")
-ThrottledDTPHandler.read_limit = 2 * 1024 * 1024
+setattr(ThrottledDTPHandler, sys.argv[2], 2 * 1024 * 1024)
 FTPHandler.authorizer = auth
 FTPHandler.dtp_handler = ThrottledDTPHandler
+# sendfile(2) would bypass the throttle.
+FTPHandler.use_sendfile = False
 FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
 "#;
     let mut cmd = Command::new(PYTHON);
-    cmd.arg("-c").arg(script).arg(dir);
+    cmd.arg("-c").arg(script).arg(dir).arg(limit);
     spawn_logging_server(cmd)
 }
 
@@ -690,6 +698,40 @@ fn an_interrupted_put_in_the_shell_leaves_no_prefix() {
     assert!(err.contains("stopping the upload"), "{err}");
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(!d.srv.join("big.bin").exists(), "a prefix was left: {err}");
+}
+
+/// A file replaced (renamed over) while its ranges come over several
+/// sessions: some ranges are of each version, so the download fails and
+/// nothing is put in place (it passed as whole, two versions spliced).
+#[test]
+fn a_file_replaced_during_a_ranged_download_is_refused() {
+    if !have_pyftpdlib("a_file_replaced_during_a_ranged_download_is_refused") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd_throttled(&d.srv, "write_limit");
+    write_prng_file(&d.srv.join("g.bin"), 16 * MIB, 7);
+    let url = format!("ftp://127.0.0.1:{}/g.bin", server.port);
+    let child = support::spawn_xftp(&["get", "-p", "4", &url, "g.bin"], &d.local);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    write_prng_file(&d.srv.join(".new"), 16 * MIB, 8);
+    // A different time too, as a new file written a second later has.
+    let t = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(d.srv.join(".new"))
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    std::fs::rename(d.srv.join(".new"), d.srv.join("g.bin")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("changed on the server during the download"),
+        "{err}"
+    );
+    assert!(!d.local.join("g.bin").exists(), "{err}");
 }
 
 /// `ftp://anonymous@host/` names the anonymous login, which needs no

@@ -226,6 +226,12 @@ impl Client {
         }
         let total: u64 = work.iter().map(|(a, b)| b - a).sum();
         let n = (n as u64).min(total.div_ceil(RANGE_MIN)).max(1) as usize;
+        // What the file is now, to tell at the end whether every range
+        // came from this version (see the end).
+        let mdtm_before = match n > 1 {
+            true => self.mdtm(remote).await?,
+            false => None,
+        };
         let plan: Shared = Arc::new(Mutex::new(Plan::new(work, n)));
         let factory = self.sessions.clone();
         let mut set = tokio::task::JoinSet::new();
@@ -326,6 +332,29 @@ impl Client {
                     expected: total,
                     got: total - left,
                 }));
+        }
+        // Each session sent its own REST and RETR at its own time: a file
+        // replaced meanwhile (written anew, renamed over) gave some
+        // ranges of each version. Its size or time tells, at the end.
+        if per.iter().filter(|&&b| b > 0).count() > 1 {
+            let size_now = self.size(remote).await?;
+            let mdtm_now = match mdtm_before {
+                Some(_) => self.mdtm(remote).await?,
+                None => None,
+            };
+            if size_now.is_some_and(|s| s != size) || mdtm_now != mdtm_before {
+                let show = |s: Option<u64>, m: &Option<String>| {
+                    format!(
+                        "{} bytes, modified {}",
+                        s.map_or("?".into(), |s| s.to_string()),
+                        m.as_deref().unwrap_or("?")
+                    )
+                };
+                return Err(ClientError::ChangedDuring {
+                    was: show(Some(size), &mdtm_before),
+                    now: show(size_now, &mdtm_now),
+                });
+            }
         }
         tracing::info!("ranged download: bytes per session {per:?}");
         per.retain(|&b| b > 0);

@@ -1517,6 +1517,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 .into(),
         ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
+        ClientError::ChangedDuring { .. } => Some(
+            "run it again once the file is no longer being replaced (or with -p 1: one session reads one version)"
+                .into(),
+        ),
         ClientError::SourceChanged { partial, .. } => Some(match op {
             Op::Put => format!(
                 "the local file changed since the partial upload {}: run without -c to send it whole",
