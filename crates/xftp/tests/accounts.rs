@@ -465,3 +465,47 @@ fn data_connections_per_address_are_shared_across_its_sessions() {
     }
     assert!(r.starts_with("200 MULT 6 granted"), "{r}");
 }
+
+/// Each password check takes 19 MiB (Argon2). glibc's allocator kept that
+/// memory in its per-thread arenas once its threshold for mapped
+/// allocations had risen past it: 24 logins left the server about 300 MB
+/// larger, for good. The server must give it back.
+#[test]
+fn password_checks_do_not_pile_up_memory() {
+    let root = tempfile::tempdir().unwrap();
+    let users = root.path().join("users.txt");
+    useradd(&users, "alice", "alice-pw", &[]);
+    let srv = serve(
+        root.path(),
+        &["--users", users.to_str().unwrap(), "--login-failures", "0"],
+        None,
+    );
+    let rss = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", srv.child.id())).unwrap();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            / 1024
+    };
+    for _ in 0..3 {
+        let logins: Vec<_> = (0..8)
+            .map(|_| {
+                let port = srv.port;
+                std::thread::spawn(move || {
+                    let (mut c, _) = Ctl::open(port);
+                    let r = c.login("alice", "alice-pw");
+                    assert!(r.starts_with("230"), "{r}");
+                    c.cmd("QUIT");
+                })
+            })
+            .collect();
+        for l in logins {
+            l.join().unwrap();
+        }
+    }
+    let mib = rss();
+    assert!(mib < 100, "the server holds {mib} MiB after 24 logins");
+}
