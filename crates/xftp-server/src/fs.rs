@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::fs::Metadata;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,15 @@ pub enum FsError {
 }
 
 impl FsError {
+    /// As an `io::Error` (its own where it is one).
+    pub fn into_io(self) -> std::io::Error {
+        match self {
+            FsError::Io(e) => e,
+            FsError::NotFound => std::io::ErrorKind::NotFound.into(),
+            e => std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+        }
+    }
+
     /// Map an io::Error of a lookup to the matching variant.
     pub fn from_io(e: std::io::Error) -> FsError {
         match e.kind() {
@@ -147,6 +157,133 @@ impl Root {
         std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
         Ok(p)
     }
+
+    /// Whether what `fd` refers to is inside the root, by the path the
+    /// kernel has for it now. The paths above were checked before use;
+    /// between the check and the use a directory on the way can be
+    /// renamed, or swapped for a link leading out (by another session's
+    /// RNTO of a link, or a local user). What was opened is what is
+    /// used, so checking it after opening closes that window.
+    pub fn check_fd(&self, fd: BorrowedFd<'_>) -> Result<(), FsError> {
+        let p = std::fs::read_link(proc_path(fd)).map_err(FsError::from_io)?;
+        self.check_inside(&p)
+    }
+
+    /// Open the plain file `p` (a path checked by the methods above) for
+    /// reading, through its pinned directory, and check what was opened
+    /// ([`Root::open_in`]).
+    pub fn open_read(&self, p: &Path) -> std::io::Result<std::fs::File> {
+        self.open_in(p, std::fs::OpenOptions::new().read(true), 0)
+    }
+
+    /// [`open_plain`] of `p` through its directory pinned inside the root
+    /// ([`Root::pin_parent`]), and what was opened checked inside the root
+    /// too ([`Root::check_fd`]: a link as the last component, if `flags`
+    /// lets it be followed).
+    pub fn open_in(
+        &self,
+        p: &Path,
+        opts: &mut std::fs::OpenOptions,
+        flags: i32,
+    ) -> std::io::Result<std::fs::File> {
+        let (dir, name) = self.pin_parent(p).map_err(FsError::into_io)?;
+        let f = open_plain(&proc_path(dir.as_fd()).join(name), opts, flags)?;
+        self.check_fd(f.as_fd()).map_err(FsError::into_io)?;
+        Ok(f)
+    }
+
+    /// `p` ([`Root::existing`]) opened as a handle (`O_PATH`) and checked
+    /// inside the root ([`Root::check_fd`]): changed through
+    /// [`proc_path`], the object is the one checked.
+    pub fn pin(&self, p: &Path) -> Result<OwnedFd, FsError> {
+        let fd = open_handle(p, 0)?;
+        self.check_fd(fd.as_fd())?;
+        Ok(fd)
+    }
+
+    /// The directory holding `p` ([`Root::creatable`], [`Root::entry`])
+    /// opened as a handle and checked inside the root, and `p`'s last
+    /// component: made, removed or renamed relative to that handle
+    /// ([`mkdir_at`], [`unlink_at`], [`rename_at`]), it stays inside
+    /// whatever is renamed in the tree meanwhile.
+    pub fn pin_parent<'a>(&self, p: &'a Path) -> Result<(OwnedFd, &'a OsStr), FsError> {
+        let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
+            return Err(FsError::Outside);
+        };
+        let fd = open_handle(dir, libc::O_DIRECTORY)?;
+        self.check_fd(fd.as_fd())?;
+        Ok((fd, name))
+    }
+}
+
+/// `/proc/self/fd/N` for `fd`: a path that reaches the object `fd` was
+/// opened on, whatever happened to its names since.
+pub fn proc_path(fd: BorrowedFd<'_>) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+fn c_path(p: &[u8]) -> Result<std::ffi::CString, FsError> {
+    std::ffi::CString::new(p).map_err(|_| {
+        FsError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a NUL byte in the path",
+        ))
+    })
+}
+
+/// `open(p, O_PATH | extra)`: a handle on the object, nothing read.
+fn open_handle(p: &Path, extra: i32) -> Result<OwnedFd, FsError> {
+    let c = c_path(p.as_os_str().as_bytes())?;
+    // SAFETY: `c` is a NUL-terminated path; the result is checked.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | extra) };
+    if fd < 0 {
+        return Err(FsError::from_io(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn os_result(r: libc::c_int) -> Result<(), FsError> {
+    if r < 0 {
+        Err(FsError::from_io(std::io::Error::last_os_error()))
+    } else {
+        Ok(())
+    }
+}
+
+/// `mkdirat(dir, name, 0777)` (less the umask).
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(), FsError> {
+    let c = c_path(name.as_bytes())?;
+    // SAFETY: a valid descriptor and a NUL-terminated name.
+    os_result(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o777) })
+}
+
+/// `unlinkat(dir, name)`: a file (or link), or with `is_dir` an empty
+/// directory. A directory named as a file is [`FsError::IsDir`].
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &OsStr, is_dir: bool) -> Result<(), FsError> {
+    let c = c_path(name.as_bytes())?;
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: a valid descriptor and a NUL-terminated name.
+    os_result(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), flags) })
+}
+
+/// `renameat(from_dir, from, to_dir, to)`.
+pub fn rename_at(
+    from_dir: BorrowedFd<'_>,
+    from: &OsStr,
+    to_dir: BorrowedFd<'_>,
+    to: &OsStr,
+) -> Result<(), FsError> {
+    let (a, b) = (c_path(from.as_bytes())?, c_path(to.as_bytes())?);
+    // SAFETY: valid descriptors and NUL-terminated names.
+    os_result(unsafe {
+        libc::renameat(
+            from_dir.as_raw_fd(),
+            a.as_ptr(),
+            to_dir.as_raw_fd(),
+            b.as_ptr(),
+        )
+    })
 }
 
 /// Open `p` only if it is a regular file (`opts` and `flags` say how),
@@ -371,5 +508,61 @@ mod tests {
         ));
         // Deleting the link itself is fine: it removes the link, not the target.
         assert!(root.entry(&v("/pw")).is_ok());
+    }
+
+    /// A directory swapped for a link leading out between the check of a
+    /// path and its use (another session renaming a link over it, a local
+    /// user): what is opened, made, removed or renamed is checked where
+    /// it is, not where the name led at the check.
+    #[test]
+    fn a_directory_swapped_for_a_link_after_the_check_is_not_followed() {
+        use std::os::fd::AsFd;
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("s.txt"), b"outside").unwrap();
+        std::fs::create_dir(outside.path().join("sub")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sw")).unwrap();
+        std::fs::write(dir.path().join("sw/s.txt"), b"inside").unwrap();
+        std::fs::create_dir(dir.path().join("sw/sub")).unwrap();
+        let root = Root::new(dir.path()).unwrap();
+        let v = |s: &str| VPath::root().resolve(s.as_bytes()).unwrap();
+        // Checked while `sw` is a directory inside.
+        let file = root.existing(&v("/sw/s.txt")).unwrap();
+        let new = root.creatable(&v("/sw/new")).unwrap();
+        let sub = root.entry(&v("/sw/sub")).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"inside");
+        // Then swapped.
+        std::fs::rename(dir.path().join("sw"), dir.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("sw")).unwrap();
+        let refused = |r: Result<(), FsError>| matches!(r, Err(FsError::Outside));
+        assert!(root.open_read(&file).is_err(), "read through the link");
+        assert!(refused(root.pin(&file).map(drop)));
+        assert!(refused(
+            root.pin_parent(&new)
+                .and_then(|(d, n)| mkdir_at(d.as_fd(), n))
+        ));
+        assert!(refused(root.pin_parent(&sub).and_then(|(d, n)| unlink_at(
+            d.as_fd(),
+            n,
+            true
+        ))));
+        let up =
+            crate::transfer::Upload::begin(&root, &new, crate::transfer::UploadKind::Replace, 0);
+        assert!(up.is_err(), "an upload through the link");
+        // Nothing outside was touched.
+        assert!(!outside.path().join("new").exists());
+        assert!(outside.path().join("sub").is_dir());
+        let names: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+        assert_eq!(names.len(), 2, "no temporary left outside");
+        // Put back, the same paths work.
+        std::fs::remove_file(dir.path().join("sw")).unwrap();
+        std::fs::rename(dir.path().join("real"), dir.path().join("sw")).unwrap();
+        assert_eq!(
+            std::io::read_to_string(root.open_read(&file).unwrap()).unwrap(),
+            "inside"
+        );
+        let (d, n) = root.pin_parent(&new).unwrap();
+        mkdir_at(d.as_fd(), n).unwrap();
+        assert!(dir.path().join("sw/new").is_dir());
     }
 }

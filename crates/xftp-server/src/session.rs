@@ -1407,9 +1407,10 @@ impl Session {
         }
         // RFC 3659 4: SIZE reports the bytes a transfer in the current TYPE
         // would carry, so count the CRs TYPE A adds.
+        let root = self.root.clone();
         let n = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
             use std::io::Read;
-            let mut f = crate::fs::open_plain_read(&p)?;
+            let mut f = root.open_read(&p)?;
             let mut conv = xftp_proto::ascii::ToWire::new();
             let mut buf = vec![0u8; 256 * 1024];
             let mut n = 0;
@@ -1475,8 +1476,9 @@ impl Session {
         len: Option<u64>,
     ) -> Result<(String, u64), (u16, String)> {
         let started = std::time::Instant::now();
+        let root = self.root.clone();
         let r = tokio::task::spawn_blocking(move || {
-            let f = crate::fs::open_plain_read(&p)?;
+            let f = root.open_read(&p)?;
             xftp_proto::cksum::digest_file(alg, &f, offset, len)
         })
         .await;
@@ -1510,7 +1512,7 @@ impl Session {
         let when = xftp_proto::facts::system_time(secs);
         // The time the file has now: a file system clamps what it cannot
         // hold (year 9999 became 2446 on ext4), and the reply says so.
-        let r = crate::fs::open_plain_read(&p).and_then(|f| {
+        let r = self.root.open_read(&p).and_then(|f| {
             f.set_modified(when)?;
             f.metadata()
         });
@@ -1543,6 +1545,11 @@ impl Session {
             Err(e) => return self.reply_fs(&v, &e).await,
         };
         use std::os::unix::fs::PermissionsExt;
+        let pinned = match self.root.pin(&p) {
+            Ok(fd) => fd,
+            Err(e) => return self.reply_fs(&v, &e).await,
+        };
+        let p = fs::proc_path(std::os::fd::AsFd::as_fd(&pinned));
         match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m & 0o777)) {
             Ok(()) => {
                 self.reply(200, format!("SITE CHMOD {:o} done.", m & 0o777))
@@ -1571,13 +1578,11 @@ impl Session {
             return Ok(());
         };
         let r = self.root.entry(&v).and_then(|p| {
-            let md = std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
-            if md.is_dir() {
-                return Err(FsError::IsDir);
-            }
-            std::fs::remove_file(&p).map_err(FsError::from_io)?;
+            let (dir, name) = self.root.pin_parent(&p)?;
+            let dir = std::os::fd::AsFd::as_fd(&dir);
+            fs::unlink_at(dir, name, false)?;
             // A resumable upload's partial takes its record along.
-            crate::resumable::remove_record(&p);
+            crate::resumable::remove_record(&fs::proc_path(dir).join(name));
             Ok(())
         });
         match r {
@@ -1590,10 +1595,10 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
-        let r = self
-            .root
-            .creatable(&v)
-            .and_then(|p| std::fs::create_dir(&p).map_err(FsError::from_io));
+        let r = self.root.creatable(&v).and_then(|p| {
+            let (dir, name) = self.root.pin_parent(&p)?;
+            fs::mkdir_at(std::os::fd::AsFd::as_fd(&dir), name)
+        });
         match r {
             Ok(()) => {
                 let q = quote(&v.display());
@@ -1610,10 +1615,10 @@ impl Session {
         if v.is_root() {
             return self.reply(550, "Cannot remove the root directory.").await;
         }
-        let r = self
-            .root
-            .entry(&v)
-            .and_then(|p| std::fs::remove_dir(&p).map_err(FsError::from_io));
+        let r = self.root.entry(&v).and_then(|p| {
+            let (dir, name) = self.root.pin_parent(&p)?;
+            fs::unlink_at(std::os::fd::AsFd::as_fd(&dir), name, true)
+        });
         match r {
             Ok(()) => self.reply(250, format!("{} removed.", v.display())).await,
             Err(e) => self.reply_fs(&v, &e).await,
@@ -1643,10 +1648,12 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
-        let r = self
-            .root
-            .creatable(&v)
-            .and_then(|to| std::fs::rename(&from, &to).map_err(FsError::from_io));
+        let r = self.root.creatable(&v).and_then(|to| {
+            let (from_dir, from_name) = self.root.pin_parent(&from)?;
+            let (to_dir, to_name) = self.root.pin_parent(&to)?;
+            use std::os::fd::AsFd;
+            fs::rename_at(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name)
+        });
         match r {
             Ok(()) => {
                 // A completed resumable upload, moved into place: its
@@ -2075,7 +2082,7 @@ impl Session {
                 .reply(550, format!("{}: Is a directory.", v.display()))
                 .await;
         }
-        let file = match crate::fs::open_plain_read(&p) {
+        let file = match self.root.open_read(&p) {
             Ok(f) => f,
             Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
         };
@@ -2368,7 +2375,7 @@ impl Session {
         if !reuse && !self.data_planned().await? {
             return Ok(());
         }
-        let (upload, file, offset) = match Upload::begin(target, kind, rest) {
+        let (upload, file, offset) = match Upload::begin(&self.root, target, kind, rest) {
             Ok(x) => x,
             // RFC 959: 450, file unavailable (busy).
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -2644,7 +2651,7 @@ impl Session {
         if !self.data_planned().await? {
             return Ok(());
         }
-        let file = crate::fs::open_plain(
+        let file = self.root.open_in(
             &target,
             std::fs::OpenOptions::new()
                 .read(true)

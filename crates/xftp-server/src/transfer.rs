@@ -277,6 +277,11 @@ pub struct Upload {
     /// The upload created `final_path` (STOU): removed on failure, if the
     /// name still leads to this file.
     created: bool,
+    /// The directory the upload writes in, held open and checked inside
+    /// the root ([`crate::fs::Root::pin_parent`]): `final_path` and
+    /// `temp` lead through it (`/proc/self/fd/N/NAME`), so a directory on
+    /// the way renamed or swapped for a link meanwhile changes nothing.
+    _dir: Option<std::os::fd::OwnedFd>,
 }
 
 /// Take the in-place writers' lock on `f`, or fail at once with
@@ -430,13 +435,36 @@ impl Upload {
             held: Some(f.try_clone()?),
             committed: false,
             created,
+            _dir: None,
         })
     }
 
     /// Open the file to write for `kind` at `final_path`; returns the file
     /// and the offset to write at.
     pub fn begin(
+        root: &crate::fs::Root,
         final_path: &Path,
+        kind: UploadKind,
+        rest: u64,
+    ) -> std::io::Result<(Upload, File, u64)> {
+        use std::os::fd::AsFd;
+        let (dir, name) = root
+            .pin_parent(final_path)
+            .map_err(crate::fs::FsError::into_io)?;
+        let real_dir = final_path.parent().unwrap_or(Path::new(".")).to_owned();
+        let pinned = crate::fs::proc_path(dir.as_fd()).join(name);
+        let final_path = pinned.as_path();
+        let (mut up, f, at) = Self::begin_in(final_path, &real_dir, kind, rest)?;
+        up._dir = Some(dir);
+        Ok((up, f, at))
+    }
+
+    /// [`Upload::begin`] at `final_path`, a path through the pinned
+    /// directory (`real_dir` is its name, for the sweep of stale
+    /// temporaries, which runs later).
+    fn begin_in(
+        final_path: &Path,
+        real_dir: &Path,
         kind: UploadKind,
         rest: u64,
     ) -> std::io::Result<(Upload, File, u64)> {
@@ -459,7 +487,7 @@ impl Upload {
                         use std::os::unix::fs::PermissionsExt;
                         md.permissions().mode() & 0o777
                     });
-                sweep_once(dir);
+                sweep_once(real_dir);
                 for _ in 0..16 {
                     let tag: u64 = rand::random();
                     let mut temp = Vec::with_capacity(255);
@@ -496,6 +524,7 @@ impl Upload {
                                     held: None,
                                     committed: false,
                                     created: false,
+                                    _dir: None,
                                 },
                                 f,
                                 0,
