@@ -1044,6 +1044,13 @@ impl Client {
         let partial = match resume::Partial::open(local, &source, meta) {
             Ok(p) => p,
             Err(resume::ResumeError::Io(p, e)) => return Err(local_err(&p, e)),
+            Err(resume::ResumeError::OtherSource { was, partial }) => {
+                return Err(ClientError::SourceChanged {
+                    partial,
+                    was: format!("begun from {was}"),
+                    now: format!("asked for {source}"),
+                })
+            }
             Err(resume::ResumeError::Changed { was, now, partial }) => {
                 return Err(ClientError::SourceChanged {
                     partial,

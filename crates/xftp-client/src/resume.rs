@@ -63,6 +63,11 @@ pub(crate) enum ResumeError {
         now: SourceMeta,
         partial: PathBuf,
     },
+    /// The partial was begun from another remote file (`was`).
+    OtherSource {
+        was: String,
+        partial: PathBuf,
+    },
 }
 
 /// Where `-c` keeps the partial download of `target`:
@@ -150,6 +155,17 @@ impl Partial {
         }) {
             Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
                 Ok(r) if r.version == 1 => {
+                    // Another file's partial (the same local name for
+                    // another remote path) of the same size and time
+                    // would be spliced with this one. The path only: the
+                    // same server may be reached at another address.
+                    let path_of = |s: &str| s.split_once('/').map(|(_, p)| p.to_owned());
+                    if path_of(&r.source) != path_of(source) {
+                        return Err(ResumeError::OtherSource {
+                            was: r.source,
+                            partial: path,
+                        });
+                    }
                     if r.meta != now {
                         return Err(ResumeError::Changed {
                             was: r.meta,
@@ -294,6 +310,13 @@ mod tests {
             Partial::open(&target, "h:21/f.bin", m),
             Err(ResumeError::Changed { .. })
         ));
+        // Another remote file of the same size and time into the same
+        // local name; the same path at another address is the same file.
+        assert!(matches!(
+            Partial::open(&target, "h:21/other.bin", meta(100)),
+            Err(ResumeError::OtherSource { .. })
+        ));
+        assert!(Partial::open(&target, "[::1]:21/f.bin", meta(100)).is_ok());
     }
 
     #[test]
