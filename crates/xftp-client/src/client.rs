@@ -1402,23 +1402,37 @@ impl Client {
                 field("mtime=").and_then(|v| v.parse::<i64>().ok()),
             );
             if size != Some(len) || time != Some(mtime) {
-                return Err(ClientError::SourceChanged {
-                    partial: PathBuf::from(&tmp),
-                    was: format!(
-                        "{} bytes, modified at {} (server's record)",
-                        size.unwrap_or(0),
-                        time.unwrap_or(0)
-                    ),
-                    now: format!("{len} bytes, modified at {mtime}"),
-                });
-            }
-            let mut h = xftp_stripe::ranges::RangeSet::new();
-            if let Some(list) = field("ranges=").filter(|l| !l.is_empty()) {
-                for (a, b) in xftp_proto::command::parse_ranges(&list)? {
-                    h.union(a, b.min(len));
+                // What the server holds is of an earlier version of the
+                // local file (or of another file): of no use to this one.
+                // Deleted (its record with it), this upload starts over;
+                // kept, every later `put -c` would be refused for it.
+                let was = format!(
+                    "{} bytes, modified at {} (server's record)",
+                    size.unwrap_or(0),
+                    time.unwrap_or(0)
+                );
+                let dele = Cmd::with("DELE", &tmp);
+                self.send(&[&dele]).await?;
+                if self.ctl.read_reply().await?.code != 250 {
+                    return Err(ClientError::SourceChanged {
+                        partial: PathBuf::from(&tmp),
+                        was,
+                        now: format!("{len} bytes, modified at {mtime}"),
+                    });
                 }
+                self.notices.push(format!(
+                    "the partial upload on the server ({was}) was of another version of {}: deleted; sending the file from the start",
+                    local.display()
+                ));
+            } else {
+                let mut h = xftp_stripe::ranges::RangeSet::new();
+                if let Some(list) = field("ranges=").filter(|l| !l.is_empty()) {
+                    for (a, b) in xftp_proto::command::parse_ranges(&list)? {
+                        h.union(a, b.min(len));
+                    }
+                }
+                have = Some(h);
             }
-            have = Some(h);
         } else if complete {
             if let Some(checksum) = self.verified_or_differs(remote, local, len, verify).await? {
                 tracing::info!("{remote}: complete already on the server (same size and time)");
@@ -2732,9 +2746,13 @@ impl Client {
         let target = local_target(local)?;
         // The sync and rename off the async threads: with many files in
         // flight, one session's fsync must not hold up the others.
-        tokio::task::spawn_blocking(move || finish_temp(tmp, &target))
-            .await
-            .map_err(|e| local_err(local, std::io::Error::other(e)))??;
+        tokio::task::spawn_blocking(move || {
+            finish_temp(tmp, &target)?;
+            resume::drop_superseded(&target);
+            Ok::<_, ClientError>(())
+        })
+        .await
+        .map_err(|e| local_err(local, std::io::Error::other(e)))??;
         Ok(TransferReport {
             bytes,
             per_stream_bytes: done.per_stream,

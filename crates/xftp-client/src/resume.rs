@@ -86,6 +86,33 @@ pub fn partial_path(target: &Path) -> PathBuf {
     dir.join(format!(".{name}.xftp-part"))
 }
 
+/// A partial of `target` that an earlier `-c` run left, now that a whole
+/// copy is in place: removed with its record (unless a run holds it).
+/// Kept, it would refuse every later `-c` once the source changed (as it
+/// has, for the whole copy to be fetched) and take the disk meanwhile.
+pub(crate) fn drop_superseded(target: &Path) {
+    let path = partial_path(target);
+    let Ok(Some(f)) = xftp_stripe::open_regular(
+        &path,
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NOFOLLOW,
+    ) else {
+        return;
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the lock goes with `f`.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return;
+    }
+    let _ = std::fs::remove_file(record_path(&path));
+    if std::fs::remove_file(&path).is_ok() {
+        tracing::info!(
+            "{}: removed the partial download of an earlier -c run (the whole file is in place now)",
+            path.display()
+        );
+    }
+}
+
 fn record_path(partial: &Path) -> PathBuf {
     let mut p = partial.as_os_str().to_owned();
     p.push(".ranges");

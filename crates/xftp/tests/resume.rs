@@ -293,10 +293,27 @@ fn a_changed_source_is_refused_and_the_partial_kept() {
     write_prng_file(&root.join("g.bin"), SIZE - 1, 8);
     let out = xftp(&["get", "-c", &url, "g.bin"], &local);
     assert!(!out.status.success());
-    // Removing the partial starts over and gets the new version.
-    for f in leftovers(&local) {
-        std::fs::remove_file(local.join(f)).unwrap();
+    // Another remote file into the same local name, though of the size
+    // and time the partial's record has: not spliced either.
+    write_prng_file(&root.join("g.bin"), SIZE, 7);
+    write_prng_file(&root.join("other.bin"), SIZE, 9);
+    for f in ["g.bin", "other.bin"] {
+        Command::new("touch")
+            .args(["-d", "2001-02-03 04:05:06"])
+            .arg(root.join(f))
+            .status()
+            .unwrap();
     }
+    let other = format!("ftp://127.0.0.1:{}/other.bin", srv.port);
+    let out = xftp(&["get", "-c", &other, "g.bin"], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("begun from"), "{err}");
+    // A whole copy fetched without -c supersedes the partial: it goes,
+    // and a later -c is not refused for it.
+    let out = xftp(&["get", &url, "g.bin"], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
+    write_prng_file(&root.join("g.bin"), SIZE - 1, 8);
     let out = xftp(&["get", "-c", &url, "g.bin"], &local);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
@@ -437,21 +454,25 @@ fn a_changed_local_file_is_not_spliced_into_an_upload() {
         .status()
         .unwrap();
     assert!(st.success());
+    // What the server holds of the earlier version is of no use: it is
+    // deleted and the new version goes up whole, nothing spliced (and a
+    // later -c is not refused for it forever).
     let out = xftp(&["put", "-c", "v.bin", &url], &local);
-    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("source changed") && err.contains("without -c"),
+        err.contains("was of another version") && err.contains("from the start"),
         "{err}"
     );
-    assert!(!root.join("v.bin").exists());
-    // Without -c it goes up whole.
-    let out = xftp(&["put", "v.bin", &url], &local);
-    assert!(out.status.success(), "{out:?}");
     assert_eq!(
         sha256_file(&root.join("v.bin")),
         sha256_file(&local.join("v.bin"))
     );
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "no partial or record left: {left:?}");
 }
 
 #[test]
