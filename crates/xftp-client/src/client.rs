@@ -614,8 +614,9 @@ impl Client {
             // Downloads take duplicate records and complete without a
             // stuck connection's EOD (Receiver::file_endgame); this asks
             // an xftp server to send stuck records again. Others refuse it.
-            endgame: ((auto || want > 1) && endgame_wanted())
-                .then(|| Cmd::with("OPTS", "MULT ENDGAME")),
+            // With one connection too: ALLO then guards a stream-mode
+            // upload's size (`upload_body`).
+            endgame: endgame_wanted().then(|| Cmd::with("OPTS", "MULT ENDGAME")),
             // The automatic mode needs to know what the server offers; the
             // count is chosen once the RTT is known (after these replies).
             feat: auto.then(|| Cmd::bare("FEAT")),
@@ -1596,8 +1597,13 @@ impl Client {
         // upload to a server that took `OPTS MULT ENDGAME`, ALLO announces
         // the size, in the same flight as STOR; a 200 says the server
         // takes copies of records and completes once every byte is in.
+        // In stream mode (`-p 1`) ALLO tells such a server the size
+        // too, so that an upload cut short (the client killed, which
+        // closes its data connection cleanly: the end of the file in
+        // stream mode) is not kept under the file's name.
         let framed = self.mode_e || self.granted > 1;
-        let c_allo = (self.endgame_ok && framed && len - already >= UPLOAD_ENDGAME_MIN)
+        let c_allo = (self.endgame_ok
+            && ((framed && len - already >= UPLOAD_ENDGAME_MIN) || (!framed && already == 0)))
             .then(|| Cmd::with("ALLO", len.to_string()));
         let mut flight: Vec<&Cmd> = c_allo.iter().collect();
         flight.push(&c_stor);
@@ -1608,7 +1614,7 @@ impl Client {
                 if r.is_preliminary() {
                     return Err(unexpected(a, &r));
                 }
-                r.code == 200
+                r.code == 200 && framed
             }
             None => false,
         };

@@ -653,7 +653,7 @@ impl Session {
                 self.allo = Some(n);
                 self.reply(
                     200,
-                    format!("ALLO {n}: a framed STOR of {n} bytes next takes copies of records (endgame)."),
+                    format!("ALLO {n}: the STOR next is of {n} bytes; framed, it takes copies of records (endgame); in stream mode, a shorter one is not kept."),
                 )
                 .await?
             }
@@ -2357,6 +2357,14 @@ impl Session {
         // identical copies and is done once every byte of the announced
         // size is in. Its connections are not kept for the next transfer.
         let endgame = allo.filter(|_| framed);
+        // In stream mode the announced size is checked at the end (a new
+        // file only: REST and APPE add to one).
+        let exact = allo.filter(|_| {
+            !framed
+                && !ascii
+                && rest == 0
+                && matches!(kind, UploadKind::Replace | UploadKind::Unique)
+        });
         if let Some(max) = self
             .cfg
             .max_upload_size
@@ -2430,6 +2438,14 @@ impl Session {
                     TransferError::Network(std::io::Error::other("no data connection"))
                 })?;
                 let b = transfer::recv_stream(file, offset, conn, ascii, prog, stop, limit).await?;
+                // The size an xftp client announced (ALLO after OPTS MULT
+                // ENDGAME): a clean close before it is a client that died,
+                // not the end of the file.
+                if let Some(size) = exact.filter(|&s| s != b) {
+                    return Err(TransferError::Network(std::io::Error::other(format!(
+                        "the data connection ended after {b} of the {size} bytes announced (ALLO); nothing was stored"
+                    ))));
+                }
                 upload.commit().map_err(TransferError::Storage)?;
                 Ok((b, 1, Vec::new()))
             });

@@ -858,3 +858,50 @@ async fn listings_in_mode_e_are_framed_on_kept_connections() {
     c.expect(226).await;
     assert_eq!(body, b"a.txt\r\nd\r\n");
 }
+
+/// In stream mode a clean close is the end of the file, also when the
+/// client died mid-upload. An xftp client announces the size (ALLO after
+/// OPTS MULT ENDGAME): an upload that ends before it is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_upload_shorter_than_its_allo_is_not_kept() {
+    let srv = start(|_| {}).await;
+    let data = pattern(300_000, 41);
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("OPTS MULT ENDGAME", 200).await;
+    c.cmd(&format!("ALLO {}", data.len()), 200).await;
+    let mut conns = c.epsv_connect(1).await;
+    c.cmd("STOR cut.bin", 150).await;
+    let mut d = conns.remove(0);
+    d.write_all(&data[..100_000]).await.unwrap();
+    d.shutdown().await.unwrap();
+    drop(d);
+    let r = c.expect(426).await;
+    assert!(r.text().contains("announced (ALLO)"), "{r}");
+    assert!(!srv.dir.path().join("cut.bin").exists());
+    // Whole, it is kept; without ALLO the close is the end, as ever.
+    c.cmd(&format!("ALLO {}", data.len()), 200).await;
+    let mut conns = c.epsv_connect(1).await;
+    c.cmd("STOR whole.bin", 150).await;
+    let mut d = conns.remove(0);
+    d.write_all(&data).await.unwrap();
+    d.shutdown().await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(
+        std::fs::read(srv.dir.path().join("whole.bin")).unwrap(),
+        data
+    );
+    let mut conns = c.epsv_connect(1).await;
+    c.cmd("STOR plain.bin", 150).await;
+    let mut d = conns.remove(0);
+    d.write_all(&data[..100_000]).await.unwrap();
+    d.shutdown().await.unwrap();
+    drop(d);
+    c.expect(226).await;
+    assert_eq!(
+        std::fs::metadata(srv.dir.path().join("plain.bin"))
+            .unwrap()
+            .len(),
+        100_000
+    );
+}
