@@ -245,6 +245,33 @@ fn quoted_wildcards_are_literal_and_star_skips_dot_files() {
     assert!(!root.join("all/.hid.txt").exists(), "{se}");
 }
 
+/// A file of mget's that fails (here: its local name leads to a device)
+/// does not keep
+/// the others from coming; the command fails at the end, naming the count.
+#[test]
+fn mget_goes_on_past_a_file_that_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(root.join("a.dat"), b"a").unwrap();
+    std::fs::write(root.join("b.dat"), b"b").unwrap();
+    std::fs::write(root.join("c.dat"), b"c").unwrap();
+    std::os::unix::fs::symlink("/dev/null", local.join("b.dat")).unwrap();
+    let srv = serve(&root, &[]);
+    let script = format!("open ftp://127.0.0.1:{}/\nmget *.dat\n", srv.port);
+    let out = run_script(&[], &script, &local, &cache);
+    let se = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{se}");
+    assert!(se.contains("mget: 1 of 3 files failed"), "{se}");
+    assert_eq!(std::fs::read(local.join("a.dat")).unwrap(), b"a");
+    assert_eq!(std::fs::read(local.join("c.dat")).unwrap(), b"c");
+}
+
 #[test]
 fn the_first_failing_command_ends_the_script() {
     let dir = tempfile::tempdir().unwrap();

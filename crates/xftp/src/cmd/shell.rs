@@ -823,6 +823,14 @@ impl Shell {
             }
             target.to_string()
         } else {
+            // `host:port` (one colon, digits after it) is no IPv6 address.
+            if let Some((h, p)) = target.split_once(':') {
+                if !p.contains(':') && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                    anyhow::bail!(
+                        "{target:?}: give the port apart — `open {h} {p}` — or as a URL: `open ftp://{h}:{p}/`"
+                    );
+                }
+            }
             // A bare IPv6 address goes in brackets.
             let host = if target.contains(':') && !target.starts_with('[') {
                 format!("[{target}]")
@@ -1212,13 +1220,20 @@ impl Shell {
             files.extend(self.remote_glob(pat).await?);
         }
         let mut bytes = 0u64;
+        let mut failed = 0usize;
         for remote in &files {
-            bytes += self.get(remote, None, resume).await?;
+            // One file that fails (unreadable, gone) does not keep the
+            // others from coming, as in ftp(1); the command fails at the
+            // end.
+            match self.get(remote, None, resume).await {
+                Ok(b) => bytes += b,
+                Err(e) => {
+                    eprintln!("xftp: {e:#}");
+                    failed += 1;
+                }
+            }
         }
-        if files.len() > 1 {
-            eprintln!("mget: {} files, {bytes} bytes", files.len());
-        }
-        Ok(())
+        summary("mget", files.len(), failed, bytes)
     }
 
     async fn mput(&mut self, args: &[String]) -> anyhow::Result<()> {
@@ -1233,13 +1248,21 @@ impl Shell {
             files.extend(matches);
         }
         let mut bytes = 0u64;
+        let mut failed = 0usize;
         for f in &files {
-            bytes += self.put(f, None, resume).await?;
+            if self.interrupt.is_cancelled() {
+                // Stopped by a signal: no next file.
+                anyhow::bail!("interrupted");
+            }
+            match self.put(f, None, resume).await {
+                Ok(b) => bytes += b,
+                Err(e) => {
+                    eprintln!("xftp: {e:#}");
+                    failed += 1;
+                }
+            }
         }
-        if files.len() > 1 {
-            eprintln!("mput: {} files, {bytes} bytes", files.len());
-        }
-        Ok(())
+        summary("mput", files.len(), failed, bytes)
     }
 
     /// The remote files a pattern names: itself when it has no wildcard,
@@ -1769,6 +1792,17 @@ fn base_name(path: &str) -> Option<&str> {
 
 /// `mget`/`mput`'s leading `-c` (resumable, as `reget`/`reput`) and the
 /// patterns after it. A file named `-c` is `./-c`.
+/// mget's or mput's last word: the count, and an error if any failed.
+fn summary(cmd: &str, files: usize, failed: usize, bytes: u64) -> anyhow::Result<()> {
+    if failed > 0 {
+        anyhow::bail!("{cmd}: {failed} of {files} files failed ({bytes} bytes moved)");
+    }
+    if files > 1 {
+        eprintln!("{cmd}: {files} files, {bytes} bytes");
+    }
+    Ok(())
+}
+
 fn resume_flag<'a>(cmd: &str, args: &'a [String]) -> anyhow::Result<(bool, &'a [String])> {
     match args.split_first() {
         Some((flag, rest)) if flag == "-c" => {
