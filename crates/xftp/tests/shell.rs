@@ -246,8 +246,8 @@ fn quoted_wildcards_are_literal_and_star_skips_dot_files() {
 }
 
 /// A file of mget's that fails (here: its local name leads to a device)
-/// does not keep
-/// the others from coming; the command fails at the end, naming the count.
+/// does not keep the others from coming; the command fails at the end,
+/// naming the count.
 #[test]
 fn mget_goes_on_past_a_file_that_fails() {
     let dir = tempfile::tempdir().unwrap();
