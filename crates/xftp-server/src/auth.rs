@@ -85,10 +85,11 @@ fn valid_home(h: &str) -> bool {
         && h.split('/').all(|c| c != "..")
 }
 
-/// The named users allowed to log in.
+/// The named users allowed to log in. Clones share one table, which
+/// [`UserDb::reload`] replaces for all of them (SIGHUP).
 #[derive(Debug, Clone, Default)]
 pub struct UserDb {
-    users: HashMap<String, Entry>,
+    users: std::sync::Arc<std::sync::RwLock<HashMap<String, Entry>>>,
 }
 
 fn valid_name(name: &str) -> bool {
@@ -121,6 +122,7 @@ impl UserDb {
     /// Parse the text of a users file (`origin` names it in errors).
     pub fn parse(text: &str, origin: &str) -> Result<UserDb, AuthError> {
         let mut users = HashMap::new();
+        let mut lines = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -154,6 +156,14 @@ impl UserDb {
                 "ro" => Access::ReadOnly,
                 _ => return Err(err("access must be rw or ro")),
             };
+            // Which of two lines would count is no choice to make
+            // silently (an access taken away on one, given on the other).
+            if let Some(first) = lines.insert(parts[0].to_owned(), i + 1) {
+                return Err(err(&format!(
+                    "user {} is defined on line {first} already",
+                    parts[0]
+                )));
+            }
             users.insert(
                 parts[0].to_owned(),
                 Entry {
@@ -163,7 +173,21 @@ impl UserDb {
                 },
             );
         }
-        Ok(UserDb { users })
+        Ok(UserDb {
+            users: std::sync::Arc::new(std::sync::RwLock::new(users)),
+        })
+    }
+
+    /// Read the users file at `path` again and put what it says in place
+    /// of this table (every clone's); on an error the table stays as it
+    /// was. Sessions logged in keep what their login granted. Returns
+    /// the number of users.
+    pub fn reload(&self, path: &Path) -> Result<usize, AuthError> {
+        let fresh = Self::load(path)?;
+        let table = std::mem::take(&mut *write(&fresh.users));
+        let n = table.len();
+        *write(&self.users) = table;
+        Ok(n)
     }
 
     /// Add or replace a user.
@@ -188,18 +212,18 @@ impl UserDb {
         }
         let hash = hash_password(password)?;
         let home = home.map(|h| h.trim_end_matches('/').to_owned());
-        self.users
-            .insert(name.to_owned(), Entry { hash, access, home });
+        write(&self.users).insert(name.to_owned(), Entry { hash, access, home });
         Ok(())
     }
 
     /// The file text for this database (sorted by name).
     pub fn render(&self) -> String {
-        let mut names: Vec<&String> = self.users.keys().collect();
+        let users = read(&self.users);
+        let mut names: Vec<&String> = users.keys().collect();
         names.sort();
         let mut out = String::from("# xftp users: name:argon2-hash:rw|ro[:home]\n");
         for n in names {
-            let e = &self.users[n];
+            let e = &users[n];
             let acc = match e.access {
                 Access::ReadOnly => "ro",
                 Access::ReadWrite => "rw",
@@ -224,7 +248,9 @@ impl UserDb {
         // An unknown name costs the same Argon2 work as a wrong password,
         // so the time of the 530 does not tell which names exist.
         static UNKNOWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let (phc, grant) = match self.users.get(name) {
+        // Copied out: the table is not held during the check.
+        let entry = read(&self.users).get(name).cloned();
+        let (phc, grant) = match &entry {
             Some(e) => (
                 e.hash.as_str(),
                 Some(Grant {
@@ -249,7 +275,7 @@ impl UserDb {
     /// What `name` is granted now (access and home), if the user exists:
     /// an update that changes only the password keeps them.
     pub fn grant_of(&self, name: &str) -> Option<Grant> {
-        self.users.get(name).map(|e| Grant {
+        read(&self.users).get(name).map(|e| Grant {
             access: e.access,
             home: e.home.clone(),
         })
@@ -257,8 +283,20 @@ impl UserDb {
 
     /// True if `name` is a known user (used to pick the reply to USER).
     pub fn contains(&self, name: &str) -> bool {
-        self.users.contains_key(name)
+        read(&self.users).contains_key(name)
     }
+}
+
+type Table = std::sync::RwLock<HashMap<String, Entry>>;
+
+fn read(t: &Table) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
+    // A panic while holding it leaves a whole table (each write is one
+    // insert or one swap).
+    t.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write(t: &Table) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry>> {
+    t.write().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

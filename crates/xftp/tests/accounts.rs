@@ -509,3 +509,69 @@ fn password_checks_do_not_pile_up_memory() {
     let mib = rss();
     assert!(mib < 100, "the server holds {mib} MiB after 24 logins");
 }
+
+/// `xftp useradd` on the users file of a running server counts from its
+/// next SIGHUP: a new password, access taken away, a new user; a file
+/// that became unreadable leaves the users as they were. A name defined
+/// twice is refused at the start (which line would count is no choice to
+/// make silently).
+#[test]
+fn the_users_file_is_read_again_on_sighup() {
+    let root = tempfile::tempdir().unwrap();
+    let users = root.path().join("users.txt");
+    useradd(&users, "alice", "old-pw", &[]);
+    let srv = serve(root.path(), &["--users", users.to_str().unwrap()], None);
+    let hup = || {
+        let st = Command::new("kill")
+            .args(["-HUP", &srv.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let login = |u: &str, pw: &str| {
+        let (mut c, _) = Ctl::open(srv.port);
+        let r = c.login(u, pw);
+        (c, r)
+    };
+    let (mut c, r) = login("alice", "old-pw");
+    assert!(r.starts_with("230"), "{r}");
+    assert!(c.cmd("MKD before").starts_with("257"));
+    useradd(&users, "alice", "new-pw", &["--read-only"]);
+    useradd(&users, "bob", "bob-pw", &[]);
+    // Not before the signal.
+    assert!(login("alice", "old-pw").1.starts_with("230"));
+    hup();
+    assert!(login("alice", "old-pw").1.starts_with("530"));
+    let (mut c2, r) = login("alice", "new-pw");
+    assert!(r.starts_with("230"), "{r}");
+    assert!(c2.cmd("MKD after").starts_with("550"), "read-only now");
+    assert!(login("bob", "bob-pw").1.starts_with("230"));
+    // The session from before keeps what its login granted.
+    assert!(c.cmd("MKD still").starts_with("257"));
+    // A broken file: the users stay as they were.
+    std::fs::write(&users, "garbage\n").unwrap();
+    hup();
+    assert!(login("bob", "bob-pw").1.starts_with("230"));
+    // Defined twice: the server does not start.
+    let line = std::fs::read_to_string(root.path().join("users.txt")).unwrap();
+    assert_eq!(line, "garbage\n");
+    useradd(&root.path().join("two.txt"), "carol", "pw", &[]);
+    let once = std::fs::read_to_string(root.path().join("two.txt")).unwrap();
+    let carol = once.lines().find(|l| l.starts_with("carol:")).unwrap();
+    std::fs::write(
+        root.path().join("two.txt"),
+        format!("{carol}\n{}\n", carol.replace(":rw", ":ro")),
+    )
+    .unwrap();
+    let out = Command::new(XFTP)
+        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(root.path())
+        .arg("--users")
+        .arg(root.path().join("two.txt"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("defined on line 1 already"), "{err}");
+}

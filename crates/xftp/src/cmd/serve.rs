@@ -26,7 +26,7 @@ pub struct Args {
     /// Let anonymous users write (implies --anonymous).
     #[arg(long)]
     pub anonymous_write: bool,
-    /// Users file made with `xftp useradd`.
+    /// Users file made with `xftp useradd`; read again on SIGHUP.
     #[arg(long, value_name = "FILE")]
     pub users: Option<PathBuf>,
     /// Most data connections one transfer may use (MULT).
@@ -263,8 +263,20 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     // signals every server, a closed terminal).
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    // And the users file: a password changed or access taken away with
+    // `xftp useradd` counts from the next login.
+    let users = a.users.clone().map(|p| (p, config.users.clone()));
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
+            if let Some((path, db)) = &users {
+                match db.reload(path) {
+                    Ok(n) => tracing::info!("users file {} reloaded: {n} users", path.display()),
+                    Err(e) => tracing::error!(
+                        "users file {} not reloaded (the users as they were stay): {e}",
+                        path.display()
+                    ),
+                }
+            }
             match &server_tls {
                 Some(tls) => match tls.reload() {
                     Ok(()) => tracing::info!("TLS certificate reloaded"),
@@ -272,7 +284,10 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
                         tracing::error!("TLS certificate not reloaded (the old one stays): {e}")
                     }
                 },
-                None => tracing::info!("SIGHUP: no TLS certificate to reload; serving on"),
+                None if users.is_none() => {
+                    tracing::info!("SIGHUP: no TLS certificate or users file to reload; serving on")
+                }
+                None => {}
             }
         }
     });
@@ -374,5 +389,9 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
         ),
         None => eprintln!("user {} saved in {} ({what})", a.name, a.users.display()),
     }
+    eprintln!(
+        "a running `xftp serve --users {}` takes it at its next SIGHUP (kill -HUP PID); sessions logged in keep what they had",
+        a.users.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
