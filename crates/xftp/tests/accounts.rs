@@ -574,4 +574,20 @@ fn the_users_file_is_read_again_on_sighup() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("defined on line 1 already"), "{err}");
+    // A password no PASS line could carry is refused when it is set.
+    let long = root.path().join("long.pw");
+    std::fs::write(&long, "x".repeat(5000)).unwrap();
+    let out = Command::new(XFTP)
+        .args(["useradd", "--users"])
+        .arg(root.path().join("three.txt"))
+        .arg("--password-file")
+        .arg(&long)
+        .arg("dave")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("at most 4088"),
+        "{err}"
+    );
 }

@@ -347,6 +347,15 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
     if password.is_empty() {
         bail!("empty password: give one on standard input or with --password-file");
     }
+    // `PASS password` must fit in one command line, or no login could
+    // ever send it.
+    let most = xftp_proto::command::MAX_LINE - "PASS \r\n".len() - 1;
+    if password.len() > most {
+        bail!(
+            "the password has {} bytes; a login can send at most {most} (one FTP command line): choose a shorter one",
+            password.len()
+        );
+    }
     let mut db = if a.users.exists() {
         UserDb::load(&a.users)?
     } else {
