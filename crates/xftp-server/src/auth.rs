@@ -19,8 +19,9 @@ use argon2::Argon2;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthError {
-    /// The file could not be read or written.
-    #[error("users file {path}: {source}")]
+    /// The file could not be read or written (the cause is the source:
+    /// `{:#}` shows it once).
+    #[error("users file {path}")]
     Io {
         /// The file.
         path: String,
@@ -38,7 +39,9 @@ pub enum AuthError {
         reason: String,
     },
     /// A user name that cannot be stored (empty, or with `:` or whitespace).
-    #[error("invalid user name {0:?}: use letters, digits, '.', '-', '_' or '@'")]
+    #[error(
+        "invalid user name {0:?}: use ASCII letters and digits, '.', '-', '_' or '@' (at most 64)"
+    )]
     BadName(String),
     /// A home directory that is not relative to the served root.
     #[error(

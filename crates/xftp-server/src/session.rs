@@ -1240,6 +1240,8 @@ impl Session {
                     Err(e) => self.reply(501, e.to_string()).await,
                 }
             }
+            // It announces an upload: refused as the upload would be.
+            ("RESUMABLE", Some(_)) if !self.may_write() => self.deny_write().await,
             ("RESUMABLE", Some(size)) => {
                 let meta = size.parse().ok().zip(extra.and_then(|t| t.parse().ok()));
                 match meta {

@@ -202,6 +202,8 @@ fn a_user_is_confined_to_their_home_with_their_rights() {
     assert_eq!(c.retr("secret").unwrap(), b"bob's");
     assert!(c.cmd("MKD x").starts_with("550"));
     assert!(c.cmd("DELE secret").starts_with("550"));
+    // Announcing an upload is refused as the upload would be.
+    assert!(c.cmd("SITE RESUMABLE 10 1700000000").starts_with("550"));
 
     // A home that does not exist refuses the login (never the whole root).
     let (mut c, _) = Ctl::open(srv.port);

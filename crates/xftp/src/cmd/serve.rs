@@ -272,8 +272,9 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
                 match db.reload(path) {
                     Ok(n) => tracing::info!("users file {} reloaded: {n} users", path.display()),
                     Err(e) => tracing::error!(
-                        "users file {} not reloaded (the users as they were stay): {e}",
-                        path.display()
+                        "users file {} not reloaded (the users as they were stay): {:#}",
+                        path.display(),
+                        anyhow::Error::from(e)
                     ),
                 }
             }
