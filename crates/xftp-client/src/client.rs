@@ -924,8 +924,10 @@ impl Client {
         let adaptive = self.adaptive_now(&grow);
         let per_stream = if adaptive {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            self.recv_adaptive(&c_retr, conns, late, grow, Arc::new(file), None, expected)
-                .await?
+            let r = self
+                .recv_adaptive(&c_retr, conns, late, grow, Arc::new(file), None, expected)
+                .await;
+            self.servers_reason(&c_retr, r).await?
         } else if !self.mode_e && n == 1 {
             let mut file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
             let count = self.progress_counter();
@@ -937,8 +939,10 @@ impl Client {
             vec![got]
         } else {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-            self.recv_striped(&c_retr, conns, late, Arc::new(file), expected, None)
-                .await?
+            let r = self
+                .recv_striped(&c_retr, conns, late, Arc::new(file), expected, None)
+                .await;
+            self.servers_reason(&c_retr, r).await?
         };
         let timeline = self.timeline(adaptive, n);
         let done = Done {
@@ -3160,6 +3164,25 @@ impl Client {
             if matches!(r.code, 226 | 250) {
                 return (e, true);
             }
+        }
+    }
+
+    /// A framed download (`c`) whose data connections failed: the
+    /// server's own reply, where it gives one, is the cause (a file that
+    /// shrank while it was sent: "426 ... source ended at N"), rather than
+    /// the connection it closed on that account.
+    async fn servers_reason<T>(&mut self, c: &Cmd, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e @ (ClientError::DataIo(_) | ClientError::Stripe(_))) => {
+                match self.early_final.take() {
+                    // Read already, during the transfer.
+                    Some(r) if !matches!(r.code, 226 | 250) => Err(unexpected(c, &r)),
+                    Some(_) => Err(e),
+                    None => Err(self.after_failure(c, e).await.0),
+                }
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -687,3 +687,26 @@ fn a_wrong_command_line_with_json_still_prints_one_object() {
         "{j}"
     );
 }
+
+/// A file that shrinks on the server while it is sent over N connections:
+/// the server's own words (426 "source ended at") are the cause the user
+/// reads, not the data connection it closed on that account.
+#[test]
+fn a_file_that_shrinks_while_sent_is_named_so() {
+    let d = dirs();
+    let srv = serve(&d.srv, 16);
+    write_prng_file(&d.srv.join("s.bin"), 24 << 20, 12);
+    let url = format!("ftp://127.0.0.1:{}/s.bin", srv.port);
+    let child = support::spawn_xftp(
+        &["get", "-p", "4", "--limit-rate", "8M", &url, "s.bin"],
+        &d.local,
+    );
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    support::shrink(&d.srv.join("s.bin"), 10 << 20);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("source ended at"), "{err}");
+    assert!(err.contains("the file shrank on the server"), "{err}");
+    assert!(!d.local.join("s.bin").exists());
+}

@@ -1476,6 +1476,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                     .into(),
             ),
             (452 | 552 | 421, _) => server_state_hint(*code, &e),
+            // xftp serve's words for a file that shrank while it was sent.
+            (426, _) if e.to_string().contains("source ended at") => Some(format!(
+                "the file shrank on the server during the transfer{nk}; run it again when it is complete"
+            )),
             (425 | 426, _) => Some(
                 "the data connection failed; try --active (or drop it), or check firewalls".into(),
             ),
