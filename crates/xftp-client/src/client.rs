@@ -899,6 +899,7 @@ impl Client {
                         size,
                         want,
                         Some(setup),
+                        None,
                     )
                     .await?;
                 let timeline = self.timeline(false, per_stream.len() as u32);
@@ -1098,7 +1099,15 @@ impl Client {
             let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
             let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
             let r = self
-                .fetch_ranges(remote, dst, &work, size, want, None)
+                .fetch_ranges(
+                    remote,
+                    dst,
+                    &work,
+                    size,
+                    want,
+                    None,
+                    partial.meta.mdtm.clone(),
+                )
                 .await;
             drop(checkpoints);
             r?

@@ -157,6 +157,8 @@ struct Share {
     bytes: u64,
     /// Why it stopped early (its unclaimed range went back to pending).
     error: Option<ClientError>,
+    /// The file's MDTM when the session began, if the server told.
+    mdtm: Option<String>,
 }
 
 impl Client {
@@ -220,18 +222,20 @@ impl Client {
         size: u64,
         (n, why): (u32, Option<String>),
         first: Option<Setup>,
+        mdtm_known: Option<String>,
     ) -> Result<Vec<u64>> {
         if let Some(why) = why {
             self.start = Some((n, why, false));
         }
         let total: u64 = work.iter().map(|(a, b)| b - a).sum();
         let n = (n as u64).min(total.div_ceil(RANGE_MIN)).max(1) as usize;
-        // What the file is now, to tell at the end whether every range
-        // came from this version (see the end).
-        let mdtm_before = match n > 1 {
-            true => self.mdtm(remote).await?,
-            false => None,
-        };
+        // The file's time as each session first sees it (`mdtm_known`: a
+        // resumed download's, from its start), checked against the end
+        // (below). This session asks nothing before its first range: a
+        // command between a passive reply and its RETR made ProFTPD under
+        // TLS end the session when the range was cut; the other sessions
+        // ask before their first data connection.
+        let mut seen: Vec<String> = mdtm_known.into_iter().collect();
         let plan: Shared = Arc::new(Mutex::new(Plan::new(work, n)));
         let factory = self.sessions.clone();
         let mut set = tokio::task::JoinSet::new();
@@ -249,10 +253,13 @@ impl Client {
                                 opened: false,
                                 bytes: 0,
                                 error: Some(e),
+                                mdtm: None,
                             };
                         }
                     };
-                    let share = c.fetch_share(&remote, &dst, &plan, i, size, None).await;
+                    let mdtm = c.mdtm(&remote).await.ok().flatten();
+                    let mut share = c.fetch_share(&remote, &dst, &plan, i, size, None).await;
+                    share.mdtm = mdtm;
                     c.quit().await;
                     share
                 });
@@ -290,8 +297,10 @@ impl Client {
                 opened: false,
                 bytes: 0,
                 error: Some(ClientError::Stripe(format!("session task: {e}"))),
+                mdtm: None,
             });
             per.push(share.bytes);
+            seen.extend(share.mdtm.clone());
             if share.opened {
                 opened += 1;
             } else if refusal.is_none() {
@@ -335,30 +344,64 @@ impl Client {
         }
         // Each session sent its own REST and RETR at its own time: a file
         // replaced meanwhile (written anew, renamed over) gave some
-        // ranges of each version. Its size or time tells, at the end.
+        // ranges of each version. Its size, or a time other than the
+        // sessions saw, tells at the end. Asked on this session, or where
+        // the server ended it (ProFTPD does, under TLS, when a range is
+        // cut), on a new one.
         if per.iter().filter(|&&b| b > 0).count() > 1 {
-            let size_now = self.size(remote).await?;
-            let mdtm_now = match mdtm_before {
-                Some(_) => self.mdtm(remote).await?,
-                None => None,
-            };
-            if size_now.is_some_and(|s| s != size) || mdtm_now != mdtm_before {
-                let show = |s: Option<u64>, m: &Option<String>| {
+            let ask_mdtm = !seen.is_empty();
+            let now = match self.identity(remote, ask_mdtm).await {
+                Err(e) if e.session_broken() => match &self.sessions {
+                    Some(f) => {
+                        let mut c = (f.0)().await?;
+                        let r = c.identity(remote, ask_mdtm).await;
+                        c.quit().await;
+                        r
+                    }
+                    None => Err(e),
+                },
+                r => r,
+            }?;
+            let (size_now, mdtm_now) = now;
+            let time_moved = mdtm_now
+                .as_ref()
+                .is_some_and(|m| seen.iter().any(|s| s != m));
+            if size_now.is_some_and(|s| s != size) || time_moved {
+                let show = |s: Option<u64>, m: Option<&String>| {
                     format!(
                         "{} bytes, modified {}",
                         s.map_or("?".into(), |s| s.to_string()),
-                        m.as_deref().unwrap_or("?")
+                        m.map_or("?", |m| m.as_str())
                     )
                 };
                 return Err(ClientError::ChangedDuring {
-                    was: show(Some(size), &mdtm_before),
-                    now: show(size_now, &mdtm_now),
+                    was: show(
+                        Some(size),
+                        seen.iter()
+                            .find(|s| Some(*s) != mdtm_now.as_ref())
+                            .or(seen.first()),
+                    ),
+                    now: show(size_now, mdtm_now.as_ref()),
                 });
             }
         }
         tracing::info!("ranged download: bytes per session {per:?}");
         per.retain(|&b| b > 0);
         Ok(per)
+    }
+
+    /// SIZE (and MDTM, with `mdtm`) of `remote` now.
+    async fn identity(
+        &mut self,
+        remote: &str,
+        mdtm: bool,
+    ) -> Result<(Option<u64>, Option<String>)> {
+        let size = self.size(remote).await?;
+        let m = match mdtm {
+            true => self.mdtm(remote).await?,
+            false => None,
+        };
+        Ok((size, m))
     }
 
     /// Session `i`'s part: ranges from `plan` until none is left (the
@@ -379,6 +422,7 @@ impl Client {
                     opened: true,
                     bytes,
                     error: None,
+                    mdtm: None,
                 };
             };
             // Bytes written count even when the session fails after them:
@@ -395,6 +439,7 @@ impl Client {
                         opened: true,
                         bytes,
                         error: Some(e),
+                        mdtm: None,
                     };
                 }
             }
