@@ -214,6 +214,9 @@ impl Client {
     /// over this session and up to `n - 1` more (`want` from
     /// [`Client::ranged_want`]); bytes per session. `first`: a data
     /// connection this session has set up already, for its first range.
+    /// `mdtm_known`: the file's MDTM when the download began, if known (a
+    /// resumed one's), for the check at the end.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn fetch_ranges(
         &mut self,
         remote: &str,
