@@ -1687,6 +1687,19 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
                 .into(),
         ),
         ClientError::DataIo(_) => Some("the data connection broke; try again".into()),
+        ClientError::SourceChanged { partial, .. } => Some(match op {
+            Op::Put | Op::Reput => format!(
+                "the server's {} is of another version and could not be deleted: send the file with `put`",
+                partial.display()
+            ),
+            _ => format!(
+                "remove {} and its .ranges file (or `get` it whole, which removes them) to fetch the new version",
+                partial.display()
+            ),
+        }),
+        ClientError::ChangedDuring { .. } => {
+            Some("run it again once the file is no longer being replaced".into())
+        }
         ClientError::ChecksumMismatch { .. } => Some(match op {
             Op::Put => "the server's copy differs from the local file and was deleted; try again".into(),
             _ => "the copy differs from the server's file and was not kept; try again".into(),

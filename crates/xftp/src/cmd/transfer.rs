@@ -880,7 +880,9 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     show_notices(&mut client, a.t.quiet);
     let r = r.map_err(|e| {
         let partial = xftp_client::partial_path(&target);
-        let kept = partial.exists().then(|| format!(
+        // A refusal that says what to do itself (another run holds the
+        // partial, or it is not a plain file) changed nothing to resume.
+        let kept = (partial.exists() && !says_its_fix(&e)).then(|| format!(
             "the partial download is kept in {}: run the same command again (with -c) to fetch only what is missing",
             partial.display()
         ));
@@ -889,6 +891,15 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     let summary = conclude(&client, &url, &r, start);
     client.quit().await;
     Ok(summary)
+}
+
+/// A local error whose text already says what to do (a resume lock held
+/// by another run, a partial that is no plain file).
+fn says_its_fix(e: &ClientError) -> bool {
+    matches!(e, ClientError::Local { source, .. } if {
+        let t = source.to_string();
+        t.contains("another xftp is resuming") || t.contains("remove it and run again")
+    })
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
@@ -1554,13 +1565,15 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ClientError::StripeFault(_) => Some(format!(
             "not a network failure{nk}: check the local file; if it repeats, report it with the log of -v"
         )),
+        ClientError::Local { .. } if says_its_fix(&e) => None,
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
 
         _ => None,
     };
     match fix {
         Some(f) => anyhow::anyhow!("{e} — {f}"),
-        None => anyhow::Error::new(e),
+        // Its text says the cause already (`{:#}` would repeat a source).
+        None => anyhow::anyhow!("{e}"),
     }
 }
 
