@@ -507,6 +507,29 @@ fn a_full_disk_on_either_side() {
         let left: Vec<_> = std::fs::read_dir(&local.0).unwrap().collect();
         assert!(left.is_empty(), "-p {p}: left {left:?}");
     }
+    // The shell's reget keeps its partial there: the message says so,
+    // not "nothing was kept".
+    let mut sh = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["shell", &format!("ftp://127.0.0.1:{}/", srv.port)])
+        .current_dir(&local.0)
+        .env("HOME", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin
+        .take()
+        .unwrap()
+        .write_all(b"mult 4\nreget big.bin\n")
+        .unwrap();
+    let out = sh.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("partial download is kept") && !err.contains("nothing was kept"),
+        "{err}"
+    );
 }
 
 #[test]

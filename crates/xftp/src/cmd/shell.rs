@@ -1639,6 +1639,15 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
     if let (Some(a), Op::Reget | Op::Reput) = (again, op) {
         return anyhow::anyhow!("{e} — {a}");
     }
+    // A resumable download keeps its partial when the local write fails
+    // too (a full disk): "nothing was kept" would be wrong.
+    if let (ClientError::StripeFault(m), Op::Reget) = (&e, op) {
+        if m.starts_with("storage:") {
+            return anyhow::anyhow!(
+                "{e} — writing the local file failed (a full disk?); its partial download is kept: free space, then `reget` again continues from what its record names"
+            );
+        }
+    }
     let op = match op {
         Op::Reget => Op::Get,
         Op::Reput => Op::Put,
