@@ -299,11 +299,6 @@ pub fn open_plain(
         .ok_or_else(|| std::io::Error::other("not a plain file"))
 }
 
-/// [`open_plain`] for reading.
-pub fn open_plain_read(p: &Path) -> std::io::Result<std::fs::File> {
-    open_plain(p, std::fs::OpenOptions::new().read(true), 0)
-}
-
 /// Seconds since the epoch of a metadata's mtime (0 if unknown).
 pub fn mtime_secs(md: &Metadata) -> i64 {
     md.modified()
