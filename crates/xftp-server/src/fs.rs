@@ -201,6 +201,15 @@ impl Root {
         Ok(fd)
     }
 
+    /// The metadata of `p` ([`Root::existing`]) read through a pinned
+    /// handle ([`Root::pin`]): SIZE, MDTM, MLST and listings describe the
+    /// object checked, not whatever a swapped directory on the way leads
+    /// to since.
+    pub fn stat(&self, p: &Path) -> Result<Metadata, FsError> {
+        let fd = self.pin(p)?;
+        std::fs::metadata(proc_path(fd.as_fd())).map_err(FsError::from_io)
+    }
+
     /// The directory holding `p` ([`Root::creatable`], [`Root::entry`])
     /// opened as a handle and checked inside the root, and `p`'s last
     /// component: made, removed or renamed relative to that handle
@@ -532,6 +541,10 @@ mod tests {
         let refused = |r: Result<(), FsError>| matches!(r, Err(FsError::Outside));
         assert!(root.open_read(&file).is_err(), "read through the link");
         assert!(refused(root.pin(&file).map(drop)));
+        // SIZE, MDTM, MLST and listings read metadata the same way.
+        assert!(refused(root.stat(&file).map(drop)));
+        let listed = root.existing(&v("/")).unwrap().join("sw");
+        assert!(refused(root.stat(&listed).map(drop)));
         assert!(refused(
             root.pin_parent(&new)
                 .and_then(|(d, n)| mkdir_at(d.as_fd(), n))
@@ -556,6 +569,7 @@ mod tests {
             std::io::read_to_string(root.open_read(&file).unwrap()).unwrap(),
             "inside"
         );
+        assert_eq!(root.stat(&file).unwrap().len(), 6);
         let (d, n) = root.pin_parent(&new).unwrap();
         mkdir_at(d.as_fd(), n).unwrap();
         assert!(dir.path().join("sw/new").is_dir());

@@ -1395,9 +1395,9 @@ impl Session {
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
-        let md = match std::fs::metadata(&p) {
+        let md = match self.root.stat(&p) {
             Ok(m) => m,
-            Err(e) => return self.reply(550, e.to_string()).await,
+            Err(e) => return self.reply_fs(&v, &e).await,
         };
         if !md.is_file() {
             return self
@@ -1565,13 +1565,13 @@ impl Session {
         let Some((v, p)) = self.existing(arg).await? else {
             return Ok(());
         };
-        match std::fs::metadata(&p) {
+        match self.root.stat(&p) {
             Ok(md) if md.is_file() => self.reply(213, fs::mdtm_string(fs::mtime_secs(&md))).await,
             Ok(_) => {
                 self.reply(550, format!("{}: not a plain file.", v.display()))
                     .await
             }
-            Err(e) => self.reply(550, e.to_string()).await,
+            Err(e) => self.reply_fs(&v, &e).await,
         }
     }
 
@@ -2981,11 +2981,7 @@ impl Session {
             },
             None => self.cwd.clone(),
         };
-        let md = match self
-            .root
-            .existing(&v)
-            .and_then(|p| std::fs::metadata(p).map_err(FsError::from_io))
-        {
+        let md = match self.root.existing(&v).and_then(|p| self.root.stat(&p)) {
             Ok(m) => m,
             Err(e) => {
                 let (c, t) = fs_reply(&e);
@@ -3130,7 +3126,10 @@ fn listing_where(
     prefix: &[u8],
 ) -> std::io::Result<(Vec<u8>, Unlisted)> {
     use std::os::unix::ffi::OsStrExt;
-    let md = std::fs::metadata(real)?;
+    // Read through the directory as checked ([`fs::Root::stat`]).
+    let pinned = root.pin(real).map_err(FsError::into_io)?;
+    let at = fs::proc_path(std::os::fd::AsFd::as_fd(&pinned));
+    let md = std::fs::metadata(&at)?;
     let mut out = Vec::new();
     let mut unlisted = Unlisted::default();
     // `link_to`: a symbolic link to a directory, and where it leads.
@@ -3165,7 +3164,7 @@ fn listing_where(
         return Ok((out, unlisted));
     }
     let mut entries = Vec::new();
-    for e in std::fs::read_dir(real)? {
+    for e in std::fs::read_dir(&at)? {
         match e {
             Ok(e) => entries.push(e),
             Err(_) => unlisted.unreadable += 1,
@@ -3198,7 +3197,7 @@ fn listing_where(
             continue;
         }
         let (target, md) = match std::fs::canonicalize(e.path()) {
-            Ok(t) if t.starts_with(root.path()) => match std::fs::metadata(&t) {
+            Ok(t) if t.starts_with(root.path()) => match root.stat(&t) {
                 Ok(m) => (t, m),
                 Err(_) => {
                     unlisted.links += 1;
