@@ -797,10 +797,19 @@ pub async fn put_tree(
         } else {
             local_path(local, &d)
         };
-        let mut names: Vec<_> = std::fs::read_dir(&p)
-            .map_err(|e| local_err(&p, e))?
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| local_err(&p, e))?;
+        let read = std::fs::read_dir(&p).and_then(|r| r.collect::<std::io::Result<Vec<_>>>());
+        let mut names = match read {
+            Ok(names) => names,
+            Err(e) if d.is_empty() => return Err(local_err(&p, e)),
+            // One subdirectory this user cannot read does not stop the
+            // rest of the tree; it is named in the report's failures.
+            Err(e) => {
+                report
+                    .failed
+                    .push((format!("{d}/"), format!("cannot read it here: {e}")));
+                continue;
+            }
+        };
         names.sort_by_key(|e| e.file_name());
         for e in names {
             // Not UTF-8: kept as its bytes (xftp_proto::name).
@@ -811,8 +820,15 @@ pub async fn put_tree(
                 format!("{d}/{name}")
             };
             // Not followed: a link may point anywhere (a loop, outside).
-            let md =
-                std::fs::symlink_metadata(e.path()).map_err(|err| local_err(&e.path(), err))?;
+            let md = match std::fs::symlink_metadata(e.path()) {
+                Ok(md) => md,
+                Err(err) => {
+                    report
+                        .failed
+                        .push((rel, format!("cannot read it here: {err}")));
+                    continue;
+                }
+            };
             if md.is_dir() {
                 dirs.push(rel.clone());
                 pending.push_back(rel);

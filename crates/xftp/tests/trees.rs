@@ -814,3 +814,58 @@ fn get_r_keeps_directory_times_and_modes_and_leaves_nothing_for_a_missing_tree()
         assert!(!work.join("gone").exists(), "{remote}");
     }
 }
+
+/// `put -r` of a tree with a subdirectory the client cannot read: that
+/// directory is named among the failures and the command fails, but the
+/// rest of the tree is sent. As root (who reads everything) the client
+/// runs as `nobody` through setpriv.
+#[test]
+fn put_r_sends_the_rest_of_a_tree_around_an_unreadable_subdirectory() {
+    let root_user = unsafe { libc::geteuid() } == 0;
+    if root_user && Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIP: root, and no setpriv to run the client as nobody");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let open =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    open(dir.path(), 0o755);
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let work = dir.path().join("work");
+    for d in ["t/ok", "t/closed", "cache"] {
+        std::fs::create_dir_all(work.join(d)).unwrap();
+    }
+    open(&work.join("cache"), 0o777);
+    std::fs::write(work.join("t/a.txt"), b"top").unwrap();
+    std::fs::write(work.join("t/ok/b.txt"), b"inside").unwrap();
+    std::fs::write(work.join("t/closed/secret"), b"unread").unwrap();
+    open(&work.join("t/closed"), 0o000);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/up/", srv.port);
+    let mut cmd = if root_user {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_xftp"));
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_xftp"))
+    };
+    let out = cmd
+        .args(["put", "-r", "t", &url])
+        .current_dir(&work)
+        .env("XDG_CACHE_HOME", work.join("cache"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    open(&work.join("t/closed"), 0o755);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("closed/") && err.contains("cannot read"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(root.join("up/a.txt")).unwrap(), b"top");
+    assert_eq!(std::fs::read(root.join("up/ok/b.txt")).unwrap(), b"inside");
+    assert!(!root.join("up/closed/secret").exists());
+}
