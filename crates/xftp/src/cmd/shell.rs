@@ -271,7 +271,9 @@ Opens URL if given, then reads commands. On a terminal the prompt is
 `xftp> `, with line editing, completion (Tab) and a history kept in
 ~/.cache/xftp/shell_history. When stdin is not a terminal it is a script:
 one command per line, no prompt; the first command that fails ends the
-shell with exit status 1 after `xftp: line N: ...` on stderr.
+shell with exit status 1 after `xftp: line N: ...` on stderr. An
+anonymous login the server refuses is no failure, as in ftp(1): a `user`
+line may follow (the commands that need a login fail without one).
 
 Listings, pwd, lpwd, status and help go to stdout; transfer summaries,
 notices and errors go to stderr.";

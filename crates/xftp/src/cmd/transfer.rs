@@ -734,12 +734,24 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
                 .rsplit('/')
                 .next()
                 .filter(|n| !n.is_empty())
-                .unwrap_or("xftp-tree")
+                .unwrap_or("")
                 .to_owned();
-            let target = a
-                .local
-                .clone()
-                .unwrap_or_else(|| xftp_proto::name::to_path(&name));
+            let target = match (&a.local, name.is_empty()) {
+                (Some(l), _) => l.clone(),
+                (None, false) => xftp_proto::name::to_path(&name),
+                // The server's top directory has no name to take.
+                (None, true) => {
+                    let t = PathBuf::from("xftp-tree");
+                    if !a.t.quiet {
+                        let into = if t.exists() { "into the existing" } else { "into" };
+                        eprintln!(
+                            "xftp: the server's top directory goes {into} ./{} (give LOCALDIR to choose)",
+                            t.display()
+                        );
+                    }
+                    t
+                }
+            };
             let mut only = None;
             let mut done: Option<TreeReport> = None;
             loop {
