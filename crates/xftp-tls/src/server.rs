@@ -24,19 +24,25 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
         path: path.to_path_buf(),
         reason,
     };
+    // A file that cannot be read says the OS's reason alone ("No such
+    // file or directory"), not the PEM reader's "I/O error: ..." wrapping.
+    let pem_reason = |e: rustls::pki_types::pem::Error, none: &str| match e {
+        rustls::pki_types::pem::Error::Io(e) => e.to_string(),
+        rustls::pki_types::pem::Error::NoItemsFound => none.to_string(),
+        e => format!("not valid PEM: {e}"),
+    };
+    let no_cert = "no PEM certificate (BEGIN CERTIFICATE) in it";
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| file_err("certificate file", cert, e.to_string()))?
+        .map_err(|e| file_err("certificate file", cert, pem_reason(e, no_cert)))?
         .collect::<Result<_, _>>()
-        .map_err(|e| file_err("certificate file", cert, e.to_string()))?;
+        .map_err(|e| file_err("certificate file", cert, pem_reason(e, no_cert)))?;
     if certs.is_empty() {
-        return Err(file_err(
-            "certificate file",
-            cert,
-            "no PEM certificate (BEGIN CERTIFICATE) in it".into(),
-        ));
+        return Err(file_err("certificate file", cert, no_cert.into()));
     }
-    let der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| file_err("key file", key, format!("no usable PEM private key: {e}")))?;
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        let none = "no PEM private key (BEGIN PRIVATE KEY, RSA or EC) in it";
+        file_err("key file", key, pem_reason(e, none))
+    })?;
     let signing = provider()
         .key_provider
         .load_private_key(der)
@@ -110,6 +116,36 @@ impl ServerTls {
         let ck = load_certified_key(&self.cert, &self.key)?;
         *self.current.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ck);
         Ok(())
+    }
+
+    /// What a client checking the certificate in force would refuse in
+    /// its dates at `now` (seconds since 1970): expired, or not valid
+    /// yet. Served all the same (the operator may be replacing it), but
+    /// said at start and on reload, since every verifying client fails.
+    pub fn validity_warning(&self, now: i64) -> Option<String> {
+        let ck = self
+            .current
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let leaf = ck.cert.first()?;
+        let (_, c) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+        let v = c.validity();
+        let path = self.cert.display();
+        if now > v.not_after.timestamp() {
+            Some(format!(
+                "the certificate in {path} expired on {} (clients that check it refuse it; replace it and send SIGHUP)",
+                v.not_after
+            ))
+        } else if now < v.not_before.timestamp() {
+            Some(format!(
+                "the certificate in {path} is not valid before {} (clients that check it refuse it until then; is the clock right?)",
+                v.not_before
+            ))
+        } else {
+            None
+        }
     }
 
     /// TLS for one control session: a fresh ticket key and session cache,

@@ -194,6 +194,21 @@ fn a_key_that_is_not_the_certificates_is_refused() {
     assert!(e.to_string().contains("does not belong"), "{e}");
     let e = ServerTls::load(&a.key, &a.key).unwrap_err();
     assert!(e.to_string().contains("certificate file"), "{e}");
+    // A missing file or one with no key: the reason alone, once.
+    let gone = a.key.with_extension("gone");
+    let e = ServerTls::load(&a.cert, &gone).unwrap_err().to_string();
+    assert!(
+        e.starts_with("key file") && e.contains("No such file"),
+        "{e}"
+    );
+    assert!(!e.contains("I/O error"), "{e}");
+    let e = ServerTls::load(&a.cert, &a.cert).unwrap_err().to_string();
+    assert!(e.contains("no PEM private key"), "{e}");
+    let e = ServerTls::load(&gone, &a.key).unwrap_err().to_string();
+    assert!(
+        e.starts_with("certificate file") && e.contains("No such file"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -308,4 +323,25 @@ async fn a_pinned_certificate_is_trusted_only_within_its_dates() {
             None => assert!(c.is_ok(), "{from}-{to}: {:?}", c.err()),
         }
     }
+}
+
+#[test]
+fn a_certificate_out_of_its_dates_is_said_when_loaded() {
+    // 2030-01-01 as seconds since 1970.
+    let now = 1_893_456_000;
+    let old = pki_dated(2000, 2020);
+    let w = ServerTls::load(&old.cert, &old.key)
+        .unwrap()
+        .validity_warning(now)
+        .expect("an expired certificate is said");
+    assert!(w.contains("expired on") && w.contains("SIGHUP"), "{w}");
+    let early = pki_dated(2040, 2050);
+    let w = ServerTls::load(&early.cert, &early.key)
+        .unwrap()
+        .validity_warning(now)
+        .expect("a certificate not valid yet is said");
+    assert!(w.contains("not valid before"), "{w}");
+    let fine = pki_dated(2020, 2040);
+    let tls = ServerTls::load(&fine.cert, &fine.key).unwrap();
+    assert_eq!(tls.validity_warning(now), None);
 }

@@ -197,6 +197,12 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
+    if let Some(w) = server_tls
+        .as_ref()
+        .and_then(|t| t.validity_warning(unix_now()))
+    {
+        tracing::warn!("{w}");
+    }
     config.tls_mode = match (a.tls, server_tls.is_some()) {
         (Some(TlsArg::Off), _) => xftp_server::TlsMode::Off,
         (Some(TlsArg::Optional), true) | (None, true) => xftp_server::TlsMode::Optional,
@@ -280,7 +286,12 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
             match &server_tls {
                 Some(tls) => match tls.reload() {
-                    Ok(()) => tracing::info!("TLS certificate reloaded"),
+                    Ok(()) => {
+                        tracing::info!("TLS certificate reloaded");
+                        if let Some(w) = tls.validity_warning(unix_now()) {
+                            tracing::warn!("{w}");
+                        }
+                    }
                     Err(e) => {
                         tracing::error!("TLS certificate not reloaded (the old one stays): {e}")
                     }
@@ -404,4 +415,11 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
         a.users.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Seconds since 1970 now (0 before it: a clock that wrong warns anyway).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
