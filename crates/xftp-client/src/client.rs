@@ -24,6 +24,7 @@ use xftp_tune::{Controller, TuneConfig};
 
 pub use adaptive::Timeline;
 use adaptive::{EngineCtl, Grow, Live, Socks};
+pub use ranged::AUTO_MAX as RANGED_AUTO_MAX;
 
 use crate::control::{reply_text, unexpected, Cmd, Control};
 use crate::error::{ClientError, Result};

@@ -51,7 +51,7 @@ mod watchdog;
 pub use client::{
     list_arg, AutoConfig, BatchItem, BufferReport, Checksum, Client, ClientConfig, DataMode, Made,
     SessionFactory, Timeline, TlsSetup, TransferReport, UploadItem, Verify, ANONYMOUS_PASSWORD,
-    MAX_LISTING,
+    MAX_LISTING, RANGED_AUTO_MAX,
 };
 pub use error::{ClientError, Result};
 pub use negotiate::Features;

@@ -194,6 +194,17 @@ fn listing_passive_and_active() {
             "{text}"
         );
     }
+    // `probe` says what get and put would do with a server without MULT:
+    // ranged sessions for downloads (one on loopback), one connection up.
+    let url = format!("ftp://127.0.0.1:{}/", server.port);
+    let out = xftp(&["probe", &url, "--json"], &d.local);
+    let j = json_of(&out);
+    assert_eq!(j["mult"], false, "{j}");
+    let reason = j["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("does not list MULT") && reason.contains("uploads over one connection"),
+        "{j}"
+    );
 }
 
 #[test]

@@ -26,7 +26,7 @@ pub(crate) const RANGE_MIN: u64 = 1 << 20;
 /// Most sessions `-p auto` opens against a server without MULT: with no
 /// feedback from the server to step down by, and a login per session,
 /// about what lftp's `pget` (5) and aria2 (5) use by default.
-pub(crate) const AUTO_MAX: u32 = 4;
+pub const AUTO_MAX: u32 = 4;
 
 /// How long a session waits for the server's reply to a range it cut
 /// short before it resynchronises (at least 8 RTTs).

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 use xftp_client::xftp_tune::{self, PathRecord};
-use xftp_client::FtpUrl;
+use xftp_client::{FtpUrl, RANGED_AUTO_MAX};
 
 use super::transfer::{
     cache_key, load_cache, parse_bufsize_arg, print_notices, record_path, session, CommonArgs,
@@ -139,10 +139,27 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
             format!("{why}; a GridFTP server without MULT: MODE E with OPTS RETR Parallelism={n} for downloads, {n} connections from this client for uploads"),
             false,
         )
+    } else if feat.rest_stream {
+        // As `get -p auto` does (client/ranged.rs): sessions fetching byte
+        // ranges, at most RANGED_AUTO_MAX, the cache left out.
+        let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, None, RANGED_AUTO_MAX);
+        let how = if n > 1 {
+            format!("downloads over {n} sessions, each fetching byte ranges (REST)")
+        } else {
+            "downloads over one connection".to_string()
+        };
+        (
+            n,
+            format!(
+                "{why}; the server does not list MULT in FEAT: {how}, uploads over one connection"
+            ),
+            false,
+        )
     } else {
         (
             1,
-            "the server does not list MULT in FEAT: one plain connection".to_string(),
+            "the server lists neither MULT nor REST STREAM in FEAT: one plain connection"
+                .to_string(),
             false,
         )
     };
