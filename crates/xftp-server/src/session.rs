@@ -96,6 +96,7 @@ pub async fn run(
         local,
         reader: LineReader::new(),
         queued: VecDeque::new(),
+        early: VecDeque::new(),
         unsent: Vec::new(),
         login: Login::AwaitUser,
         failures: 0,
@@ -204,6 +205,10 @@ struct Session {
     reader: LineReader,
     /// Lines already read but not yet handled (pipelined commands).
     queued: VecDeque<Result<Vec<u8>, ProtoError>>,
+    /// Lines read while a data connection was awaited: the transfer that
+    /// follows sees them first, as if read during it (STAT, MULT); what
+    /// it leaves goes to `queued`.
+    early: VecDeque<Result<Vec<u8>, ProtoError>>,
     /// Replies not yet written: those to a pipelined flight go out
     /// together ([`Session::send`]).
     unsent: Vec<u8>,
@@ -420,6 +425,8 @@ impl Session {
         // hold its session open by it.
         let deadline = tokio::time::Instant::now() + self.cfg.idle_timeout;
         loop {
+            // Left by a data connection that was not opened after all.
+            self.queued.extend(self.early.drain(..));
             if let Some(l) = self.queued.pop_front() {
                 return Ok(Some(l));
             }
@@ -1792,7 +1799,7 @@ impl Session {
         // The client may need a reply still kept to open them.
         self.flush_replies().await?;
         let plan = std::mem::take(&mut self.data);
-        let opened = match data::open(
+        let open = data::open(
             plan,
             n,
             self.peer_ip(),
@@ -1800,9 +1807,19 @@ impl Session {
             self.cfg.data_timeout,
             self.bufsize,
             early.then_some(EARLY_START),
-        )
-        .await
-        {
+        );
+        // The control connection is read meanwhile: an ABOR before the
+        // client connects ends the wait at once (not at the data timeout).
+        let opened = match self.watching_control(open).await? {
+            None => {
+                self.reply(426, "Transfer aborted before its data connection opened.")
+                    .await?;
+                self.reply(226, "ABOR command successful.").await?;
+                return Ok(None);
+            }
+            Some(r) => r,
+        };
+        let opened = match opened {
             Ok(c) => c,
             Err(DataError::Timeout) => {
                 self.reply(425, "Data connection timed out.").await?;
@@ -1837,6 +1854,56 @@ impl Session {
         }
     }
 
+    /// Run `work` while reading the control connection: `None` if ABOR
+    /// came first (the commands around it are queued), NOOP answered,
+    /// anything else kept for the transfer to see (`early`).
+    async fn watching_control<T>(
+        &mut self,
+        work: impl std::future::Future<Output = T>,
+    ) -> std::io::Result<Option<T>> {
+        tokio::pin!(work);
+        let mut buf = [0u8; 4096];
+        loop {
+            tokio::select! {
+                r = &mut work => return Ok(Some(r)),
+                n = self.ctl.read(&mut buf) => {
+                    let n = match n {
+                        Ok(0) | Err(_) => {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::ConnectionAborted,
+                                "control connection closed while a data connection was awaited",
+                            ))
+                        }
+                        Ok(n) => n,
+                    };
+                    let mut lines = Vec::new();
+                    self.reader.feed(&buf[..n], &mut lines);
+                    self.read_past_urgent_mark(&mut buf, &mut lines);
+                    let mut rest = lines.into_iter();
+                    while let Some(l) = rest.next() {
+                        let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();
+                        if verb == "ABOR" {
+                            let before: Vec<_> = self.early.drain(..).collect();
+                            self.queued.extend(before);
+                            self.queued.extend(rest);
+                            return Ok(None);
+                        } else if verb == "NOOP" {
+                            self.reply(200, "NOOP ok.").await?;
+                            self.flush_replies().await?;
+                        } else if self.queued.len() + self.early.len() >= MAX_QUEUED {
+                            let _ = self
+                                .reply(421, format!("More than {MAX_QUEUED} commands sent while a data connection was awaited; closing the session."))
+                                .await;
+                            return Err(std::io::Error::other("too many commands queued"));
+                        } else {
+                            self.early.push_back(l);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Wait for a transfer task while still reading the control connection:
     /// ABOR cancels it, STAT reports progress, anything else waits in the
     /// queue until the transfer is over.
@@ -1859,97 +1926,112 @@ impl Session {
         };
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut last = (moved(&live), tokio::time::Instant::now());
+        // What came while the data connections were awaited, first.
+        let mut pending: Vec<_> = self.early.drain(..).collect();
         loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    // A data connection that moves nothing for this long is
-                    // dead (peer gone without a reset): give up, 426.
-                    let now = moved(&live);
-                    // An upload past the limit stops now, not at its end.
-                    if let Some(max) = limit.filter(|m| now > *m) {
-                        halt(&mut task, stop.take()).await;
-                        return Ok(Outcome::Failed(TransferError::TooLarge(max)));
+            let lines = if !pending.is_empty() {
+                std::mem::take(&mut pending)
+            } else {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        // A data connection that moves nothing for this long is
+                        // dead (peer gone without a reset): give up, 426.
+                        let now = moved(&live);
+                        // An upload past the limit stops now, not at its end.
+                        if let Some(max) = limit.filter(|m| now > *m) {
+                            halt(&mut task, stop.take()).await;
+                            return Ok(Outcome::Failed(TransferError::TooLarge(max)));
+                        }
+                        if now != last.0 {
+                            last = (now, tokio::time::Instant::now());
+                        } else if last.1.elapsed() >= self.cfg.stall_timeout {
+                            halt(&mut task, stop.take()).await;
+                            let secs = self.cfg.stall_timeout.as_secs();
+                            return Ok(Outcome::Failed(TransferError::Network(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                format!("no data moved for {secs} s"),
+                            ))));
+                        }
+                        continue;
                     }
-                    if now != last.0 {
-                        last = (now, tokio::time::Instant::now());
-                    } else if last.1.elapsed() >= self.cfg.stall_timeout {
+                    () = self.now.cancelled() => {
                         halt(&mut task, stop.take()).await;
-                        let secs = self.cfg.stall_timeout.as_secs();
-                        return Ok(Outcome::Failed(TransferError::Network(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no data moved for {secs} s"),
-                        ))));
+                        let _ = self
+                            .reply(421, "Server shutting down; the transfer was not completed.")
+                            .await;
+                        let _ = self.flush_replies().await;
+                        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "transfer ended by the shutdown"));
+                    }
+                    r = &mut task => {
+                        return Ok(match r {
+                            Ok(Ok(t)) => Outcome::Done(t),
+                            Ok(Err(e)) => Outcome::Failed(e),
+                            Err(e) => Outcome::Failed(TransferError::Storage(std::io::Error::other(e.to_string()))),
+                        });
+                    }
+                    n = self.ctl.read(&mut buf) => {
+                        let n = match n {
+                            Ok(0) | Err(_) => {
+                                // Client gone: stop the transfer (an upload is rolled back).
+                                halt(&mut task, stop.take()).await;
+                                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "control connection closed during transfer"));
+                            }
+                            Ok(n) => n,
+                        };
+                        let mut lines = Vec::new();
+                        self.reader.feed(&buf[..n], &mut lines);
+                        self.read_past_urgent_mark(&mut buf, &mut lines);
+                        lines
                     }
                 }
-                () = self.now.cancelled() => {
+            };
+            let mut rest = lines.into_iter();
+            while let Some(l) = rest.next() {
+                let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();
+                if verb == "ABOR" {
+                    halt(&mut task, stop.take()).await;
+                    self.queued.extend(rest);
+                    return Ok(Outcome::Aborted);
+                } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
+                    let text = match &live {
+                        Some(lv) => {
+                            lv.meters.refresh();
+                            xftp_tune::meter::format_progress(&lv.meters.totals())
+                        }
+                        None => format!(
+                            "Transfer in progress: {} bytes.",
+                            progress.load(Ordering::Relaxed)
+                        ),
+                    };
+                    self.reply(213, text).await?;
+                    self.flush_replies().await?;
+                } else if verb == "NOOP" {
+                    // Answered at once: clients time round trips with it.
+                    self.reply(200, "NOOP ok.").await?;
+                    self.flush_replies().await?;
+                } else if let (Some(lv), Ok(Ok(Command::Mult(n)))) =
+                    (live.as_mut(), l.as_ref().map(|l| Command::parse(l)))
+                {
+                    let want = n
+                        .unwrap_or(self.cfg.default_streams)
+                        .clamp(1, self.cfg.max_streams.max(1));
+                    let want = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
+                    let (code, text) = lv.set_streams(want);
+                    if code == 200 {
+                        self.streams = want.clamp(1, self.cfg.max_streams.max(1));
+                    }
+                    self.reply(code, text).await?;
+                    self.flush_replies().await?;
+                } else if self.queued.len() >= MAX_QUEUED {
                     halt(&mut task, stop.take()).await;
                     let _ = self
-                        .reply(421, "Server shutting down; the transfer was not completed.")
+                        .reply(421, format!("More than {MAX_QUEUED} commands sent during a transfer; closing the session."))
                         .await;
-                    let _ = self.flush_replies().await;
-                    return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "transfer ended by the shutdown"));
-                }
-                r = &mut task => {
-                    return Ok(match r {
-                        Ok(Ok(t)) => Outcome::Done(t),
-                        Ok(Err(e)) => Outcome::Failed(e),
-                        Err(e) => Outcome::Failed(TransferError::Storage(std::io::Error::other(e.to_string()))),
-                    });
-                }
-                n = self.ctl.read(&mut buf) => {
-                    let n = match n {
-                        Ok(0) | Err(_) => {
-                            // Client gone: stop the transfer (an upload is rolled back).
-                            halt(&mut task, stop.take()).await;
-                            return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "control connection closed during transfer"));
-                        }
-                        Ok(n) => n,
-                    };
-                    let mut lines = Vec::new();
-                    self.reader.feed(&buf[..n], &mut lines);
-                    self.read_past_urgent_mark(&mut buf, &mut lines);
-                    let mut rest = lines.into_iter();
-                    while let Some(l) = rest.next() {
-                        let verb = l.as_ref().map(|l| Command::verb_of(l)).unwrap_or_default();
-                        if verb == "ABOR" {
-                            halt(&mut task, stop.take()).await;
-                            self.queued.extend(rest);
-                            return Ok(Outcome::Aborted);
-                        } else if verb == "STAT" && l.as_ref().is_ok_and(|l| l.len() <= 5) {
-                            let text = match &live {
-                                Some(lv) => {
-                                    lv.meters.refresh();
-                                    xftp_tune::meter::format_progress(&lv.meters.totals())
-                                }
-                                None => format!("Transfer in progress: {} bytes.", progress.load(Ordering::Relaxed)),
-                            };
-                            self.reply(213, text).await?;
-                            self.flush_replies().await?;
-                        } else if verb == "NOOP" {
-                            // Answered at once: clients time round trips with it.
-                            self.reply(200, "NOOP ok.").await?;
-                            self.flush_replies().await?;
-                        } else if let (Some(lv), Ok(Ok(Command::Mult(n)))) = (live.as_mut(), l.as_ref().map(|l| Command::parse(l))) {
-                            let want = n
-                                .unwrap_or(self.cfg.default_streams)
-                                .clamp(1, self.cfg.max_streams.max(1));
-                            let want = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
-                            let (code, text) = lv.set_streams(want);
-                            if code == 200 {
-                                self.streams = want.clamp(1, self.cfg.max_streams.max(1));
-                            }
-                            self.reply(code, text).await?;
-                            self.flush_replies().await?;
-                        } else if self.queued.len() >= MAX_QUEUED {
-                            halt(&mut task, stop.take()).await;
-                            let _ = self
-                                .reply(421, format!("More than {MAX_QUEUED} commands sent during a transfer; closing the session."))
-                                .await;
-                            return Err(std::io::Error::other("too many commands queued during a transfer"));
-                        } else {
-                            self.queued.push_back(l);
-                        }
-                    }
+                    return Err(std::io::Error::other(
+                        "too many commands queued during a transfer",
+                    ));
+                } else {
+                    self.queued.push_back(l);
                 }
             }
         }

@@ -241,6 +241,42 @@ async fn data_connection_that_never_arrives_gets_425() {
     assert_eq!(got, b"data");
 }
 
+/// ABOR while the server waits for the data connection ends the wait at
+/// once (426 for the transfer, 226 for ABOR), not at the data timeout; a
+/// NOOP then is answered, and STAT waits for the transfer.
+#[tokio::test]
+async fn abor_before_the_data_connection_ends_the_wait() {
+    let srv = start(|cfg| cfg.data_timeout = Duration::from_secs(60)).await;
+    write(srv.dir.path(), "f", b"data");
+    let mut c = Ctl::login(srv.addr).await;
+    for upload in [false, true] {
+        c.cmd("EPSV", 229).await;
+        c.cmd(if upload { "STOR g" } else { "RETR f" }, 150).await;
+        let t = std::time::Instant::now();
+        c.send_raw(b"NOOP\r\nABOR\r\n").await;
+        let r = tokio::time::timeout(Duration::from_secs(10), async {
+            c.expect(200).await;
+            let r = c.expect(426).await;
+            c.expect(226).await;
+            r
+        })
+        .await
+        .expect("ABOR answered before the data timeout");
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert!(r.text().contains("before its data connection"), "{r}");
+    }
+    assert!(!srv.dir.path().join("g").exists());
+    // A command sent while the server waits is run after the transfer.
+    let d = c.epsv_connect(1).await;
+    c.cmd("RETR f", 150).await;
+    c.send_raw(b"PWD\r\n").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = read_all(d.into_iter().next().unwrap()).await;
+    c.expect(226).await;
+    c.expect(257).await;
+    assert_eq!(got, b"data");
+}
+
 #[tokio::test]
 async fn reset_upload_leaves_no_file() {
     let srv = start(|_| {}).await;
