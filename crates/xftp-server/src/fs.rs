@@ -428,7 +428,7 @@ pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) ->
                 ""
             }
         }
-        (true, true) => "elcmfp",
+        (true, true) => "elcdmfp",
         (true, false) => "el",
         (false, true) => "radfw",
         (false, false) => "r",
@@ -518,6 +518,22 @@ mod tests {
     /// path and its use (another session renaming a link over it, a local
     /// user): what is opened, made, removed or renamed is checked where
     /// it is, not where the name led at the check.
+    #[test]
+    fn mlsx_perm_says_what_a_login_may_do() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let perm = |p: &Path, w: bool| {
+            let facts = mlsx_facts(&std::fs::metadata(p).unwrap(), w, None);
+            let at = facts.find("perm=").unwrap() + 5;
+            facts[at..].split(';').next().unwrap().to_string()
+        };
+        // RFC 3659 7.5.5: `d` on a directory: RMD may remove it.
+        assert_eq!(perm(dir.path(), true), "elcdmfp");
+        assert_eq!(perm(dir.path(), false), "el");
+        assert_eq!(perm(&dir.path().join("f"), true), "radfw");
+        assert_eq!(perm(&dir.path().join("f"), false), "r");
+    }
+
     #[test]
     fn a_directory_swapped_for_a_link_after_the_check_is_not_followed() {
         use std::os::fd::AsFd;
