@@ -161,6 +161,10 @@ const FLIGHT_RTT: f64 = 1.1;
 /// 5-10 % (64 connections' tail) (docs/tuning.md).
 const FLIGHTS_RTT: Duration = Duration::from_millis(300);
 
+/// Share of [`TuneConfig::ceiling_bps`] from which goodput is the
+/// limit's: more connections cannot raise it.
+const CEILING_SHARE: f64 = 0.85;
+
 /// Knobs; the defaults are documented in docs/tuning.md.
 #[derive(Debug, Clone)]
 pub struct TuneConfig {
@@ -216,6 +220,10 @@ pub struct TuneConfig {
     /// first epoch (slow start); a smaller one is, when its goodput has
     /// stopped climbing within that epoch.
     pub wait_first_from: u32,
+    /// A rate the transfer is held to from outside, in bits per second
+    /// (`--limit-rate`): an epoch at [`CEILING_SHARE`] of it or more
+    /// shows the limit, not the path, so no growth starts from it.
+    pub ceiling_bps: Option<f64>,
 }
 
 impl Default for TuneConfig {
@@ -239,6 +247,7 @@ impl Default for TuneConfig {
             epoch_rtts: 3.0,
             probe_epochs: 8,
             wait_first_from: 8,
+            ceiling_bps: None,
         }
     }
 }
@@ -296,6 +305,9 @@ pub enum Reason {
     Shed,
     /// A change is being judged: its connections are joining or ramping.
     Trial,
+    /// Goodput is at the rate the transfer is held to (`--limit-rate`):
+    /// more connections cannot raise it.
+    RateLimit,
 }
 
 /// A change of the stream count.
@@ -473,6 +485,9 @@ pub struct Controller {
     starved: bool,
     /// Rule 11 has looked at the start's first flights.
     flights_read: bool,
+    /// The last epoch's goodput reached the outside limit
+    /// ([`TuneConfig::ceiling_bps`]).
+    at_ceiling: bool,
     history: Vec<Step>,
 }
 
@@ -510,6 +525,7 @@ impl Controller {
             best_g: None,
             starved: false,
             flights_read: false,
+            at_ceiling: false,
             history: Vec::new(),
         }
     }
@@ -748,6 +764,7 @@ impl Controller {
         let timeout_bound = short && per_conn < SHED_SHARE && loss > self.cfg.loss_threshold;
         let now_s = s.rtt.map_or(floor_s, |r| r.as_secs_f64());
         let pipe = goodput * now_s / SEGMENT_BITS;
+        self.at_ceiling = self.near_ceiling(goodput);
         let (next, reason) = self.decide(Judged {
             g: goodput,
             ramping,
@@ -770,6 +787,12 @@ impl Controller {
             pipe,
             timeout_bound,
         });
+        // What held growth back, for the step log.
+        let reason = if self.at_ceiling && reason == Reason::NoGain {
+            Reason::RateLimit
+        } else {
+            reason
+        };
         self.last_g = Some(goodput);
         self.history.push(Step {
             at_s: s.at.as_secs_f64(),
@@ -815,8 +838,11 @@ impl Controller {
         // (Only from the data connections' own counts: a download from a
         // server that reports none samples the control connection's RTT,
         // which says nothing of the flights.)
+        // Flights paced by an outside limit say nothing of the pipe.
+        let paced = self.near_ceiling(s.bytes as f64 * 8.0 / s.at.as_secs_f64().max(1e-3));
         let calm = s.segs_out > 0
             && s.retrans == 0
+            && !paced
             && s.rtt.is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT));
         let to = self.n.saturating_mul(4).min(self.cap);
         // Each added connection takes a record at least.
@@ -853,12 +879,22 @@ impl Controller {
             Some((level, until)) => self.epochs < until && self.n.saturating_mul(2) >= level,
             None => false,
         };
-        self.n < self.cap && !barred
+        self.n < self.cap && !barred && !self.at_ceiling
+    }
+
+    /// Goodput `bps` is at the outside limit, if there is one.
+    fn near_ceiling(&self, bps: f64) -> bool {
+        self.cfg
+            .ceiling_bps
+            .is_some_and(|c| bps >= CEILING_SHARE * c)
     }
 
     /// Start a growth trial to `to` from the current count.
     fn trial_up(&mut self, to: u32, base: f64, probe: bool, why: Reason) -> (u32, Reason) {
         let to = to.min(self.cap).max(self.n + 1).min(self.cap);
+        if self.at_ceiling {
+            return self.steady(self.n, Reason::RateLimit);
+        }
         if to <= self.n {
             return self.steady(self.n, Reason::NoGain);
         }
@@ -1377,6 +1413,29 @@ mod tests {
             .map(|s| s.streams.max(s.next))
             .max()
             .unwrap_or(c.streams())
+    }
+
+    #[test]
+    fn goodput_at_an_outside_limit_starts_no_growth() {
+        // Flat goodput, no queue, no loss: without a limit the start grows
+        // (each connection held by its window); at a limit of 16 Mbit/s
+        // the same epochs are the limit's, and the count stays.
+        let flat = |ceiling: Option<f64>| {
+            let cfg = TuneConfig {
+                ceiling_bps: ceiling,
+                ..TuneConfig::default()
+            };
+            let (mut c, mut f) = started(Controller::new(cfg, 4));
+            feed(&mut c, &mut f, 12, 16e6, 0.0, 100);
+            c
+        };
+        assert!(most(&flat(None)) > 4, "{:?}", flat(None).history());
+        let held = flat(Some(16.5e6));
+        assert_eq!(most(&held), 4, "{:?}", held.history());
+        assert_eq!(last(&held), Some(Reason::RateLimit), "{:?}", held.history());
+        // A limit the path does not reach bars nothing.
+        let high = flat(Some(100e6));
+        assert!(most(&high) > 4, "{:?}", high.history());
     }
 
     #[test]

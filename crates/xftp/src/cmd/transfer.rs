@@ -1139,7 +1139,11 @@ pub(crate) fn client_config(
         Some(Parallel::Fixed(n)) => (n, None),
         Some(Parallel::Auto) => {
             let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
-            let tune = TuneConfig::default();
+            // Goodput at --limit-rate is the limit's: no growth from it.
+            let tune = TuneConfig {
+                ceiling_bps: t.and_then(|t| t.limit_rate).map(|r| r as f64 * 8.0),
+                ..TuneConfig::default()
+            };
             (1, Some(AutoConfig { tune, cached_best }))
         }
     };
