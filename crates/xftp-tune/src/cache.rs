@@ -9,6 +9,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Records kept per destination (newest last).
 const KEEP: usize = 32;
 
+/// Records older than this are dropped when the cache is written: the
+/// commands use a day's records at most, and a file that only grows
+/// (test runs on throwaway ports left thousands of destinations) is
+/// read and rewritten whole by every transfer.
+const RETAIN_SECS: u64 = 2 * 24 * 3600;
+
+/// Destinations kept (those with the newest records).
+const MAX_DESTS: usize = 256;
+
 /// One earlier transfer (or probe) to a destination.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PathRecord {
@@ -181,13 +190,32 @@ impl Cache {
             .min()
     }
 
-    /// Add a record (keeps the newest few per destination).
+    /// Add a record (keeps the newest few per destination, drops records
+    /// past [`RETAIN_SECS`] and all but the [`MAX_DESTS`] destinations
+    /// recorded last).
     pub fn record(&mut self, dest: &str, rec: PathRecord) {
+        let now = rec.when;
         let v = self.entries.entry(dest.to_owned()).or_default();
         v.push(rec);
         if v.len() > KEEP {
             let drop = v.len() - KEEP;
             v.drain(..drop);
+        }
+        let oldest = now.saturating_sub(RETAIN_SECS);
+        for v in self.entries.values_mut() {
+            v.retain(|r| r.when >= oldest);
+        }
+        self.entries.retain(|_, v| !v.is_empty());
+        if self.entries.len() > MAX_DESTS {
+            let mut last: Vec<(u64, String)> = self
+                .entries
+                .iter()
+                .map(|(d, v)| (v.iter().map(|r| r.when).max().unwrap_or(0), d.clone()))
+                .collect();
+            last.sort_unstable_by(|a, b| b.cmp(a));
+            for (_, d) in last.drain(MAX_DESTS..) {
+                self.entries.remove(&d);
+            }
         }
     }
 
@@ -562,6 +590,36 @@ mod tests {
         // A corrupt file is an empty cache, not an error.
         std::fs::write(&p, b"{not json").unwrap();
         assert_eq!(Cache::load(&p).best("h:21", day), None);
+    }
+
+    #[test]
+    fn old_records_and_destinations_past_the_bound_are_dropped() {
+        let mut c = Cache::in_memory();
+        let now = now_secs();
+        let rec = |when| PathRecord {
+            when,
+            rtt_us: 1000,
+            streams: 4,
+            throughput_bps: 1e8,
+            bytes: 1 << 20,
+        };
+        c.record("old:21", rec(now - 30 * 86400));
+        c.record("kept:21", rec(now - 3600));
+        c.record("kept:21", rec(now - 40 * 86400));
+        for i in 0..(MAX_DESTS + 40) {
+            c.record(&format!("h{i}:21"), rec(now - 1000 + i as u64));
+        }
+        assert!(c
+            .fresh("old:21", Duration::from_secs(u64::MAX >> 2))
+            .is_empty());
+        assert_eq!(c.entries.len(), MAX_DESTS);
+        // The newest destinations stay; "kept" is older than all of them.
+        assert!(c.entries.contains_key(&format!("h{}:21", MAX_DESTS + 39)));
+        assert!(!c.entries.contains_key("h0:21"));
+        let mut c = Cache::in_memory();
+        c.record("kept:21", rec(now - 40 * 86400));
+        c.record("kept:21", rec(now - 3600));
+        assert_eq!(c.entries["kept:21"].len(), 1, "the 40-day-old one is gone");
     }
 
     #[test]
