@@ -2189,9 +2189,24 @@ impl Client {
         Ok(self.entries_dotted(path).await?.0)
     }
 
-    /// [`Client::entries`], and whether a `LIST -a` listing held the
+    /// A LIST line that names no entry the client can take: not blank,
+    /// no `total N`, not `.` or `..` (which every listing may hold), and
+    /// not read by [`xftp_proto::facts::parse_list_line`] (a name of
+    /// blanks only; a form it does not know).
+    fn unreadable_list_line(line: &str) -> bool {
+        let t = line.trim_end_matches(['\r', '\n']);
+        !(t.trim().is_empty()
+            || t.starts_with("total ")
+            || t.ends_with(" .")
+            || t.ends_with(" ..")
+            || xftp_proto::facts::parse_list_line(t).is_some())
+    }
+
+    /// [`Client::entries`]; whether a `LIST -a` listing held the
     /// directory's own `.` entry (`None` for MLSD, or a server that
-    /// refused `-a`). A server that lists `.` for a directory it can
+    /// refused `-a`); and the LIST lines that name nothing this client
+    /// can take (`Client::unreadable_list_line`), which a tree reports
+    /// rather than drop. A server that lists `.` for a directory it can
     /// read lists it for every one; where it is missing the server
     /// could not open the directory: vsftpd then answers 226 with the
     /// directory's own line (`d--------- ... name`), which read as a
@@ -2199,9 +2214,9 @@ impl Client {
     pub async fn entries_dotted(
         &mut self,
         path: &str,
-    ) -> Result<(Vec<xftp_proto::facts::Entry>, Option<bool>)> {
+    ) -> Result<(Vec<xftp_proto::facts::Entry>, Option<bool>, Vec<String>)> {
         if self.features().await?.mlst {
-            return Ok((self.mlsd(path).await?, None));
+            return Ok((self.mlsd(path).await?, None, Vec::new()));
         }
         let (out, dashed) = match self
             .listing(Cmd::with("LIST", format!("-a {}", list_arg(path))))
@@ -2218,11 +2233,17 @@ impl Client {
             text.lines()
                 .any(|l| l.starts_with('d') && l.trim_end().ends_with(" ."))
         });
+        let unreadable = text
+            .lines()
+            .filter(|l| Self::unreadable_list_line(l))
+            .map(str::to_owned)
+            .collect();
         Ok((
             text.lines()
                 .filter_map(xftp_proto::facts::parse_list_line)
                 .collect(),
             dot,
+            unreadable,
         ))
     }
 

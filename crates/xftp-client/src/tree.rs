@@ -436,7 +436,7 @@ async fn walk(
         // Counted for this listing only (a shell session may have listed
         // before).
         c.take_unlisted();
-        let (entries, dot) = c.entries_dotted(&join(remote, d)).await?;
+        let (entries, dot, unreadable) = c.entries_dotted(&join(remote, d)).await?;
         use std::sync::atomic::Ordering::Relaxed;
         match dot {
             Some(true) => sh.dots.store(true, Relaxed),
@@ -462,6 +462,16 @@ async fn walk(
         }
         let mut st = lock(sh);
         st.unlisted += c.take_unlisted();
+        if let Some(first) = unreadable.first() {
+            st.refused.push((
+                format!("{d}/"),
+                format!(
+                    "{} line(s) of its listing name nothing this client can read (a name of \
+                     blanks only?), e.g. {first:?}: not copied",
+                    unreadable.len()
+                ),
+            ));
+        }
         let mut seen = HashSet::new();
         for e in entries {
             // A name listed twice (a broken or hostile server) would be

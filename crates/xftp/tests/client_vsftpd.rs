@@ -322,6 +322,20 @@ fn a_directory_the_server_cannot_read_fails_the_tree() {
         "get -r readable",
     );
     assert_eq!(std::fs::read(again.join("locked/b")).unwrap(), b"b");
+    // Names of blanks only: a LIST line cannot say where such a name
+    // ends, so it is not read; the tree says so and fails, rather than
+    // leave the files out in silence.
+    std::fs::write(tree.join("ok/ "), b"one blank").unwrap();
+    std::fs::write(tree.join("ok/ x"), b"leading blank").unwrap();
+    let blanks = d.local.join("blanks");
+    let out = xftp(&["get", "-r", &format!("{base}/"), s(&blanks)], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("ok/: 1 line(s) of its listing"), "{err}");
+    assert_eq!(
+        std::fs::read(blanks.join("ok/ x")).unwrap(),
+        b"leading blank"
+    );
 }
 
 #[test]
