@@ -520,6 +520,10 @@ async fn walk(
                         st.dirs.push_back(rel);
                     }
                 }
+                Kind::File if is_resume_file(&e.name) => {
+                    tracing::info!("{rel}: a resumable transfer's partial or record; left out");
+                    st.other += 1;
+                }
                 Kind::File => st.jobs.push(Job {
                     rel,
                     size: e.size.unwrap_or(0),
@@ -789,6 +793,15 @@ async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
     }
 }
 
+/// `.NAME.xftp-part` or `.NAME.xftp-part.ranges`: a cut resumable
+/// transfer's data or its record (of `-c`, or `xftp serve`'s SITE
+/// RESUMABLE), not a file of the tree. Copied, it would land where the
+/// copy's own `-c` keeps `NAME`'s partial and record, and be removed
+/// when `NAME` completes.
+fn is_resume_file(name: &str) -> bool {
+    name.starts_with('.') && (name.ends_with(".xftp-part") || name.ends_with(".xftp-part.ranges"))
+}
+
 /// Upload the tree under `local` (a directory) to `remote` (created).
 pub async fn put_tree(
     connect: Connect,
@@ -842,6 +855,9 @@ pub async fn put_tree(
             if md.is_dir() {
                 dirs.push(rel.clone());
                 pending.push_back(rel);
+            } else if md.is_file() && is_resume_file(rel.rsplit('/').next().unwrap_or(&rel)) {
+                tracing::info!("{rel}: a resumable transfer's partial or record; left out");
+                report.other += 1;
             } else if md.is_file() {
                 use std::os::unix::fs::PermissionsExt;
                 jobs.push(Job {

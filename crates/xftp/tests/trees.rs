@@ -869,3 +869,55 @@ fn put_r_sends_the_rest_of_a_tree_around_an_unreadable_subdirectory() {
     assert_eq!(std::fs::read(root.join("up/ok/b.txt")).unwrap(), b"inside");
     assert!(!root.join("up/closed/secret").exists());
 }
+
+/// A tree holding a cut resumable transfer's partial and record
+/// (`.NAME.xftp-part`, `.NAME.xftp-part.ranges`, as `xftp serve` lists
+/// its own): they are left out both ways, and `NAME` arrives whole with
+/// `-c`, whose own partial and record have those names.
+#[test]
+fn resumable_partials_in_a_tree_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    write_prng_file(&root.join("t/big"), 3_000_001, 7);
+    std::fs::write(root.join("t/.big.xftp-part"), b"22 bytes of something!").unwrap();
+    std::fs::write(
+        root.join("t/.big.xftp-part.ranges"),
+        b"{\"not\":\"ranges\"}",
+    )
+    .unwrap();
+    let srv = serve(&root, &[]);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/t/", srv.port);
+    let out = xftp(&["get", "-r", "-c", &url, "copy"], &work);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        sha256_file(&work.join("copy/big")),
+        sha256_file(&root.join("t/big"))
+    );
+    let names: Vec<_> = std::fs::read_dir(work.join("copy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["big"], "{err}");
+    // Up: a local partial left by an earlier `get -c` stays here.
+    std::fs::write(work.join("copy/.other.xftp-part"), b"partial").unwrap();
+    let out = xftp(
+        &[
+            "put",
+            "-r",
+            "copy",
+            &format!("ftp://127.0.0.1:{}/up/", srv.port),
+        ],
+        &work,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(root.join("up/big").exists());
+    assert!(!root.join("up/.other.xftp-part").exists());
+}
