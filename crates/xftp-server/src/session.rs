@@ -3264,6 +3264,13 @@ fn listing_where(
             unlisted.line_break += 1;
             continue;
         }
+        // An entry whose path is longer than the system takes (PATH_MAX)
+        // could be listed through the held directory but not served by
+        // its path: left out and counted, as one that cannot be read.
+        if real.as_os_str().len() + 1 + name.len() >= libc::PATH_MAX as usize {
+            unlisted.unreadable += 1;
+            continue;
+        }
         let Ok(lmd) = std::fs::symlink_metadata(e.path()) else {
             unlisted.unreadable += 1;
             continue;
