@@ -1083,7 +1083,14 @@ impl Client {
             let dst: Arc<dyn xftp_stripe::WriteAt> = partial.rec.clone();
             let checkpoints = AbortOnDrop(partial.spawn_checkpoints());
             let r = self
-                .recv_gridftp(remote, dst, Some(partial.had.clone()), None, Some(size), n)
+                .recv_gridftp(
+                    remote,
+                    dst,
+                    Some(rest_set(&partial.had)),
+                    None,
+                    Some(size),
+                    n,
+                )
                 .await;
             drop(checkpoints);
             if r.is_err() {
@@ -1194,16 +1201,11 @@ impl Client {
         let missing = size.saturating_sub(partial.had.covered());
         let (_, setup) = self.prepare_data(false, None, Fit::Resume(missing)).await?;
         let framed = self.mode_e || self.granted > 1;
-        // What the server is told we have (at most MAX_REST_RANGES of the
-        // largest ranges: the rest is fetched again).
+        // What the server is told we have (the largest ranges a REST line
+        // holds: the rest is fetched again).
         let mut told = xftp_stripe::ranges::RangeSet::new();
         if framed {
-            let mut v: Vec<(u64, u64)> = partial.had.iter().collect();
-            v.sort_by_key(|(a, b)| std::cmp::Reverse(b - a));
-            v.truncate(xftp_proto::command::MAX_REST_RANGES);
-            for (a, b) in v {
-                told.union(a, b);
-            }
+            told = rest_set(&partial.had);
         } else {
             told.union(0, partial.had.contiguous_prefix());
         }
@@ -1466,6 +1468,8 @@ impl Client {
         self.send(&[&c]).await?;
         self.ctl.expect(&c, &[200]).await?;
         let file = std::fs::File::open(local).map_err(|e| local_err(local, e))?;
+        // What a REST line holds of it; the rest is sent again.
+        let have = have.map(|h| rest_set(&h));
         let already = have.as_ref().map_or(0, |h| h.covered());
         let r = self
             .upload_body(file, len, local, &tmp, start, have.as_ref())
@@ -3769,6 +3773,16 @@ const UPLOAD_ENDGAME_MIN: u64 = 1 << 20;
 /// (for measuring what it does: `bench/run endgame`).
 fn endgame_wanted() -> bool {
     std::env::var_os("XFTP_ENDGAME").map_or(true, |v| v != "off")
+}
+
+/// The ranges of `have` one REST line can carry
+/// ([`xftp_proto::command::ranges_for_rest`]), as a set.
+fn rest_set(have: &xftp_stripe::ranges::RangeSet) -> xftp_stripe::ranges::RangeSet {
+    let mut told = xftp_stripe::ranges::RangeSet::new();
+    for (a, b) in xftp_proto::command::ranges_for_rest(have.iter()) {
+        told.union(a, b);
+    }
+    told
 }
 
 /// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands

@@ -325,6 +325,30 @@ pub fn parse_ranges(t: &str) -> Result<Vec<(u64, u64)>, ProtoError> {
     Ok(out)
 }
 
+/// The ranges of `have` a `REST` line can carry: the largest, at most
+/// [`MAX_REST_RANGES`] and no more than fit in [`MAX_LINE`] with the
+/// verb, in offset order. Above 1 GB each range takes 20 bytes or more,
+/// so a partial of a few hundred holes needs fewer than 256; what is
+/// left out is sent again.
+pub fn ranges_for_rest(have: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = have.into_iter().filter(|(a, b)| a < b).collect();
+    v.sort_by_key(|&(a, b)| (std::cmp::Reverse(b - a), a));
+    let budget = MAX_LINE - "REST \r\n".len() - 1;
+    let mut used = 0;
+    let mut out = Vec::new();
+    for (a, b) in v {
+        // "a-b" and a comma before every range but the first.
+        let len = format!("{a}-{b}").len() + usize::from(!out.is_empty());
+        if out.len() == MAX_REST_RANGES || used + len > budget {
+            break;
+        }
+        used += len;
+        out.push((a, b));
+    }
+    out.sort_unstable();
+    out
+}
+
 /// Format ranges for `REST`, the inverse of [`parse_ranges`].
 pub fn format_ranges(r: &[(u64, u64)]) -> String {
     r.iter()
@@ -573,6 +597,35 @@ mod tests {
             );
         }
         assert_eq!(format_ranges(&[(0, 1), (5, 9)]), "0-1,5-9");
+        // A partial of many holes above 1 GB: the largest ranges that fit
+        // a command line, which the server's reader takes and parses.
+        let have: Vec<(u64, u64)> = (0..600u64)
+            .map(|i| {
+                (
+                    5_000_000_000 + i * 1_000_000,
+                    5_000_000_000 + i * 1_000_000 + 1000 + i,
+                )
+            })
+            .collect();
+        let told = ranges_for_rest(have.iter().copied());
+        assert!(told.len() > 100 && told.len() < 256, "{}", told.len());
+        assert!(told.windows(2).all(|w| w[0].0 < w[1].0));
+        // The largest were taken.
+        assert!(told.contains(&have[599]) && !told.contains(&have[0]));
+        let line = format!("REST {}\r\n", format_ranges(&told));
+        assert!(line.len() <= MAX_LINE, "{}", line.len());
+        let mut r = LineReader::new();
+        let mut lines = Vec::new();
+        r.feed(line.as_bytes(), &mut lines);
+        let parsed = Command::parse(lines.pop().unwrap().unwrap().as_slice()).unwrap();
+        assert_eq!(parsed, Command::RestRanges(told.clone()));
+        // Few small ranges: all of them, at most MAX_REST_RANGES.
+        let small: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 10, i * 10 + 5)).collect();
+        assert_eq!(
+            ranges_for_rest(small.iter().copied()).len(),
+            MAX_REST_RANGES
+        );
+        assert_eq!(ranges_for_rest(small[..3].iter().copied()), small[..3]);
         assert_eq!(Command::parse(b"MULT 8").unwrap(), Command::Mult(Some(8)));
         assert_eq!(Command::parse(b"XPWD").unwrap(), Command::Pwd);
         assert_eq!(
