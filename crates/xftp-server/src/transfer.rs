@@ -256,8 +256,15 @@ async fn recv_stream_into(
             .map_err(TransferError::Storage)?;
     }
     file.flush().await.map_err(TransferError::Storage)?;
+    // Our side's end too: under TLS a close_notify, which clients that
+    // unwrap the connection after an upload wait for (Python's ftplib
+    // raised SSLEOFError on every upload without it, the file stored).
+    let _ = tokio::time::timeout(CLOSE_WAIT, conn.shutdown()).await;
     Ok(total)
 }
+
+/// How long a finished upload's data connection may take to close.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An upload in progress. Dropped without [`Upload::commit`], it undoes
 /// itself: a new file's temporary is removed; an append is truncated back
