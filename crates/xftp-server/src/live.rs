@@ -115,8 +115,20 @@ impl Live {
                 match adder.add(s).await {
                     Added::Yes => added += 1,
                     Added::NotSecured => continue,
-                    Added::Over => return,
+                    Added::Over => break,
                 }
+            }
+            // Past the maximum: reset at once. Left in the listen queue, a
+            // connection the sender writes on fills its buffers and blocks
+            // it there, and the EOF block that would say how many it used
+            // (and fail the upload) may be behind it: globus-url-copy -p 16
+            // to a server taking 6 waited out the stall timeout.
+            let mut refused = 0u32;
+            while let Ok(s) = crate::data::accept_from_peer(&l, peer).await {
+                let _ = socket2::SockRef::from(&s).set_linger(Some(std::time::Duration::ZERO));
+                drop(s);
+                refused += 1;
+                tracing::info!(refused, "a data connection past the maximum, reset");
             }
         });
     }

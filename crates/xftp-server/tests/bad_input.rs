@@ -107,6 +107,36 @@ async fn a_mode_e_upload_announcing_more_connections_than_taken_fails_at_once() 
 }
 
 #[tokio::test]
+async fn a_data_connection_past_the_maximum_is_reset_not_left_waiting() {
+    // A sender writing on a connection the server never takes: left in
+    // the listen queue, its writes block once the buffers fill (and the
+    // EOF block may be behind them); reset, the sender learns at once.
+    use xftp_stripe::block::BlockHeader;
+    let srv = start(|cfg| cfg.max_streams = 2).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    c.cmd("MODE E", 200).await;
+    let mut d = c.epsv_connect(3).await;
+    c.cmd("STOR g3", 150).await;
+    let mut extra = d.pop().unwrap();
+    let block = vec![7u8; 1 << 20];
+    let writes = async {
+        for i in 0..64u64 {
+            extra
+                .write_all(&BlockHeader::data(i << 20, 1 << 20).encode())
+                .await?;
+            extra.write_all(&block).await?;
+        }
+        std::io::Result::Ok(())
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), writes)
+        .await
+        .expect("writes on a connection past the maximum blocked");
+    assert!(r.is_err(), "64 MiB written on a connection never taken");
+    drop(d);
+}
+
+#[tokio::test]
 async fn active_mode_refuses_bounce_and_privileged_ports() {
     let srv = start(|_| {}).await;
     let mut c = Ctl::login(srv.addr).await;
