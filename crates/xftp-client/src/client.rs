@@ -4032,11 +4032,10 @@ async fn connect_data(
 /// dropped while a long transfer kept it idle. A connection that answers
 /// nothing fails about when the reply timeout would have ended it.
 fn keepalive(stream: &TcpStream, reply_timeout: Duration) {
-    const EVERY: Duration = Duration::from_secs(2);
-    let probes = (reply_timeout.as_secs() / EVERY.as_secs()).clamp(1, 60) as u32;
+    let (every, probes) = keepalive_plan(reply_timeout);
     let ka = socket2::TcpKeepalive::new()
-        .with_time(EVERY)
-        .with_interval(EVERY);
+        .with_time(KEEPALIVE_EVERY)
+        .with_interval(every);
     #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
     let ka = ka.with_retries(probes);
     #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
@@ -4044,6 +4043,21 @@ fn keepalive(stream: &TcpStream, reply_timeout: Duration) {
     if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
         tracing::debug!("control connection: no TCP keepalive: {e}");
     }
+}
+
+/// Idle time before the control connection's first keepalive probe, and
+/// the shortest time between probes.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+
+/// Probes that go unanswered before the kernel gives up, and the time
+/// between them: together about `reply_timeout`. At most 60 probes (the
+/// kernel takes 127): a longer timeout spaces them out, as a count
+/// capped at 2 s each ended a stalled transfer after 122 s whatever
+/// `--timeout` said.
+fn keepalive_plan(reply_timeout: Duration) -> (Duration, u32) {
+    let every = KEEPALIVE_EVERY.max(Duration::from_secs(reply_timeout.as_secs().div_ceil(60)));
+    let probes = (reply_timeout.as_secs() / every.as_secs()).clamp(1, 60) as u32;
+    (every, probes)
 }
 
 async fn connect_tcp(addr: SocketAddr, bufsize: Option<u64>, limit: Duration) -> Result<TcpStream> {
@@ -4371,4 +4385,19 @@ fn checksums_out_of_213_replies() {
         ),
         None
     );
+}
+
+#[cfg(test)]
+#[test]
+fn keepalive_probes_last_about_the_reply_timeout() {
+    for secs in [1u64, 30, 60, 120, 121, 300, 900, 3600] {
+        let (every, probes) = keepalive_plan(Duration::from_secs(secs));
+        let total = KEEPALIVE_EVERY.as_secs() + every.as_secs() * u64::from(probes);
+        assert!((1..=60).contains(&probes), "{secs}: {probes}");
+        // The connection is given up about when a reply would be.
+        assert!(
+            total + 2 >= secs && total <= secs + every.as_secs() + 2,
+            "{secs} s: {probes} probes every {every:?}"
+        );
+    }
 }
