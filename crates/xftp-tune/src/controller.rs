@@ -67,6 +67,12 @@
 //!    exchange and their handshake take two RTTs) and spend the rest in
 //!    slow start.
 //!
+//! 9. *Stall* (rule 12 in docs/tuning.md) — an epoch that delivered next
+//!    to nothing (2 % of the best seen) is the path stopping, not the
+//!    count: not judged.
+//! 10. *Outside limit* — with [`TuneConfig::ceiling_bps`], an epoch at
+//!     85 % of it starts no growth.
+//!
 //! A count known to be good for the path (the cache's best) starts in
 //! *Steady* ([`Controller::settled`]).
 //!
@@ -160,6 +166,10 @@ const FLIGHT_RTT: f64 = 1.1;
 /// 64 and cost it 3-8 %, and a 178 Mbit/s, 280 ms autotuned CUBIC path
 /// 5-10 % (64 connections' tail) (docs/tuning.md).
 const FLIGHTS_RTT: Duration = Duration::from_millis(300);
+
+/// Share of the best goodput seen at or below which an epoch is a stall
+/// of the path, not judged (an epoch of nothing delivered always is).
+const STALL_SHARE: f64 = 0.02;
 
 /// Share of [`TuneConfig::ceiling_bps`] from which goodput is the
 /// limit's: more connections cannot raise it.
@@ -308,6 +318,9 @@ pub enum Reason {
     /// Goodput is at the rate the transfer is held to (`--limit-rate`):
     /// more connections cannot raise it.
     RateLimit,
+    /// Next to nothing was delivered in the epoch: the path stalled;
+    /// not judged.
+    Stalled,
 }
 
 /// A change of the stream count.
@@ -628,6 +641,29 @@ impl Controller {
             (t > 0.0).then(|| b.bytes.saturating_sub(a.bytes) as f64 * 8.0 / t)
         };
         let goodput = rate(&start, &s).unwrap_or(0.0);
+        // A stall (the path stopped: a link down, a host frozen): next to
+        // nothing delivered in a whole epoch where the link carried far
+        // more, and only timeouts' retransmissions sent. That says
+        // nothing of the count: read as heavy loss on tiny windows it
+        // shed an upload from 8 connections to 1 within a second of a
+        // 5 s stall, and the drain after it was then cached as one
+        // connection's rate. Not judged; the epoch after it is.
+        // (Crowding that collapses a link still delivers more than this.)
+        if goodput <= STALL_SHARE * self.best_g.unwrap_or(0.0) {
+            self.epoch_mid = None;
+            self.epoch_rtt = None;
+            self.history.push(Step {
+                at_s: s.at.as_secs_f64(),
+                streams: self.n,
+                goodput_bps: goodput,
+                rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
+                queue_ms: None,
+                loss: 0.0,
+                next: self.n,
+                reason: Reason::Stalled,
+            });
+            return None;
+        }
         // Within the epoch: its second part against its first.
         let halves = mid.and_then(|m| Some((rate(&start, &m)?, rate(&m, &s)?)));
         let ramping = match halves {
@@ -1413,6 +1449,36 @@ mod tests {
             .map(|s| s.streams.max(s.next))
             .max()
             .unwrap_or(c.streams())
+    }
+
+    #[test]
+    fn a_stall_of_the_path_is_not_read_as_crowding() {
+        // Eight connections steady at 80 Mbit/s on a 80 ms path, then the
+        // path stops for 5 s: nothing delivered, only timeouts'
+        // retransmissions sent (every segment sent a retransmission),
+        // the RTT unchanged. Then it comes back.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 10, 80e6, 0.0, 80);
+        let before = c.streams();
+        for _ in 0..100 {
+            f.0 += 50;
+            f.2 += 2.0;
+            f.3 += 2.0;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: Some(Duration::from_millis(80)),
+                retrans: f.3 as u64,
+                segs_out: f.2 as u64,
+                remaining: None,
+            });
+        }
+        assert_eq!(c.streams(), before, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Stalled), "{:?}", c.history());
+        // Afterwards the count is judged as before the stall: never
+        // below the steady 8.
+        feed(&mut c, &mut f, 6, 80e6, 0.0, 80);
+        assert!(c.history().iter().all(|s| s.next >= 8), "{:?}", c.history());
     }
 
     #[test]
@@ -2377,6 +2443,13 @@ mod tests {
         let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
         feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
         feed_with(&mut c, &mut f, 4 * 6, 0.0, 0.0, |_| 50, Some(2_000_000));
+        assert!(most(&c) <= 16, "{:?}", c.history());
+        // Nothing delivered at all: a stall, not judged.
+        assert_eq!(last(&c), Some(Reason::Stalled), "{:?}", c.history());
+        // A trickle still delivered: judged, and too little is left.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 4, 100e6, 0.0, 50);
+        feed_with(&mut c, &mut f, 4 * 6, 5e6, 0.0, |_| 50, Some(2_000_000));
         assert!(most(&c) <= 16, "{:?}", c.history());
         assert_eq!(last(&c), Some(Reason::TooLittleLeft), "{:?}", c.history());
         // The same fall with most of the file left is a changed path:
