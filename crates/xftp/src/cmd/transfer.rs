@@ -1525,6 +1525,11 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             "check the path with `xftp ls {}/` (paths are relative to the login directory)",
             url.base()
         )),
+        // A connect is bounded by --connect-timeout, the rest by --timeout.
+        ClientError::Timeout { what, .. } if what.starts_with("a TCP connection") => Some(
+            "the server or network is not answering; raise --connect-timeout, or try --active / passive"
+                .into(),
+        ),
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; raise --timeout, or try --active / passive"
                 .into(),
@@ -1677,6 +1682,22 @@ fn finish_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connect_that_timed_out_names_connect_timeout() {
+        let url = FtpUrl::parse("ftp://h:2121/f").unwrap();
+        let t = |what: &str| {
+            let e = ClientError::Timeout {
+                what: what.into(),
+                after: Duration::from_secs(15),
+            };
+            format!("{:#}", explain(e, Op::Get, &url))
+        };
+        let connect = t("a TCP connection to 198.18.0.2:44857");
+        assert!(connect.contains("raise --connect-timeout"), "{connect}");
+        let reply = t("the reply to RETR f");
+        assert!(reply.contains("raise --timeout,"), "{reply}");
+    }
 
     #[test]
     fn parallel_accepts_1_to_64_only() {
