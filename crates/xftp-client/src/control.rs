@@ -20,6 +20,10 @@ pub struct Cmd {
     arg: Option<String>,
 }
 
+/// The longest round trip a path is taken to have: two geostationary hops
+/// and slow links take about 1.2 s. Longer is a stall, not the path.
+pub const MAX_PATH_RTT: Duration = Duration::from_secs(2);
+
 impl Cmd {
     /// A command without argument.
     pub fn bare(verb: &'static str) -> Cmd {
@@ -134,14 +138,21 @@ impl Control {
         self.peer
     }
 
-    /// The kernel's smoothed RTT of the control connection (`TCP_INFO`),
-    /// `None` when unknown.
+    /// The control connection's RTT (`TCP_INFO`): the smallest the
+    /// kernel saw where it has one, else its smoothed RTT; `None` when
+    /// unknown, or longer than any path on Earth ([`MAX_PATH_RTT`]): a
+    /// handshake that a stalled path held for seconds is the only sample
+    /// of a login whose commands went in one flight. (A start read 13 s
+    /// on an 80 ms path, began at 16 connections and quadrupled them.)
     pub fn rtt(&self) -> Option<Duration> {
         let tcp: &TcpStream = self.io.tcp();
         xftp_tune::tcpinfo::read(tcp)
             .ok()
-            .map(|i| i.rtt)
-            .filter(|r| !r.is_zero())
+            .map(|i| match i.min_rtt {
+                m if m.is_zero() => i.rtt,
+                m => m.min(i.rtt),
+            })
+            .filter(|r| !r.is_zero() && *r <= MAX_PATH_RTT)
     }
 
     /// The control connection's binding token (see

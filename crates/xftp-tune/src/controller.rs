@@ -876,10 +876,13 @@ impl Controller {
         // which says nothing of the flights.)
         // Flights paced by an outside limit say nothing of the pipe.
         let paced = self.near_ceiling(s.bytes as f64 * 8.0 / s.at.as_secs_f64().max(1e-3));
+        // (Nor far below it: then the hint was no path's RTT, but a
+        // handshake a stall held.)
         let calm = s.segs_out > 0
             && s.retrans == 0
             && !paced
-            && s.rtt.is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT));
+            && s.rtt
+                .is_some_and(|r| r <= hint.mul_f64(FLIGHT_RTT) && r >= hint / 2);
         let to = self.n.saturating_mul(4).min(self.cap);
         // Each added connection takes a record at least.
         let room = s.remaining.map_or(true, |r| {
@@ -2322,6 +2325,11 @@ mod tests {
         let (mut c, mut f) = start(400);
         feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, Some(4 << 20));
         assert_eq!(c.streams(), 16, "{:?}", c.history());
+        // Nor where the flights' RTT is far below the handshake's: that
+        // handshake was held by a stall (13 s read on an 80 ms path).
+        let (mut c, mut f) = start(8000);
+        feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 80, None);
+        assert!(most(&c) <= 32, "no fourfold: {:?}", c.history());
         // And with no handshake RTT to read the flights' against.
         let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 16));
         feed_with(&mut c, &mut f, 12, 4e6, 0.0, |_| 420, None);
