@@ -308,12 +308,10 @@ pub fn open_plain(
         .ok_or_else(|| std::io::Error::other("not a plain file"))
 }
 
-/// Seconds since the epoch of a metadata's mtime (0 if unknown).
+/// Seconds since the epoch of a metadata's mtime, negative before 1970
+/// (0 if unknown).
 pub fn mtime_secs(md: &Metadata) -> i64 {
-    md.modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs() as i64)
+    md.modified().map_or(0, xftp_proto::facts::epoch_secs)
 }
 
 /// `YYYYMMDDHHMMSS` in UTC (MDTM, MLSx `modify` fact; RFC 3659).
@@ -532,6 +530,28 @@ mod tests {
         assert_eq!(perm(dir.path(), false), "el");
         assert_eq!(perm(&dir.path().join("f"), true), "radfw");
         assert_eq!(perm(&dir.path().join("f"), false), "r");
+    }
+
+    #[test]
+    fn times_before_1970_are_told_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("old");
+        std::fs::write(&f, b"x").unwrap();
+        // 1969-12-31 23:59:59, where the file system keeps it.
+        let t = UNIX_EPOCH - std::time::Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        let md = std::fs::metadata(&f).unwrap();
+        if md.modified().unwrap() != t {
+            eprintln!("SKIP: this file system does not keep times before 1970");
+            return;
+        }
+        assert_eq!(mtime_secs(&md), -1);
+        assert_eq!(mdtm_string(mtime_secs(&md)), "19691231235959");
     }
 
     #[test]
