@@ -5,6 +5,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 
 use crate::error::ProtoError;
 
+/// Decimal digits only: Rust's integer parsing takes a leading `+`,
+/// which no address or port on the wire has.
+fn digits(t: &str) -> bool {
+    !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())
+}
+
 fn bad(verb: &'static str, reason: impl Into<String>) -> ProtoError {
     ProtoError::BadArgument {
         verb,
@@ -22,7 +28,9 @@ pub fn parse_port_arg(arg: &str) -> Result<SocketAddrV4, ProtoError> {
     for (slot, n) in b.iter_mut().zip(&nums) {
         *slot = n
             .parse::<u8>()
-            .map_err(|_| bad("PORT", format!("{n:?} is not a number from 0 to 255")))?;
+            .ok()
+            .filter(|_| digits(n))
+            .ok_or_else(|| bad("PORT", format!("{n:?} is not a number from 0 to 255")))?;
     }
     let ip = Ipv4Addr::new(b[0], b[1], b[2], b[3]);
     let port = u16::from(b[4]) << 8 | u16::from(b[5]);
@@ -62,7 +70,9 @@ pub fn parse_eprt_arg(arg: &str) -> Result<SocketAddr, ProtoError> {
     }
     let port: u16 = parts[3]
         .parse()
-        .map_err(|_| bad("EPRT", format!("bad port {:?}", parts[3])))?;
+        .ok()
+        .filter(|_| digits(parts[3]))
+        .ok_or_else(|| bad("EPRT", format!("bad port {:?}", parts[3])))?;
     let ip: IpAddr = match parts[1] {
         "1" => parts[2]
             .parse::<Ipv4Addr>()
@@ -174,8 +184,8 @@ pub fn parse_epsv_reply(text: &str) -> Result<u16, ProtoError> {
     match parts[3].parse::<u16>() {
         // Port 0 is no port: connecting to it cannot be meant.
         Ok(0) => Err(bad("EPSV", "port 0 in the reply")),
-        Ok(p) => Ok(p),
-        Err(_) => Err(bad("EPSV", format!("bad port {:?}", parts[3]))),
+        Ok(p) if digits(parts[3]) => Ok(p),
+        _ => Err(bad("EPSV", format!("bad port {:?}", parts[3]))),
     }
 }
 
@@ -219,6 +229,10 @@ mod tests {
         assert!(parse_port_arg("256,0,0,1,1,1").is_err());
         assert!(parse_port_arg("1,2,3,4,5").is_err());
         assert!(parse_port_arg("1,2,3,4,5,x").is_err());
+        // A sign is no digit (Rust's parse takes a leading `+`).
+        assert!(parse_port_arg("127,0,0,1,+4,1").is_err());
+        assert!(parse_eprt_arg("|2|::1|+49102|").is_err());
+        assert!(parse_epsv_reply("229 Entering Extended Passive Mode (|||+6446|)").is_err());
     }
 
     #[test]
