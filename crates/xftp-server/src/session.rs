@@ -2959,7 +2959,11 @@ impl Session {
                 .map_err(|e| (550, format!("{shown}: {e}")));
             }
         };
-        tokio::task::spawn_blocking(move || listing(&root, &real, kind, writable))
+        // A file named by the argument is listed as it was named
+        // (`NLST d1/a` gives `d1/a`, as `NLST d1/a*` does), so that a
+        // client fetching what the listing says gets that file.
+        let named = arg.clone();
+        tokio::task::spawn_blocking(move || listing(&root, &real, kind, writable, named.as_deref()))
             .await
             .map_err(|e| (451, e.to_string()))?
             .map_err(|e| (550, format!("{}: {e}", v.display())))
@@ -3178,7 +3182,7 @@ fn matching(
         ));
     }
     let keep = |name: &[u8]| pattern.matches_with(&xftp_proto::name::decode(name), opts);
-    let (body, unlisted) = listing_where(root, dir, kind, writable, &keep, prefix)?;
+    let (body, unlisted) = listing_where(root, dir, kind, writable, &keep, prefix, None)?;
     if body.is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -3193,8 +3197,9 @@ fn listing(
     real: &std::path::Path,
     kind: ListKind,
     writable: bool,
+    named: Option<&[u8]>,
 ) -> std::io::Result<(Vec<u8>, Unlisted)> {
-    listing_where(root, real, kind, writable, &|_| true, b"")
+    listing_where(root, real, kind, writable, &|_| true, b"", named)
 }
 
 /// [`listing`] of the entries whose names `keep` takes, each listed as
@@ -3206,6 +3211,7 @@ fn listing_where(
     writable: bool,
     keep: &dyn Fn(&[u8]) -> bool,
     prefix: &[u8],
+    named: Option<&[u8]>,
 ) -> std::io::Result<(Vec<u8>, Unlisted)> {
     use std::os::unix::ffi::OsStrExt;
     // Read through the directory as checked ([`fs::Root::stat`]).
@@ -3238,10 +3244,13 @@ fn listing_where(
         if matches!(kind, ListKind::Mlsd) {
             return Err(std::io::Error::other("Not a directory"));
         }
-        let name = real
-            .file_name()
-            .map(|n| n.as_bytes().to_vec())
-            .unwrap_or_default();
+        let name = match named {
+            Some(n) => n.to_vec(),
+            None => real
+                .file_name()
+                .map(|n| n.as_bytes().to_vec())
+                .unwrap_or_default(),
+        };
         push(&name, &md, None);
         return Ok((out, unlisted));
     }

@@ -205,6 +205,17 @@ async fn listings_and_file_management() {
     let names = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
     c.expect(226).await;
     assert_eq!(names, "\"q\" dir\r\na b.txt\r\nsub\r\n");
+    // A file named in a subdirectory comes back as named, as a pattern's
+    // matches do: a client fetches what the listing says.
+    write(&srv.dir.path().join("sub"), "in.txt", b"x");
+    for arg in ["sub/in.txt", "sub/in*"] {
+        let d = c.epsv_connect(1).await;
+        c.cmd(&format!("NLST {arg}"), 150).await;
+        let names = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
+        c.expect(226).await;
+        assert_eq!(names, "sub/in.txt\r\n", "NLST {arg}");
+    }
+    std::fs::remove_file(srv.dir.path().join("sub/in.txt")).unwrap();
     let d = c.epsv_connect(1).await;
     c.cmd("LIST -la", 150).await;
     let list = String::from_utf8(read_all(d.into_iter().next().unwrap()).await).unwrap();
