@@ -316,6 +316,9 @@ fn hash_feat(current: Algorithm) -> String {
         .join(";")
 }
 
+/// Largest file whose SIZE in TYPE A is counted (see `Session::size`).
+const ASCII_SIZE_MAX: u64 = 16 << 20;
+
 /// Whether a queued command line is one the server answers at once,
 /// without waiting on the client or the disk for long: replies before it
 /// may wait for its own. (Login, settings, queries of a name, a passive
@@ -1413,6 +1416,21 @@ impl Session {
         }
         if self.ttype == TransferType::Image {
             return self.reply(213, md.len().to_string()).await;
+        }
+        // Counting reads the whole file: a few bytes of SIZE commands
+        // (anonymous, pipelined) would cost gigabytes of reading.
+        // vsftpd and ProFTPD refuse SIZE in TYPE A outright.
+        if md.len() > ASCII_SIZE_MAX {
+            return self
+                .reply(
+                    550,
+                    format!(
+                        "{}: SIZE in TYPE A reads the whole file to count its line ends; refused over {} MiB: send TYPE I first.",
+                        v.display(),
+                        ASCII_SIZE_MAX >> 20
+                    ),
+                )
+                .await;
         }
         // RFC 3659 4: SIZE reports the bytes a transfer in the current TYPE
         // would carry, so count the CRs TYPE A adds.

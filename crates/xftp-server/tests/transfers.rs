@@ -143,6 +143,17 @@ async fn type_a_converts_both_ways() {
     c.cmd("TYPE A", 200).await;
     // SIZE in TYPE A counts the wire bytes (RFC 3659 section 4).
     assert_eq!(c.cmd("SIZE t.txt", 213).await.text(), "17");
+    // Not for a file large enough that counting is a cost: TYPE I then.
+    let big = srv.dir.path().join("big.txt");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len((16 << 20) + 1)
+        .unwrap();
+    let r = c.cmd("SIZE big.txt", 550).await;
+    assert!(r.text().contains("send TYPE I first"), "{r}");
+    c.cmd("TYPE I", 200).await;
+    assert_eq!(c.cmd("SIZE big.txt", 213).await.text(), "16777217");
+    c.cmd("TYPE A", 200).await;
     let d = c.epsv_connect(1).await;
     c.cmd("RETR t.txt", 150).await;
     assert_eq!(
