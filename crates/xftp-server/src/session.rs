@@ -1090,7 +1090,9 @@ impl Session {
                 }
             }
             match granted {
-                Some(g) => {
+                Some(want) => {
+                    // The address's budget, as for MULT.
+                    let g = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
                     self.streams = g;
                     self.reply(200, format!("Parallelism set to {g}.")).await
                 }

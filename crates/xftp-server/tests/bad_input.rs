@@ -137,6 +137,22 @@ async fn a_data_connection_past_the_maximum_is_reset_not_left_waiting() {
 }
 
 #[tokio::test]
+async fn gridftp_parallelism_counts_against_the_address_budget() {
+    let srv = start(|cfg| cfg.max_streams_per_ip = 8).await;
+    let mut a = Ctl::login(srv.addr).await;
+    let r = a.cmd("OPTS RETR Parallelism=6,6,6;", 200).await;
+    assert_eq!(r.text(), "Parallelism set to 6.");
+    // A second session from the same address gets what is left.
+    let mut b = Ctl::login(srv.addr).await;
+    let r = b.cmd("OPTS RETR Parallelism=16,16,16;", 200).await;
+    assert_eq!(r.text(), "Parallelism set to 2.");
+    // The first one's given back when it lowers its own.
+    a.cmd("OPTS RETR Parallelism=1,1,1;", 200).await;
+    let r = b.cmd("OPTS RETR Parallelism=16,16,16;", 200).await;
+    assert_eq!(r.text(), "Parallelism set to 7.");
+}
+
+#[tokio::test]
 async fn active_mode_refuses_bounce_and_privileged_ports() {
     let srv = start(|_| {}).await;
     let mut c = Ctl::login(srv.addr).await;
