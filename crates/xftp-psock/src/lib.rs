@@ -190,6 +190,22 @@ impl PsockError {
     }
 }
 
+/// TCP keepalive on a member connection: a peer that vanished (its host
+/// down, the path cut, no reset ever coming) is found out in about 40 s
+/// of silence, and the reads and writes waiting on it fail. Without it a
+/// receiver whose sender's host died waited for ever; a live peer that is
+/// merely idle answers the probes and is not disturbed.
+pub(crate) fn keepalive(tcp: &tokio::net::TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(10))
+        .with_interval(std::time::Duration::from_secs(5));
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let ka = ka.with_retries(6);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!("no TCP keepalive on a member connection: {e}");
+    }
+}
+
 impl From<PsockError> for std::io::Error {
     fn from(e: PsockError) -> Self {
         match e {

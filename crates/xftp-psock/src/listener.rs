@@ -196,6 +196,7 @@ async fn handshake(tcp: TcpStream, peer: SocketAddr, inner: &Arc<Inner>) -> Resu
         return refuse(s, Status::TooLarge).await;
     }
     let _ = s.tcp().set_nodelay(true);
+    crate::keepalive(s.tcp());
     // Claim the slot (no await while the lock is held).
     let claim = claim(inner, &hello, peer.ip());
     let generation = match claim {

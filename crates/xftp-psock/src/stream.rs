@@ -201,6 +201,7 @@ async fn open_one(
     // not wait for Nagle.
     tcp.set_nodelay(true)
         .map_err(PsockError::io("TCP_NODELAY"))?;
+    crate::keepalive(&tcp);
     let mut s = match tls {
         None => Stream::Plain(tcp),
         // The handshake's own timeout is the caller's (handshake_timeout).

@@ -284,3 +284,58 @@ fn a_slow_producer_is_not_held_back() {
     assert!(send.wait().unwrap().success());
     assert!(recv.wait().unwrap().success());
 }
+
+/// Both ends keep TCP keepalive on their connections, so that a peer
+/// whose host vanished is found out rather than waited for for ever
+/// (seen with `ss`: a keepalive timer on every established connection of
+/// the pair while it idles).
+#[test]
+fn an_idle_pair_probes_its_peer_with_keepalive() {
+    let have_ss = Command::new("ss").arg("-V").output().is_ok();
+    if !have_ss {
+        eprintln!("SKIP: no ss to look at the sockets' timers");
+        return;
+    }
+    let (mut recv, addr, _rerr) = listen("recv", &[], Stdio::null());
+    let port = addr.rsplit(':').next().unwrap().to_string();
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The sender idles on its stdin; look at both ends' sockets.
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (mut recv_side, mut send_side) = (0, 0);
+    while std::time::Instant::now() < deadline && (recv_side < 2 || send_side < 2) {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = Command::new("ss")
+            .args(["-tnoH", "state", "established"])
+            .output()
+            .unwrap();
+        seen = String::from_utf8_lossy(&out.stdout).into_owned();
+        let with_ka = |local_port_is_ours: bool| {
+            seen.lines()
+                .filter(|l| l.contains("keepalive"))
+                .filter(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let (local, peer) = (f.get(2).copied(), f.get(3).copied());
+                    let ours = format!(":{port}");
+                    if local_port_is_ours {
+                        local.is_some_and(|a| a.ends_with(&ours))
+                    } else {
+                        peer.is_some_and(|a| a.ends_with(&ours))
+                    }
+                })
+                .count()
+        };
+        recv_side = with_ka(true);
+        send_side = with_ka(false);
+    }
+    drop(send.stdin.take());
+    let _ = send.wait();
+    let _ = recv.wait();
+    assert!(recv_side >= 2 && send_side >= 2, "{seen}");
+}
