@@ -109,10 +109,10 @@ pub enum ClientError {
         after: Duration,
     },
     /// Reading or writing the control connection failed.
-    #[error("control connection: {0}")]
+    #[error("control connection: {}", xftp_tls::io_text(.0))]
     ControlIo(#[source] std::io::Error),
     /// Reading or writing a data connection failed.
-    #[error("data connection: {0}")]
+    #[error("data connection: {}", xftp_tls::io_text(.0))]
     DataIo(#[source] std::io::Error),
     /// A local file could not be read, created or renamed.
     #[error("{}: {source}", .path.display())]

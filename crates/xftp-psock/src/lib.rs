@@ -186,7 +186,10 @@ pub enum PsockError {
 
 impl PsockError {
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Self {
-        move |source| Self::Io { context, source }
+        move |source| Self::Io {
+            context,
+            source: xftp_tls::plain_io_error(source),
+        }
     }
 }
 

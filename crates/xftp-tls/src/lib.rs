@@ -118,6 +118,36 @@ pub fn handshake_cut_by_network(e: &std::io::Error) -> bool {
         )
 }
 
+/// What a reader says of a peer that closed its TCP connection without
+/// TLS's close_notify, in place of rustls's text (which points to its own
+/// manual): the peer stopped, crashed or was cut off.
+pub const UNCLEAN_CLOSE: &str =
+    "closed without TLS's close_notify: the peer stopped, crashed or was cut off";
+
+/// Whether `e` is rustls's report of a close without close_notify.
+pub fn is_unclean_close(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::UnexpectedEof && e.to_string().contains("close_notify")
+}
+
+/// `e`'s text, with [`UNCLEAN_CLOSE`] for a close without close_notify.
+pub fn io_text(e: &std::io::Error) -> String {
+    if is_unclean_close(e) {
+        UNCLEAN_CLOSE.to_string()
+    } else {
+        e.to_string()
+    }
+}
+
+/// `e`, or for a close without close_notify the same kind with
+/// [`UNCLEAN_CLOSE`] as its text.
+pub fn plain_io_error(e: std::io::Error) -> std::io::Error {
+    if is_unclean_close(&e) {
+        std::io::Error::new(std::io::ErrorKind::UnexpectedEof, UNCLEAN_CLOSE)
+    } else {
+        e
+    }
+}
+
 /// A handshake error as a sentence that names the cause and, where there is
 /// one, the fix. `role` is what the local end was doing ("TLS handshake on
 /// the control connection", ...).

@@ -345,3 +345,29 @@ fn a_certificate_out_of_its_dates_is_said_when_loaded() {
     let tls = ServerTls::load(&fine.cert, &fine.key).unwrap();
     assert_eq!(tls.validity_warning(now), None);
 }
+
+#[tokio::test]
+async fn a_peer_gone_without_close_notify_is_said_plainly() {
+    let p = pki(&["localhost"]);
+    let server = ServerTls::load(&p.cert, &p.key).unwrap();
+    let cfg = ClientTlsConfig {
+        cacert: Some(p.cert.clone()),
+        insecure: false,
+    };
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sess = server.session(2).unwrap();
+    let client = ClientTls::new(&cfg, "localhost").unwrap();
+    let (mut ctl, sctl) = control(&client, &sess, &l).await;
+    // The server's process dies: its TCP connection closes, no TLS alert.
+    let tcp: &tokio::net::TcpStream = sctl.tcp();
+    // SAFETY: shutdown(2) on a descriptor the stream owns and keeps open.
+    let r = unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(tcp), libc::SHUT_RDWR) };
+    assert_eq!(r, 0);
+    let mut buf = [0u8; 8];
+    let e = ctl.read(&mut buf).await.unwrap_err();
+    assert!(xftp_tls::is_unclean_close(&e), "{e}");
+    assert_eq!(xftp_tls::io_text(&e), xftp_tls::UNCLEAN_CLOSE);
+    let plain = xftp_tls::plain_io_error(e);
+    assert!(!plain.to_string().contains("docs.rs"), "{plain}");
+    drop(sctl);
+}

@@ -188,6 +188,7 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         let mut stdin = tokio::io::stdin();
         pump(&mut stdin, s, &mut bytes)
             .await
+            .map_err(xftp_tls::plain_io_error)
             .context("sending stdin")?;
         s.shutdown().await.context("finishing the stream")?;
         // Wait for the receiver's end-of-stream: it closes only after
@@ -195,6 +196,7 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         let mut extra = Vec::new();
         s.read_to_end(&mut extra)
             .await
+            .map_err(xftp_tls::plain_io_error)
             .context("waiting for the receiver's confirmation")?;
         // An `xftp recv` sends nothing back: data from the peer means it
         // sent too, and neither stream went anywhere.
@@ -224,6 +226,7 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
         let mut stdout = tokio::io::stdout();
         pump(s, &mut stdout, &mut bytes)
             .await
+            .map_err(xftp_tls::plain_io_error)
             .context("receiving the stream")?;
         stdout.flush().await.context("writing stdout")?;
         // Confirms to the sender that everything arrived.
