@@ -38,6 +38,21 @@ async fn pair(l: &TcpListener) -> (TcpStream, TcpStream) {
     (a, b)
 }
 
+/// A certificate for localhost, a client that trusts it, one control
+/// session's TLS handing out `tickets`, and a listener for the pairs.
+async fn setup(tickets: usize) -> (Pki, ClientTls, xftp_tls::server::SessionTls, TcpListener) {
+    let p = pki(&["localhost"]);
+    let server = ServerTls::load(&p.cert, &p.key).unwrap();
+    let cfg = ClientTlsConfig {
+        cacert: Some(p.cert.clone()),
+        insecure: false,
+    };
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sess = server.session(tickets).unwrap();
+    let client = ClientTls::new(&cfg, "localhost").unwrap();
+    (p, client, sess, l)
+}
+
 /// A control connection: handshake, then one exchange so the client reads
 /// the session tickets that follow the handshake.
 async fn control(
@@ -348,15 +363,7 @@ fn a_certificate_out_of_its_dates_is_said_when_loaded() {
 
 #[tokio::test]
 async fn a_peer_gone_without_close_notify_is_said_plainly() {
-    let p = pki(&["localhost"]);
-    let server = ServerTls::load(&p.cert, &p.key).unwrap();
-    let cfg = ClientTlsConfig {
-        cacert: Some(p.cert.clone()),
-        insecure: false,
-    };
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let sess = server.session(2).unwrap();
-    let client = ClientTls::new(&cfg, "localhost").unwrap();
+    let (_p, client, sess, l) = setup(2).await;
     let (mut ctl, sctl) = control(&client, &sess, &l).await;
     // The server's process dies: its TCP connection closes, no TLS alert.
     let tcp: &tokio::net::TcpStream = sctl.tcp();
