@@ -479,6 +479,8 @@ fn open_host_port_then_user_logs_in_where_anonymous_is_refused() {
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("refuses anonymous logins"), "{err}");
+    // Said with its line, as a script's failures are, though no failure.
+    assert!(err.contains("xftp: line 1: "), "{err}");
     assert!(err.contains("as alice"), "{err}");
     assert_eq!(std::fs::read(local.join("f")).unwrap(), b"alice's");
     // A wrong password is still a failure, and `user` may be tried again.

@@ -418,6 +418,8 @@ struct Shell {
     /// The words of the line running, as glob patterns
     /// ([`words::split_patterns`]): what mget and mput match.
     patterns: Vec<String>,
+    /// The script line running (0: the URL given on the command line).
+    lineno: u64,
 }
 
 /// Run the shell; exits with 0 after `quit` or the end of the input.
@@ -455,6 +457,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
         progress: Progress::new(),
         interrupt: CancellationToken::new(),
         patterns: Vec::new(),
+        lineno: 0,
     };
     let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
     if let Some(url) = a.url {
@@ -494,6 +497,7 @@ pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
             }
         };
         lineno += 1;
+        sh.lineno = lineno;
         // Each word also as a glob pattern, for mget and mput.
         sh.patterns = words::split_patterns(&line).unwrap_or_default();
         let words = match words::split(&line) {
@@ -884,7 +888,11 @@ impl Shell {
                 if anonymous {
                     // As ftp(1): the server is reached, the login is the
                     // next step, and a script's `user` line comes next.
-                    eprintln!("xftp: {e:#}");
+                    let at = match (self.interactive, self.lineno) {
+                        (false, n) if n > 0 => format!("line {n}: "),
+                        _ => String::new(),
+                    };
+                    eprintln!("xftp: {at}{e:#}");
                     return Ok(());
                 }
                 return Err(e);
