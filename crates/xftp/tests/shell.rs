@@ -906,3 +906,33 @@ fn assert_no_partials(dirs: &[&Path]) {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[test]
+fn lcd_reads_a_tilde_as_home() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join("sub")).unwrap();
+    let out = Command::new(XFTP)
+        .arg("shell")
+        .current_dir(dir.path())
+        .env("HOME", &home)
+        .env("XDG_CACHE_HOME", dir.path().join("cache"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(b"lcd ~/sub\nlpwd\nlcd ~\nlpwd\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let o = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<&str> = o.lines().collect();
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+    assert_eq!(lines, [canon(&home.join("sub")), canon(&home)], "{o}");
+}

@@ -142,7 +142,7 @@ const COMMANDS: &[Help] = &[
     Help {
         names: &["lcd"],
         args: "[DIR]",
-        about: "change the local directory (default: your home)",
+        about: "change the local directory (default: your home; ~ and ~/ as in a shell)",
     },
     Help {
         names: &["pwd"],
@@ -661,11 +661,18 @@ impl Shell {
             }
             "lcd" => {
                 want(0, 1)?;
-                let dir = match args.first() {
-                    Some(d) => PathBuf::from(d),
-                    None => std::env::var_os("HOME")
+                let home = || {
+                    std::env::var_os("HOME")
                         .map(PathBuf::from)
-                        .context("HOME is not set — give the directory: lcd DIR")?,
+                        .context("HOME is not set — give the directory: lcd DIR")
+                };
+                // `~` and `~/...` as a shell reads them.
+                let dir = match args.first().map(String::as_str) {
+                    None | Some("~") => home()?,
+                    Some(d) => match d.strip_prefix("~/") {
+                        Some(rest) => home()?.join(rest),
+                        None => PathBuf::from(d),
+                    },
                 };
                 std::env::set_current_dir(&dir)
                     .with_context(|| format!("cannot change to {}", dir.display()))?;
