@@ -316,6 +316,8 @@ fn the_first_failing_command_ends_the_script() {
         ("mget *.nothing\n", "no remote file matches"),
         ("mput *.nothing\n", "no local file matches"),
         ("rename onlyone\n", "usage: rename FROM TO"),
+        // No blank after a command that takes nothing.
+        ("pwd extra\n", "usage: pwd\n"),
         ("mult 65\n", "mult:"),
         ("cd \"unclosed\n", "unclosed"),
     ] {

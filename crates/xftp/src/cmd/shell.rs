@@ -634,7 +634,7 @@ impl Shell {
         let name = h.names[0];
         let want = |lo: usize, hi: usize| -> anyhow::Result<()> {
             if args.len() < lo || args.len() > hi {
-                anyhow::bail!("usage: {name} {}", h.args);
+                anyhow::bail!("usage: {}", format!("{name} {}", h.args).trim_end());
             }
             Ok(())
         };
