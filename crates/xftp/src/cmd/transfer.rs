@@ -504,10 +504,23 @@ pub struct BufArg(pub Option<u64>);
 pub(crate) fn parse_bufsize_arg(s: &str) -> Result<BufArg, String> {
     match xftp_proto::parse_bufsize("--bufsize", s) {
         Ok(xftp_proto::BufSize::Auto) => Ok(BufArg(None)),
+        // What a socket can be given at all (Linux keeps at least about
+        // 2 KiB, and its limits are ints): outside it, the request was
+        // surely mistyped.
+        Ok(xftp_proto::BufSize::Bytes(n)) if n < BUFSIZE_MIN => Err(format!(
+            "{s:?} is under the 2 KiB a socket buffer holds at least (give bytes, or k/M/G: 64k, 4M)"
+        )),
+        Ok(xftp_proto::BufSize::Bytes(n)) if n > BUFSIZE_MAX => Err(format!(
+            "{s:?} is over the 1 GiB any kernel gives a socket buffer (give bytes, or k/M/G: 64k, 4M)"
+        )),
         Ok(xftp_proto::BufSize::Bytes(n)) => Ok(BufArg(Some(n))),
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// The range of `--bufsize` (and the shell's `bufsize`).
+const BUFSIZE_MIN: u64 = 2 << 10;
+const BUFSIZE_MAX: u64 = 1 << 30;
 
 /// The result of one command, rendered after the fact.
 #[derive(Debug, Serialize)]
@@ -1718,6 +1731,10 @@ mod tests {
         assert_eq!(parse_bufsize_arg("4M"), Ok(BufArg(Some(4 << 20))));
         assert_eq!(parse_bufsize_arg("1G"), Ok(BufArg(Some(1 << 30))));
         assert!(parse_bufsize_arg("big").is_err());
+        // Surely mistyped: under what a socket holds, over what it gets.
+        assert!(parse_bufsize_arg("1").unwrap_err().contains("2 KiB"));
+        assert!(parse_bufsize_arg("5G").unwrap_err().contains("1 GiB"));
+        assert_eq!(parse_bufsize_arg("2k"), Ok(BufArg(Some(2048))));
     }
 
     #[test]
