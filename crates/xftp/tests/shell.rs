@@ -318,6 +318,7 @@ fn the_first_failing_command_ends_the_script() {
         ("rename onlyone\n", "usage: rename FROM TO"),
         // No blank after a command that takes nothing.
         ("pwd extra\n", "usage: pwd\n"),
+        ("bufsize 1\n", "bufsize: \"1\" is under the 2 KiB"),
         ("mult 65\n", "mult:"),
         ("cd \"unclosed\n", "unclosed"),
     ] {

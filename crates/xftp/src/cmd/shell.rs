@@ -766,13 +766,14 @@ impl Shell {
             }
             "bufsize" => {
                 want(0, 1)?;
-                let b = match xftp_proto::parse_bufsize(
-                    "bufsize",
-                    args.first().map_or("auto", String::as_str),
-                )? {
-                    xftp_proto::BufSize::Auto => None,
-                    xftp_proto::BufSize::Bytes(n) => Some(n),
-                };
+                let b = parse_bufsize_arg(args.first().map_or("auto", String::as_str))
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "bufsize: {}",
+                            e.replace("invalid argument for --bufsize: ", "")
+                        )
+                    })?
+                    .0;
                 if self.set.bufsize != b {
                     self.set.bufsize = b;
                     self.changed("bufsize");
