@@ -319,6 +319,8 @@ fn the_first_failing_command_ends_the_script() {
         // No blank after a command that takes nothing.
         ("pwd extra\n", "usage: pwd\n"),
         ("bufsize 1\n", "bufsize: \"1\" is under the 2 KiB"),
+        ("get \"\"\n", "an empty name"),
+        ("get f nodir/\n", "nodir/ does not exist as a directory"),
         ("mult 65\n", "mult:"),
         ("cd \"unclosed\n", "unclosed"),
     ] {

@@ -1144,6 +1144,9 @@ impl Shell {
         local: Option<PathBuf>,
         resume: bool,
     ) -> anyhow::Result<u64> {
+        if remote.is_empty() {
+            anyhow::bail!("an empty name — give the remote file's name (see `ls`)");
+        }
         let name = base_name(remote).ok_or_else(|| {
             anyhow::anyhow!(
                 "{remote} names a directory, not a file — give a file's name (see `ls`)"
@@ -1152,6 +1155,11 @@ impl Shell {
         let target = match local {
             None => xftp_proto::name::to_path(name),
             Some(p) if p.is_dir() => p.join(xftp_proto::name::to_path(name)),
+            // As `xftp get` says it.
+            Some(p) if p.as_os_str().as_encoded_bytes().ends_with(b"/") => anyhow::bail!(
+                "{} does not exist as a directory — make it first, or drop the trailing / to name the file",
+                p.display()
+            ),
             Some(p) => p,
         };
         // The sessions of a ranged download (a server without MULT) log in
