@@ -3094,7 +3094,18 @@ impl Session {
                 return self.reply(c, format!("{}: {t}.", v.display())).await;
             }
         };
-        let facts = fs::mlsx_facts(&md, self.may_write(), None);
+        // A link to a directory is a link, as MLSD lists it (a client's
+        // `rm -r` of it must not recurse into what it leads to).
+        let link = md.is_dir()
+            && v.file_name().is_some()
+            && self
+                .root
+                .entry(&v)
+                .ok()
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .is_some_and(|m| m.file_type().is_symlink());
+        let kind = link.then_some("OS.unix=symlink");
+        let facts = fs::mlsx_facts(&md, self.may_write(), kind);
         let lines = vec![
             format!("Listing {}", v.display()),
             format!("{facts}{}", v.display()),

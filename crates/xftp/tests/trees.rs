@@ -745,6 +745,11 @@ fn links_to_directories_are_listed_as_links() {
     assert_eq!(unique(&facts("lnk")), unique(&facts("real")), "{mlsd}");
     assert!(unique(&facts("real")).is_some(), "{mlsd}");
     assert!(facts("alink").starts_with("type=file;"), "{mlsd}");
+    // MLST of the link says the same as MLSD; of the directory, `dir`.
+    let link = c.cmd("MLST top/lnk").to_ascii_lowercase();
+    assert!(link.contains(" type=os.unix=symlink;"), "{link}");
+    let real = c.cmd("MLST top/real").to_ascii_lowercase();
+    assert!(real.contains(" type=dir;"), "{real}");
 
     // What a recursive delete does with an `l` entry: DELE of the link.
     assert!(c.cmd("RMD top/lnk").starts_with("550"));
