@@ -1393,6 +1393,16 @@ impl Client {
         if !(f.mode_e && f.mult) {
             return Err(ClientError::UploadResumeUnsupported);
         }
+        // A name no common file system holds (255 bytes on Linux and the
+        // BSDs, 255 UTF-16 units on Windows and macOS): the whole upload
+        // would go into the partial and fail at its rename.
+        let last = remote.rsplit('/').next().unwrap_or(remote);
+        if last.encode_utf16().count() > NAME_MAX_UNITS {
+            return Err(ClientError::Usage(format!(
+                "the remote name is {} characters long: no common file system holds more than {NAME_MAX_UNITS} in one name; give a shorter one",
+                last.chars().count()
+            )));
+        }
         let tmp = temp_remote_name(remote);
         // What the server holds of an earlier attempt, and of the target
         // (in the same round trip).
@@ -3784,6 +3794,10 @@ fn rest_set(have: &xftp_stripe::ranges::RangeSet) -> xftp_stripe::ranges::RangeS
     }
     told
 }
+
+/// The longest file name the common file systems hold, in UTF-16 units
+/// (bytes, for ASCII names).
+const NAME_MAX_UNITS: usize = 255;
 
 /// `dir/.NAME.xftp-part` for `dir/NAME`: where a verified upload lands
 /// until its checksum matched.

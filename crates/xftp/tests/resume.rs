@@ -496,6 +496,17 @@ fn resumable_uploads_on_the_server_refuse_bad_input() {
     assert!(c.cmd("REST 0-5").starts_with("350"));
     assert!(c.cmd("STOR q").starts_with("504"));
     assert!(c.cmd("NOOP").starts_with("200"));
+    // A name no file system holds is refused before anything is sent
+    // (it went whole into the partial and failed at the rename).
+    let local = tempfile::tempdir().unwrap();
+    write_prng_file(&local.path().join("u.bin"), 300_000, 3);
+    let long = "c".repeat(256);
+    let url = format!("ftp://127.0.0.1:{}/{long}", srv.port);
+    let out = xftp(&["put", "-c", "u.bin", &url], local.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("256 characters long"), "{err}");
+    assert_eq!(leftovers(dir.path()), Vec::<String>::new());
 }
 
 /// A MODE E block: descriptor, count and offset (big-endian), payload.
