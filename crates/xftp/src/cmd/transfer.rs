@@ -1520,6 +1520,12 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             (426, _) if e.to_string().contains("source ended at") => Some(format!(
                 "the file shrank on the server during the transfer{nk}; run it again when it is complete"
             )),
+            // xftp serve's words when a newer upload of the partial took
+            // over (another `put -c` of the same file): no network fault.
+            (426, _) if e.to_string().contains("took over") => Some(
+                "another upload of the same file took over this one (a second `xftp put -c`?); let that one finish"
+                    .into(),
+            ),
             (425 | 426, _) => Some(
                 "the data connection failed; try --active (or drop it), or check firewalls".into(),
             ),
@@ -1695,6 +1701,21 @@ fn finish_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upload_taken_over_is_not_told_to_try_active() {
+        let url = FtpUrl::parse("ftp://h:2121/f").unwrap();
+        let e = ClientError::Reply {
+            command: "STOR .f.xftp-part".into(),
+            code: 426,
+            text: "Transfer aborted: a newer upload of this file took over.".into(),
+        };
+        let m = format!("{:#}", explain(e, Op::Put, &url));
+        assert!(
+            m.contains("another upload of the same file") && !m.contains("--active"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn a_connect_that_timed_out_names_connect_timeout() {
