@@ -283,6 +283,53 @@ fn gridftp_parallel_download_leaves_the_session_usable() {
     assert_eq!(sha256_file(&srv.join("up.bin")), want);
 }
 
+/// The shell against globus-gridftp-server: `mult 4` connects again,
+/// and the login lands where it did (anonymous: a PWD of `/nonexistent`
+/// that CWD refuses, so no CWD back to it); get and put then go over
+/// GridFTP's parallelism.
+#[test]
+fn the_shell_reconnects_to_a_login_directory_it_cannot_cwd_into() {
+    if !usable("the_shell_reconnects_to_a_login_directory_it_cannot_cwd_into") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    write_prng_file(&srv.join("a.bin"), 2_000_003, 92);
+    let server = start(&tmp.path().join("gridftp.log"));
+    let got = tmp.path().join("got.bin");
+    let script = format!(
+        "mult 4\nget /{src} {got}\nput {got} /{up}\n",
+        src = srv.join("a.bin").display(),
+        got = got.display(),
+        up = srv.join("up.bin").display(),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["shell", &format!("ftp://127.0.0.1:{}/", server.port)])
+        .current_dir(tmp.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("4 connections"), "{err}");
+    assert_eq!(sha256_file(&got), sha256_file(&srv.join("a.bin")));
+    assert_eq!(
+        sha256_file(&srv.join("up.bin")),
+        sha256_file(&srv.join("a.bin"))
+    );
+}
+
 #[test]
 fn a_cut_download_resumes_over_gridftp_parallelism() {
     if !usable("a_cut_download_resumes_over_gridftp_parallelism") {

@@ -375,6 +375,10 @@ struct Conn {
     client: Option<Client>,
     /// The remote directory (from PWD), restored on a new connection.
     cwd: Option<String>,
+    /// Where a login lands (PWD right after it): a new connection is
+    /// there already. (GridFTP's anonymous user lands in a PWD of
+    /// `/nonexistent` that CWD refuses.)
+    home: Option<String>,
     /// Settings changed since `client` connected.
     stale: Vec<&'static str>,
     /// Connections used by the last transfer, for `status`.
@@ -912,6 +916,7 @@ impl Shell {
             password,
             client: None,
             cwd: None,
+            home: cwd.clone(),
             stale: Vec::new(),
             last_streams: None,
             url,
@@ -1018,6 +1023,7 @@ impl Shell {
         }
         conn.user = Some(name.to_string());
         conn.password = Some(password);
+        conn.home = cwd.clone();
         conn.cwd = cwd;
         conn.stale.clear();
         eprintln!(
@@ -1063,7 +1069,7 @@ impl Shell {
                 conn.password.as_deref(),
             )
             .await?;
-            if let Some(d) = &conn.cwd {
+            if let Some(d) = conn.cwd.as_ref().filter(|d| Some(*d) != conn.home.as_ref()) {
                 change_dir(&mut c, d)
                     .await
                     .map_err(|e| explain(e, Op::Cd, &authority))
