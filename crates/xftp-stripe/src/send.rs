@@ -706,8 +706,15 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
     }
     match outcome {
         Some(Ok(Ended::Lost)) => {
-            if let Some(e) = sh.lock().endgame.as_mut() {
-                e.probes[idx] = None;
+            // (The probes are cleared once the transfer has ended, which
+            // this connection's task may outlive.)
+            if let Some(p) = sh
+                .lock()
+                .endgame
+                .as_mut()
+                .and_then(|e| e.probes.get_mut(idx))
+            {
+                *p = None;
             }
             Ok(None)
         }
@@ -732,7 +739,7 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
                 .lock()
                 .endgame
                 .as_mut()
-                .and_then(|e| e.probes[idx].take());
+                .and_then(|e| e.probes.get_mut(idx).and_then(Option::take));
             if let Some(p) = probe {
                 p.reset_on_close();
             }
