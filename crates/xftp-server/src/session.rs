@@ -1881,6 +1881,16 @@ impl Session {
         &mut self,
         work: impl std::future::Future<Output = T>,
     ) -> std::io::Result<Option<T>> {
+        // An ABOR sent with the command, in the same segment, was read
+        // already: it is among the queued lines, not on the socket.
+        let abor = self.queued.iter().position(|l| {
+            l.as_ref()
+                .is_ok_and(|l| Command::verb_of(l).eq_ignore_ascii_case("ABOR"))
+        });
+        if let Some(i) = abor {
+            self.queued.remove(i);
+            return Ok(None);
+        }
         tokio::pin!(work);
         let mut buf = [0u8; 4096];
         loop {

@@ -312,6 +312,19 @@ async fn abor_before_the_data_connection_ends_the_wait() {
         assert!(r.text().contains("before its data connection"), "{r}");
     }
     assert!(!srv.dir.path().join("g").exists());
+    // ABOR in the same segment as the command (read already with it).
+    c.cmd("EPSV", 229).await;
+    let t = std::time::Instant::now();
+    c.send_raw(b"RETR f\r\nABOR\r\nNOOP\r\n").await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        c.expect(150).await;
+        c.expect(426).await;
+        c.expect(226).await;
+        c.expect(200).await;
+    })
+    .await
+    .expect("a pipelined ABOR answered before the data timeout");
+    assert!(t.elapsed() < Duration::from_secs(10));
     // A command sent while the server waits is run after the transfer.
     let d = c.epsv_connect(1).await;
     c.cmd("RETR f", 150).await;
