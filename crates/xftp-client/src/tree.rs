@@ -799,7 +799,9 @@ async fn put_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
 /// copy's own `-c` keeps `NAME`'s partial and record, and be removed
 /// when `NAME` completes.
 fn is_resume_file(name: &str) -> bool {
-    name.starts_with('.') && (name.ends_with(".xftp-part") || name.ends_with(".xftp-part.ranges"))
+    // `.` + a NAME of one byte at least + the suffix.
+    let named = |suffix: &str| name.len() > suffix.len() + 1 && name.ends_with(suffix);
+    name.starts_with('.') && (named(".xftp-part") || named(".xftp-part.ranges"))
 }
 
 /// Upload the tree under `local` (a directory) to `remote` (created).
