@@ -1526,6 +1526,12 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 "another upload of the same file took over this one (a second `xftp put -c`?); let that one finish"
                     .into(),
             ),
+            // xftp serve's words when its --stall-timeout ended a data
+            // connection that moved nothing (the path stalled).
+            (426, _) if e.to_string().contains("no data moved for") => Some(format!(
+                "the server gave up on a data connection that moved nothing for that long (its --stall-timeout): the path stalled{nk}; run it again{}",
+                if matches!(op, Op::Get | Op::Put) { " with -c" } else { "" }
+            )),
             (425 | 426, _) => Some(
                 "the data connection failed; try --active (or drop it), or check firewalls".into(),
             ),
@@ -1713,6 +1719,21 @@ mod tests {
         let m = format!("{:#}", explain(e, Op::Put, &url));
         assert!(
             m.contains("another upload of the same file") && !m.contains("--active"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_stall_the_server_gave_up_on_is_not_told_to_try_active() {
+        let url = FtpUrl::parse("ftp://h:2121/f").unwrap();
+        let e = ClientError::Reply {
+            command: "RETR f".into(),
+            code: 426,
+            text: "Connection closed; transfer aborted: no data moved for 120 s".into(),
+        };
+        let m = format!("{:#}", explain(e, Op::Get, &url));
+        assert!(
+            m.contains("the path stalled") && !m.contains("--active"),
             "{m}"
         );
     }
