@@ -31,6 +31,12 @@ pub struct PathRecord {
     pub throughput_bps: f64,
     /// Bytes moved (0 for a probe).
     pub bytes: u64,
+    /// An upload (`true`) or a download (`false`); unknown for a probe
+    /// and in files written before it was kept. A path's two directions
+    /// can differ (an asymmetric link): a count is taken from its own
+    /// direction's records, or from those that do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<bool>,
 }
 
 /// Errors saving the cache (loading never fails: a bad cache is ignored).
@@ -149,9 +155,19 @@ impl Cache {
     /// three runs of 32 connections took 3.7 s against 6.1 and 7.6, and made
     /// 32 the "best" where 8 ran at 4.0-4.2 s every time), and of counts
     /// within 5 % of the fastest median, the smallest.
-    pub fn best(&self, dest: &str, max_age: Duration) -> Option<(u32, f64)> {
+    /// `upload`: only records of that direction (and those that do not
+    /// say); `None`, all.
+    pub fn best(&self, dest: &str, max_age: Duration, upload: Option<bool>) -> Option<(u32, f64)> {
         let mut by_count: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
-        for r in self.fresh(dest, max_age) {
+        let this_way = |r: &PathRecord| match (upload, r.upload) {
+            (Some(want), Some(was)) => want == was,
+            _ => true,
+        };
+        for r in self
+            .fresh(dest, max_age)
+            .into_iter()
+            .filter(|r| this_way(r))
+        {
             if r.throughput_bps > 0.0 && r.streams > 0 {
                 by_count
                     .entry(r.streams)
@@ -424,6 +440,7 @@ mod tests {
                                 streams: 4,
                                 throughput_bps: 1e6,
                                 bytes: 1 << 20,
+                                upload: None,
                             },
                         );
                         c.save().unwrap();
@@ -453,6 +470,7 @@ mod tests {
                             streams: 4,
                             throughput_bps: 1e6,
                             bytes: 1 << 20,
+                            upload: None,
                         };
                         Cache::record_at(&p, &format!("h{t}:21"), rec).unwrap();
                     }
@@ -482,6 +500,7 @@ mod tests {
             streams: 4,
             throughput_bps: 1e6,
             bytes: 1,
+            upload: None,
         };
         let t = std::time::Instant::now();
         let e = Cache::record_at(&p, "h:21", rec.clone())
@@ -510,6 +529,7 @@ mod tests {
                 streams: 8,
                 throughput_bps: 80e6,
                 bytes: 1 << 30,
+                upload: None,
             },
         );
         c.record(
@@ -520,6 +540,7 @@ mod tests {
                 streams: 4,
                 throughput_bps: 40e6,
                 bytes: 1 << 30,
+                upload: None,
             },
         );
         c.record(
@@ -530,14 +551,15 @@ mod tests {
                 streams: 64,
                 throughput_bps: 900e6,
                 bytes: 1,
+                upload: None,
             },
         );
         c.save().unwrap();
         let c = Cache::load(&p);
         let day = Duration::from_secs(86_400);
-        assert_eq!(c.best("h:21", day), Some((8, 80e6)));
+        assert_eq!(c.best("h:21", day, None), Some((8, 80e6)));
         assert_eq!(c.rtt("h:21", day), Some(Duration::from_micros(90_000)));
-        assert_eq!(c.best("other:21", day), None);
+        assert_eq!(c.best("other:21", day, None), None);
         // From a day ahead: not a measurement of this path's present.
         let mut ahead = Cache::in_memory();
         ahead.record(
@@ -548,9 +570,10 @@ mod tests {
                 streams: 64,
                 throughput_bps: 900e6,
                 bytes: 1,
+                upload: None,
             },
         );
-        assert_eq!(ahead.best("h:21", day), None);
+        assert_eq!(ahead.best("h:21", day, None), None);
         // Within 5 % of the best, the smallest count wins.
         let mut c = c;
         c.record(
@@ -561,9 +584,10 @@ mod tests {
                 streams: 6,
                 throughput_bps: 77e6,
                 bytes: 1 << 30,
+                upload: None,
             },
         );
-        assert_eq!(c.best("h:21", day), Some((6, 77e6)));
+        assert_eq!(c.best("h:21", day, None), Some((6, 77e6)));
         // Each count by the median of its records: one lucky run of 32
         // among slow ones does not make 32 the best.
         let thirty_two = |c: &mut Cache, t: f64| {
@@ -575,21 +599,52 @@ mod tests {
                     streams: 32,
                     throughput_bps: t,
                     bytes: 1 << 30,
+                    upload: None,
                 },
             )
         };
         for t in [130e6, 60e6, 50e6] {
             thirty_two(&mut c, t);
         }
-        assert_eq!(c.best("h:21", day), Some((6, 77e6)));
+        assert_eq!(c.best("h:21", day, None), Some((6, 77e6)));
         for t in [120e6, 125e6] {
             thirty_two(&mut c, t);
         }
         // Now its median (120 of 50, 60, 120, 125, 130) is the fastest.
-        assert_eq!(c.best("h:21", day), Some((32, 120e6)));
+        assert_eq!(c.best("h:21", day, None), Some((32, 120e6)));
         // A corrupt file is an empty cache, not an error.
         std::fs::write(&p, b"{not json").unwrap();
-        assert_eq!(Cache::load(&p).best("h:21", day), None);
+        assert_eq!(Cache::load(&p).best("h:21", day, None), None);
+    }
+
+    #[test]
+    fn each_direction_takes_its_own_best() {
+        // An asymmetric path: downloads fast on 16, uploads on a narrow
+        // uplink best on 2.
+        let mut c = Cache::in_memory();
+        let now = now_secs();
+        let rec = |streams, bps, upload| PathRecord {
+            when: now,
+            rtt_us: 100_000,
+            streams,
+            throughput_bps: bps,
+            bytes: 1 << 24,
+            upload,
+        };
+        c.record("h:21", rec(16, 61e6, Some(false)));
+        c.record("h:21", rec(2, 1.95e6, Some(true)));
+        let day = Duration::from_secs(86_400);
+        assert_eq!(c.best("h:21", day, Some(false)), Some((16, 61e6)));
+        assert_eq!(c.best("h:21", day, Some(true)), Some((2, 1.95e6)));
+        assert_eq!(c.best("h:21", day, None), Some((16, 61e6)));
+        // A record that does not say (an older file) counts for both.
+        c.record("h:21", rec(8, 90e6, None));
+        assert_eq!(c.best("h:21", day, Some(true)), Some((8, 90e6)));
+        // And the field stays out of files where it is unknown.
+        let text = serde_json::to_string(&rec(1, 1.0, None)).unwrap();
+        assert!(!text.contains("upload"), "{text}");
+        let back: PathRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.upload, None);
     }
 
     #[test]
@@ -602,6 +657,7 @@ mod tests {
             streams: 4,
             throughput_bps: 1e8,
             bytes: 1 << 20,
+            upload: None,
         };
         c.record("old:21", rec(now - 30 * 86400));
         c.record("kept:21", rec(now - 3600));
@@ -634,6 +690,7 @@ mod tests {
                     streams: 1,
                     throughput_bps: 1.0,
                     bytes: 1,
+                    upload: None,
                 },
             );
         }

@@ -104,7 +104,7 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
 
 async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
     let url = FtpUrl::parse(&a.url)?;
-    let mut client = session(&url, &a.common, None, None).await?;
+    let mut client = session(&url, &a.common, None, None, None).await?;
     let feat = client
         .features()
         .await
@@ -124,7 +124,7 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
         .as_ref()
         .map(|c| c.fresh(&key, CACHE_AGE).into_iter().cloned().collect())
         .unwrap_or_default();
-    let best = cache.as_ref().and_then(|c| c.best(&key, CACHE_AGE));
+    let best = cache.as_ref().and_then(|c| c.best(&key, CACHE_AGE, None));
     let rtt = tcp_rtt.or(Some(median));
     let (n, reason, adaptive) = if feat.mult {
         let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, best, 32);
@@ -172,6 +172,7 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
             streams: 0,
             throughput_bps: 0.0,
             bytes: 0,
+            upload: None,
         },
     );
     Ok(Probe {

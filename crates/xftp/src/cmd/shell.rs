@@ -1189,7 +1189,7 @@ impl Shell {
         self.notices();
         let op = if resume { Op::Reget } else { Op::Get };
         let r = r.map_err(|e| self.explain(e, op))?;
-        self.conclude(name, &r, start);
+        self.conclude(name, &r, start, false);
         if r.bytes > 0 && r.already > 0 {
             eprintln!("{name}: {} bytes were in place already", r.already);
         }
@@ -1232,7 +1232,7 @@ impl Shell {
         self.notices();
         let op = if resume { Op::Reput } else { Op::Put };
         let r = r.map_err(|e| self.explain(e, op))?;
-        self.conclude(&remote, &r, start);
+        self.conclude(&remote, &r, start, true);
         Ok(r.bytes)
     }
 
@@ -1370,7 +1370,7 @@ impl Shell {
 
     /// Print the summary of a transfer, as get and put do, and record an
     /// automatic transfer in the path cache.
-    fn conclude(&mut self, what: &str, r: &TransferReport, start: Instant) {
+    fn conclude(&mut self, what: &str, r: &TransferReport, start: Instant, upload: bool) {
         if r.bytes == 0 && r.already > 0 {
             eprintln!(
                 "{what}: complete already ({} bytes in place, the same size and time): nothing moved",
@@ -1412,6 +1412,7 @@ impl Shell {
                 streams: t.best_streams,
                 throughput_bps: rate * 8.0,
                 bytes: r.bytes,
+                upload: Some(upload),
             };
             record_path(&cache_key(&conn.url), rec);
         }
@@ -1517,7 +1518,9 @@ async fn dial(
     let (streams, auto) = match set.mult {
         Parallel::Fixed(n) => (n, None),
         Parallel::Auto => {
-            let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
+            // Both directions': the shell's count is chosen at login, for
+            // whatever transfer comes.
+            let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE, None));
             let tune = TuneConfig::default();
             (1, Some(AutoConfig { tune, cached_best }))
         }

@@ -769,7 +769,8 @@ pub async fn get(a: GetArgs) -> anyhow::Result<ExitCode> {
             let mut done: Option<TreeReport> = None;
             loop {
                 let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
-                let connect = tree_connector(&url, &a.common, &a.t, a.resume, progress.clone())?;
+                let connect =
+                    tree_connector(&url, &a.common, &a.t, a.resume, false, progress.clone())?;
                 let mut opt = tree_options(&a.t, a.resume, progress.clone());
                 opt.only = only.take();
                 let display = super::progress::start(progress, mode);
@@ -889,7 +890,8 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
         Some(p) => p.clone(),
     };
     let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
-    let (cfg, password) = client_config(&url, &a.common, Some(&a.t), progress.clone())?;
+    let (cfg, password) =
+        client_config(&url, &a.common, Some(&a.t), Some(false), progress.clone())?;
     let mut client = open(&url, cfg.clone(), password.as_deref()).await?;
     client.set_resume(a.resume);
     client.set_sessions(session_factory(
@@ -913,7 +915,7 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
         ));
         explain_resumable(e, Op::Get, &url, a.resume, kept.as_deref())
     })?;
-    let summary = conclude(&client, &url, &r, start);
+    let summary = conclude(&client, &url, &r, start, false);
     client.quit().await;
     Ok(summary)
 }
@@ -951,7 +953,8 @@ pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
             let mut done: Option<TreeReport> = None;
             loop {
                 let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::pooled);
-                let connect = tree_connector(&url, &a.common, &a.t, false, progress.clone())?;
+                let connect =
+                    tree_connector(&url, &a.common, &a.t, false, true, progress.clone())?;
                 // -c: files complete on the server are skipped; the others
                 // go whole (a tree's uploads are not resumable).
                 let mut opt = tree_options(&a.t, a.resume, progress.clone());
@@ -1001,7 +1004,7 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
         );
     }
     let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
-    let mut client = session(&url, &a.common, Some(&a.t), progress.clone()).await?;
+    let mut client = session(&url, &a.common, Some(&a.t), Some(true), progress.clone()).await?;
     client.set_resume(a.resume);
     let display = super::progress::start(progress, mode);
     let r = client.upload(&a.local, &remote).await;
@@ -1020,7 +1023,7 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
         let kept = "the server keeps what arrived: run the same command again (with -c) to send only what is missing";
         explain_resumable(e, Op::Put, &url, a.resume, Some(kept))
     })?;
-    let summary = conclude(&client, &url, &r, start);
+    let summary = conclude(&client, &url, &r, start, true);
     client.quit().await;
     Ok(summary)
 }
@@ -1030,7 +1033,7 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
     let json = a.common.json;
     let result = async {
         let url = FtpUrl::parse(&a.url)?;
-        let mut client = session(&url, &a.common, None, None).await?;
+        let mut client = session(&url, &a.common, None, None, None).await?;
         let t0 = Instant::now();
         let listing = client
             .list(Some(&xftp_client::list_arg(&url.path)))
@@ -1099,7 +1102,13 @@ pub fn record_path(dest: &str, rec: PathRecord) {
 
 /// Build the summary of a finished transfer and record it in the
 /// parameter cache (a failure to save is a warning).
-fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -> Summary {
+fn conclude(
+    client: &Client,
+    url: &FtpUrl,
+    r: &TransferReport,
+    start: Instant,
+    upload: bool,
+) -> Summary {
     let mut s = Summary::ok(r, start.elapsed()).with_tls(client.tls_info());
     if let Some(b) = client.buffers() {
         s.bufsize_requested = Some(b.requested);
@@ -1122,6 +1131,7 @@ fn conclude(client: &Client, url: &FtpUrl, r: &TransferReport, start: Instant) -
                 0.0
             },
             bytes: if limited { 0 } else { r.bytes },
+            upload: Some(upload),
         };
         record_path(&cache_key(url), rec);
     }
@@ -1133,9 +1143,10 @@ pub(crate) async fn session(
     url: &FtpUrl,
     c: &CommonArgs,
     t: Option<&TransferArgs>,
+    upload: Option<bool>,
     progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> anyhow::Result<Client> {
-    let (cfg, password) = client_config(url, c, t, progress)?;
+    let (cfg, password) = client_config(url, c, t, upload, progress)?;
     open(url, cfg, password.as_deref()).await
 }
 
@@ -1144,6 +1155,7 @@ pub(crate) fn client_config(
     url: &FtpUrl,
     c: &CommonArgs,
     t: Option<&TransferArgs>,
+    upload: Option<bool>,
     progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> anyhow::Result<(ClientConfig, Option<String>)> {
     let password = password_for(url, c)?;
@@ -1151,7 +1163,8 @@ pub(crate) fn client_config(
         None => (1, None),
         Some(Parallel::Fixed(n)) => (n, None),
         Some(Parallel::Auto) => {
-            let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE));
+            // This direction's best: a path's two can differ.
+            let cached_best = load_cache().and_then(|c| c.best(&cache_key(url), CACHE_AGE, upload));
             // Goodput at --limit-rate is the limit's: no growth from it.
             let tune = TuneConfig {
                 ceiling_bps: t.and_then(|t| t.limit_rate).map(|r| r as f64 * 8.0),
@@ -1253,9 +1266,10 @@ fn tree_connector(
     common: &CommonArgs,
     t: &TransferArgs,
     resume: bool,
+    upload: bool,
     progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> anyhow::Result<xftp_client::tree::Connect> {
-    let (large, password) = client_config(url, common, Some(t), progress)?;
+    let (large, password) = client_config(url, common, Some(t), Some(upload), progress)?;
     let mut small = large.clone();
     small.streams = 1;
     small.auto = None;
