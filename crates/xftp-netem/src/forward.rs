@@ -53,6 +53,8 @@ pub struct DirectionCounters {
     pub write_errors: u64,
     /// TCP flows reset on purpose (`reset_every`).
     pub resets: u64,
+    /// Packets dropped by the blackhole (`blackhole`).
+    pub blackholed: u64,
 }
 
 /// Live counters, updated by the forwarder thread.
@@ -66,6 +68,7 @@ pub(crate) struct LiveCounters {
     window_rewrites: AtomicU64,
     write_errors: AtomicU64,
     resets: AtomicU64,
+    blackholed: AtomicU64,
 }
 
 impl LiveCounters {
@@ -80,6 +83,7 @@ impl LiveCounters {
             window_rewrites: get(&self.window_rewrites),
             write_errors: get(&self.write_errors),
             resets: get(&self.resets),
+            blackholed: get(&self.blackholed),
         }
     }
 }
@@ -108,6 +112,8 @@ pub(crate) struct Direction {
     pub reset_every: Option<Duration>,
     /// When the next reset is due (nanoseconds after `epoch`).
     pub next_reset: u64,
+    /// Bulk flows to drop for a while ([`crate::LinkSpec::blackhole`]).
+    pub blackhole: Option<tcpwin::Blackhole>,
 }
 
 struct Pending {
@@ -159,6 +165,12 @@ impl Direction {
                         len = n;
                         self.next_reset = stamp.saturating_add(p);
                         bump(&self.counters.resets, 1);
+                    }
+                }
+                if let Some(b) = self.blackhole.as_mut() {
+                    if b.drops(&buf[..len], stamp) {
+                        bump(&self.counters.blackholed, 1);
+                        continue;
                     }
                 }
                 match self.model.offer(len, stamp) {

@@ -111,6 +111,11 @@ pub struct LinkSpec {
     /// period, the next established-flow segment from A to B is turned
     /// into a RST, so that connection dies at both ends.
     pub reset_every: Option<Duration>,
+    /// Fault injection: from the first duration after the start, for the
+    /// second, drop every segment of the TCP flows that carried 256 KiB
+    /// or more (in that direction) before it; other flows, and flows
+    /// opened later, pass ([`crate::tcpwin::Blackhole`]).
+    pub blackhole: Option<(Duration, Duration)>,
 }
 
 impl LinkSpec {
@@ -127,6 +132,7 @@ impl LinkSpec {
             batch: crate::DEFAULT_BATCH,
             realtime: true,
             reset_every: None,
+            blackhole: None,
         }
     }
 
@@ -310,6 +316,10 @@ impl Link {
                 // A to B only: a reset there ends the flow both ways.
                 reset_every: spec.reset_every.filter(|_| i == 0),
                 next_reset: 0,
+                blackhole: spec.blackhole.map(|(from, len)| {
+                    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                    crate::tcpwin::Blackhole::new(ns(from), ns(len))
+                }),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("netem {}{label}", spec.name))

@@ -96,6 +96,12 @@ struct RunArgs {
     /// both ends).
     #[arg(long, value_parser = parse_duration)]
     reset_every: Option<Duration>,
+    /// Fault injection: AT+LEN (e.g. 5s+60s): from AT after the start, for
+    /// LEN, drop every segment of the TCP flows that carried 256 KiB or
+    /// more before AT (bulk data connections); smaller flows (control
+    /// connections) and flows opened later pass.
+    #[arg(long, value_parser = parse_blackhole)]
+    blackhole: Option<(Duration, Duration)>,
     /// Print the final counters as JSON.
     #[arg(long)]
     json: bool,
@@ -137,8 +143,18 @@ impl RunArgs {
             batch: self.batch,
             realtime: !self.no_realtime,
             reset_every: self.reset_every,
+            blackhole: self.blackhole,
         }
     }
+}
+
+/// `AT+LEN`, both durations.
+fn parse_blackhole(s: &str) -> Result<(Duration, Duration), String> {
+    let (at, len) = s
+        .split_once('+')
+        .ok_or_else(|| format!("{s:?}: expected AT+LEN, e.g. 5s+60s"))?;
+    let d = |x: &str| parse_duration(x).map_err(|e| format!("{x:?}: {e}"));
+    Ok((d(at)?, d(len)?))
 }
 
 fn main() -> ExitCode {
@@ -198,8 +214,8 @@ fn run(args: RunArgs) -> Result<()> {
         for (label, c) in [("A->B", counters.a_to_b), ("B->A", counters.b_to_a)] {
             writeln!(
                 out,
-                "{label}: {} packets {} bytes, drops queue {} loss {} ber {}, window rewrites {}, write errors {}, resets {}",
-                c.packets, c.bytes, c.queue_drops, c.loss_drops, c.ber_drops, c.window_rewrites, c.write_errors, c.resets
+                "{label}: {} packets {} bytes, drops queue {} loss {} ber {}, window rewrites {}, write errors {}, resets {}, blackholed {}",
+                c.packets, c.bytes, c.queue_drops, c.loss_drops, c.ber_drops, c.window_rewrites, c.write_errors, c.resets, c.blackholed
             )?;
         }
     }

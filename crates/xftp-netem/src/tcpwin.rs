@@ -327,6 +327,62 @@ fn pseudo_header_sum(packet: &[u8], tcp_len: usize) -> Option<u16> {
     Some(fold(sum))
 }
 
+/// Payload bytes a flow must have carried (in one direction) before a
+/// [`Blackhole`] starts for it to be blackholed: bulk data connections,
+/// not control connections.
+pub const BLACKHOLE_BULK: u64 = 256 * 1024;
+
+/// Fault injection without I/O: from `from` on, for `len`, every segment
+/// of a TCP flow that carried [`BLACKHOLE_BULK`] payload bytes or more
+/// (in this direction) before `from` is dropped. Flows with less (control
+/// connections) and flows opened later pass: the path works, the bulk
+/// connections it had are dead, as behind a middlebox that lost their
+/// state, or as connections a long stall left in retransmission backoff.
+#[derive(Debug, Clone)]
+pub struct Blackhole {
+    from: u64,
+    until: u64,
+    carried: std::collections::HashMap<FlowKey, u64>,
+}
+
+impl Blackhole {
+    /// A blackhole from `from` nanoseconds after the link's start, for
+    /// `len` nanoseconds.
+    pub fn new(from: u64, len: u64) -> Blackhole {
+        Blackhole {
+            from,
+            until: from.saturating_add(len),
+            carried: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Whether `packet`, seen `now` nanoseconds after the link's start,
+    /// is to be dropped.
+    pub fn drops(&mut self, packet: &[u8], now: u64) -> bool {
+        if now >= self.until {
+            return false;
+        }
+        let Some((key, payload)) = segment(packet) else {
+            return false;
+        };
+        if now < self.from {
+            if self.carried.len() < MAX_FLOWS || self.carried.contains_key(&key) {
+                *self.carried.entry(key).or_default() += payload;
+            }
+            return false;
+        }
+        self.carried.get(&key).is_some_and(|&n| n >= BLACKHOLE_BULK)
+    }
+}
+
+/// A TCP segment's flow, and its payload length.
+fn segment(packet: &[u8]) -> Option<(FlowKey, u64)> {
+    let (start, end) = tcp_bounds(packet)?;
+    let key = flow_key(packet, start)?;
+    let header_len = usize::from(packet[start + 12] >> 4) * 4;
+    Some((key, end.saturating_sub(start + header_len) as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,6 +500,38 @@ mod tests {
         let mut v6 = ipv6(&tcp, false);
         let n = make_rst(&mut v6).unwrap();
         assert_eq!(tcp_checksum_ok(&v6[..n]), Some(true));
+    }
+
+    #[test]
+    fn a_blackhole_drops_the_bulk_flows_it_saw_and_nothing_else() {
+        let mut bulk = tcp_syn(1000, &[7u8; 1000]);
+        bulk[13] = TCP_ACK;
+        let bulk = ipv4(&bulk);
+        // Another flow (ports 40001 -> 5201) with little payload.
+        let mut ctl = tcp_syn(1000, b"RETR f");
+        ctl[13] = TCP_ACK;
+        ctl[1] = 0x41;
+        let ctl = ipv4(&ctl);
+        let mut b = Blackhole::new(1_000, 500);
+        for t in 0..300 {
+            assert!(!b.drops(&bulk, t));
+            assert!(!b.drops(&ctl, t));
+        }
+        assert!(b.drops(&bulk, 1_000));
+        assert!(b.drops(&bulk, 1_499));
+        assert!(!b.drops(&ctl, 1_200), "a flow with little payload passes");
+        // A flow first seen during the blackhole passes.
+        let mut new = tcp_syn(1000, &[7u8; 1000]);
+        new[13] = TCP_ACK;
+        new[1] = 0x42;
+        let new = ipv4(&new);
+        for t in 1_000..1_400 {
+            assert!(!b.drops(&new, t));
+        }
+        // And after it, everything passes again.
+        assert!(!b.drops(&bulk, 1_500));
+        // Not TCP, or too short: passes.
+        assert!(!b.drops(&[0x45, 0, 0], 1_200));
     }
 
     #[test]
