@@ -147,11 +147,14 @@ impl Live {
             self.spawn_adds(want - self.granted);
         } else if want < self.granted {
             if let Ctl::Send(c) = &self.ctl {
-                // The server sends: retire the newest connections; each
-                // sends its EOD after its current record.
+                // The server sends: retire the connections that wait in a
+                // timeout, then the newest; each sends its EOD after its
+                // current record.
                 let fewer = (self.granted - want) as usize;
+                let waiting = c.waiting();
                 let victims: Vec<usize> = match self.active.lock() {
                     Ok(mut a) => {
+                        a.sort_by_key(|i| waiting.contains(i));
                         let keep = a.len().saturating_sub(fewer).max(1);
                         a.split_off(keep)
                     }

@@ -78,6 +78,12 @@ pub struct Observed {
     pub timed_out: bool,
     /// The connection's retransmission timeout.
     pub rto: Duration,
+    /// The smallest RTT the connection has seen (`tcpi_min_rtt`), if the
+    /// kernel says: what a round trip takes on this path.
+    pub min_rtt: Option<Duration>,
+    /// Time since the connection last received an acknowledgement
+    /// (`tcpi_last_ack_recv`), if the kernel says.
+    pub since_ack: Option<Duration>,
     /// The connection has retransmitted at least once: loss is about, and
     /// with it the timeouts the endgame is for (see `Books::lossy`).
     pub lossy: bool,
@@ -93,10 +99,49 @@ pub struct Observed {
     pub closed: bool,
 }
 
+impl Observed {
+    /// Whether the connection, by the kernel's word alone, waits now:
+    /// holding bytes its peer has not acknowledged, in a retransmission
+    /// timeout or without an acknowledgement for longer than
+    /// [`silence_limit`].
+    pub fn waiting(&self) -> bool {
+        self.outq > 0 && (self.timed_out || self.since_ack.is_some_and(|a| a > silence_limit(self)))
+    }
+}
+
 /// A connection counts as stuck when nothing it holds was acknowledged
 /// for longer than this, even without a timeout on record (a floor under
 /// its own RTO, which starts at 200 ms on Linux).
 const NO_PROGRESS_FLOOR: Duration = Duration::from_millis(200);
+
+/// Silence longer than this many of the path's smallest RTTs (and
+/// [`SILENCE_CAP_MIN`]) is stuck, whatever the connection's own RTO says.
+/// After a stall of the path, packets held for its length come back as an
+/// RTT sample of that length: a connection on an 80 ms path read 17.6 s
+/// of RTT after a 30 s stall, set its RTO to 84 s, and left its lost
+/// segments waiting for it while the path carried data again.
+const SILENCE_CAP_RTTS: u32 = 8;
+
+/// The least silence the cap of [`SILENCE_CAP_RTTS`] allows: under it a
+/// timeout of the connection's own (200 ms and up, doubling) is the
+/// likelier reason, and will end soon.
+const SILENCE_CAP_MIN: Duration = Duration::from_secs(1);
+
+/// How long a connection holding undelivered records may go without an
+/// acknowledgement before it counts as stuck: its own RTO, but no more
+/// than a few of the path's round trips when the RTO has grown far past
+/// them.
+pub(crate) fn silence_limit(o: &Observed) -> Duration {
+    let cap = o
+        .min_rtt
+        .filter(|r| !r.is_zero())
+        .map(|r| (r * SILENCE_CAP_RTTS).max(SILENCE_CAP_MIN));
+    let rto = match cap {
+        Some(cap) => o.rto.min(cap),
+        None => o.rto,
+    };
+    rto.max(NO_PROGRESS_FLOOR)
+}
 
 /// The endgame's books over every connection of one file transfer.
 #[derive(Clone, Debug)]
@@ -199,7 +244,7 @@ impl Books {
         let delivered = &self.delivered;
         b.pending
             .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
-        let silent = now.saturating_sub(b.progress_at) > o.rto.max(NO_PROGRESS_FLOOR);
+        let silent = now.saturating_sub(b.progress_at) > silence_limit(&o);
         b.stuck = !b.pending.is_empty() && (o.timed_out || silent);
     }
 
@@ -309,6 +354,8 @@ mod tests {
             outq,
             timed_out,
             rto: RTO,
+            min_rtt: None,
+            since_ack: None,
             lossy: timed_out,
             progress: None,
             closed: false,
@@ -407,6 +454,39 @@ mod tests {
         b.observe(0, obs(H + 100, false), 100 * MS);
         assert_eq!(b.claim(1), None);
         b.observe(0, obs(H + 100, false), MS + RTO + MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
+    }
+
+    /// After a stall of the path the kernel's RTO can be a minute and
+    /// more on a path of 80 ms: silence of a few round trips is stuck
+    /// then, not the RTO's length.
+    #[test]
+    fn silence_is_judged_by_the_paths_round_trips_when_the_rto_has_blown_up() {
+        let mut b = Books::new(100, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        let blown = |min_rtt| Observed {
+            rto: Duration::from_secs(84),
+            min_rtt,
+            ..obs(H + 100, false)
+        };
+        let rtt = Duration::from_millis(80);
+        // 8 round trips are 640 ms: the floor of 1 s holds.
+        b.observe(0, blown(Some(rtt)), MS + Duration::from_millis(900));
+        assert_eq!(b.claim(1), None);
+        b.observe(0, blown(Some(rtt)), 2 * MS + Duration::from_secs(1));
+        assert_eq!(b.claim(1), Some((0, 100)));
+        // Without the path's RTT the RTO is all there is.
+        let mut b = Books::new(100, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        b.observe(0, blown(None), Duration::from_secs(60));
+        assert_eq!(b.claim(1), None);
+        // A long path's round trips: 8 x 600 ms.
+        let mut b = Books::new(100, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        let long = Some(Duration::from_millis(600));
+        b.observe(0, blown(long), Duration::from_millis(4700));
+        assert_eq!(b.claim(1), None);
+        b.observe(0, blown(long), Duration::from_millis(4900));
         assert_eq!(b.claim(1), Some((0, 100)));
     }
 

@@ -533,6 +533,29 @@ impl<S: Send + 'static> SendControl<S> {
         self.shared.lock().stats.clone()
     }
 
+    /// Connections whose kernel says they wait now (bytes unacknowledged,
+    /// in a timeout or silent: [`crate::Delivery::waiting`]): the ones to
+    /// retire first when fewer are wanted. After a stall, a connection
+    /// added to carry what they hold is the newest, and retiring the
+    /// newest left only the waiting ones. Empty without the endgame (it
+    /// keeps the probes).
+    pub fn waiting(&self) -> Vec<usize> {
+        let st = self.shared.lock();
+        let Some(e) = st.endgame.as_ref() else {
+            return Vec::new();
+        };
+        e.probes
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.as_ref()
+                    .and_then(|p| p.delivery())
+                    .is_some_and(|d| d.waiting())
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// See [`Sender::retire`].
     pub fn retire(&self, idx: usize) -> Result<(), StripeError> {
         self.shared

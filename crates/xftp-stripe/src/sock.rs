@@ -345,14 +345,14 @@ pub fn socket_bytes(fd: std::os::fd::BorrowedFd<'_>) -> Option<SocketBytes> {
 /// low (low, a TLS ledger mark would claim ciphertext the peer has not
 /// acknowledged).
 #[cfg(target_os = "linux")]
-fn outq_then_info(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, [u8; 136], usize)> {
+fn outq_then_info(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, [u8; 152], usize)> {
     use std::os::fd::AsRawFd;
     let mut outq: libc::c_int = 0;
     // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int to the pointer.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut outq) } != 0 {
         return None;
     }
-    let mut info = [0u8; 136];
+    let mut info = [0u8; 152];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: a writable buffer of `len` bytes and its length.
     let r = unsafe {
@@ -394,10 +394,26 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
             .filter(|_| len >= 128)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_ne_bytes);
+        // u32 tcpi_min_rtt (µs) at byte 148 (kernels since 4.6).
+        let min_rtt = info
+            .get(148..152)
+            .filter(|_| len >= 152)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+            .filter(|&us| us > 0)
+            .map(|us| std::time::Duration::from_micros(u64::from(us)));
+        // u32 tcpi_last_ack_recv (ms) at byte 56.
+        let since_ack = info
+            .get(56..60)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+            .map(|ms| std::time::Duration::from_millis(u64::from(ms)));
         Some(Delivery {
             outq,
             timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
             rto: std::time::Duration::from_micros(u64::from(rto)),
+            min_rtt,
+            since_ack,
             lossy: retrans > 0 || info[1] == TCP_CA_LOSS,
             progress,
             closed: info[0] == TCP_CLOSE,

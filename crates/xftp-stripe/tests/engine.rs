@@ -1165,6 +1165,8 @@ impl xftp_stripe::Probe for WireProbe {
             outq,
             timed_out: outq > 0 && stalled,
             rto: Duration::from_millis(200),
+            min_rtt: None,
+            since_ack: None,
             lossy: stalled,
             progress: None,
             closed: self.0.closed.load(SeqCst),
