@@ -124,6 +124,12 @@ impl Watchdog {
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
+    /// How long no guarded connection has moved a byte.
+    pub fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+
     fn deadline(&self) -> Instant {
         self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + self.limit
     }

@@ -171,6 +171,17 @@ const FLIGHTS_RTT: Duration = Duration::from_millis(300);
 /// of the path, not judged (an epoch of nothing delivered always is).
 const STALL_SHARE: f64 = 0.02;
 
+/// A stall that goes on this long (and [`RESCUE_RTTS`] round trips) after
+/// the peer answered again is the data connections', not the path's: one
+/// connection is added (rule 12). After a 30 s stall of an 80 ms path the
+/// one connection of a download sat 60 s more in a retransmission timeout
+/// the stall had blown up to 84 s, while the control connection answered
+/// in a round trip, and the transfer timed out.
+const RESCUE_AFTER: Duration = Duration::from_secs(2);
+
+/// See [`RESCUE_AFTER`].
+const RESCUE_RTTS: u32 = 8;
+
 /// Share of [`TuneConfig::ceiling_bps`] from which goodput is the
 /// limit's: more connections cannot raise it.
 const CEILING_SHARE: f64 = 0.85;
@@ -278,6 +289,10 @@ pub struct Sample {
     /// Bytes no connection has taken yet (all that added connections
     /// could carry), if known.
     pub remaining: Option<u64>,
+    /// The peer answered on the control connection since the last sample
+    /// (a download's samples are its replies): the path carries packets
+    /// now, whatever the data connections do.
+    pub heard: bool,
 }
 
 /// Why the controller chose a stream count.
@@ -321,6 +336,10 @@ pub enum Reason {
     /// Next to nothing was delivered in the epoch: the path stalled;
     /// not judged.
     Stalled,
+    /// The data stood still for a while after the peer answered again:
+    /// the connections wait out timeouts the stall blew up, and a fresh
+    /// one is added to carry what they hold.
+    Rescue,
 }
 
 /// A change of the stream count.
@@ -501,6 +520,9 @@ pub struct Controller {
     /// The last epoch's goodput reached the outside limit
     /// ([`TuneConfig::ceiling_bps`]).
     at_ceiling: bool,
+    /// In a stall (rule 12): when the peer was first heard in it, and
+    /// whether a connection was added for it.
+    stall: Option<(Option<Duration>, bool)>,
     history: Vec<Step>,
 }
 
@@ -539,6 +561,7 @@ impl Controller {
             starved: false,
             flights_read: false,
             at_ceiling: false,
+            stall: None,
             history: Vec::new(),
         }
     }
@@ -652,6 +675,23 @@ impl Controller {
         if goodput <= STALL_SHARE * self.best_g.unwrap_or(0.0) {
             self.epoch_mid = None;
             self.epoch_rtt = None;
+            // Unless it goes on after the peer answered again (rule 12).
+            let wait = self
+                .path_rtt()
+                .map_or(RESCUE_AFTER, |r| (r * RESCUE_RTTS).max(RESCUE_AFTER));
+            let (heard_at, rescued) = self.stall.get_or_insert((None, false));
+            if s.heard && heard_at.is_none() {
+                *heard_at = Some(s.at);
+            }
+            let rescue = !*rescued
+                && self.n < self.cap
+                && heard_at.is_some_and(|h| s.at.saturating_sub(h) >= wait);
+            *rescued |= rescue;
+            let (next, reason) = if rescue {
+                (self.n + 1, Reason::Rescue)
+            } else {
+                (self.n, Reason::Stalled)
+            };
             self.history.push(Step {
                 at_s: s.at.as_secs_f64(),
                 streams: self.n,
@@ -659,11 +699,22 @@ impl Controller {
                 rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
                 queue_ms: None,
                 loss: 0.0,
-                next: self.n,
-                reason: Reason::Stalled,
+                next,
+                reason,
             });
-            return None;
+            if !rescue {
+                return None;
+            }
+            // Whatever was on trial is moot; the epochs after the stall
+            // are judged from here.
+            self.n = next;
+            self.phase = Phase::Steady;
+            return Some(Decision {
+                streams: next,
+                reason,
+            });
         }
+        self.stall = None;
         // Within the epoch: its second part against its first.
         let halves = mid.and_then(|m| Some((rate(&start, &m)?, rate(&m, &s)?)));
         let ramping = match halves {
@@ -1474,6 +1525,7 @@ mod tests {
                 retrans: f.3 as u64,
                 segs_out: f.2 as u64,
                 remaining: None,
+                heard: false,
             });
         }
         assert_eq!(c.streams(), before, "{:?}", c.history());
@@ -1482,6 +1534,69 @@ mod tests {
         // below the steady 8.
         feed(&mut c, &mut f, 6, 80e6, 0.0, 80);
         assert!(c.history().iter().all(|s| s.next >= 8), "{:?}", c.history());
+    }
+
+    #[test]
+    fn data_that_stays_stalled_after_the_peer_answers_again_gets_one_more_connection() {
+        // Steady connections; the path stops for 5 s (no word from
+        // the peer), then answers again while the data connections still
+        // wait out their blown-up timeouts.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 10, 80e6, 0.0, 80);
+        let n = c.streams();
+        let quiet = |c: &mut Controller, f: &mut Fed, ms: u64, heard| {
+            let mut d = None;
+            for _ in 0..ms / 50 {
+                f.0 += 50;
+                d = d.or(c.on_sample(Sample {
+                    at: Duration::from_millis(f.0),
+                    bytes: f.1 as u64,
+                    rtt: Some(Duration::from_millis(80)),
+                    retrans: f.3 as u64,
+                    segs_out: f.2 as u64,
+                    remaining: Some(50_000_000),
+                    heard,
+                }));
+            }
+            d
+        };
+        assert_eq!(
+            quiet(&mut c, &mut f, 5000, false),
+            None,
+            "{:?}",
+            c.history()
+        );
+        // Heard again: under 2 s (8 RTTs are 640 ms) nothing changes.
+        assert_eq!(quiet(&mut c, &mut f, 1700, true), None, "{:?}", c.history());
+        assert_eq!(c.streams(), n);
+        let d = quiet(&mut c, &mut f, 600, true);
+        assert_eq!(
+            d,
+            Some(Decision {
+                streams: n + 1,
+                reason: Reason::Rescue
+            }),
+            "{:?}",
+            c.history()
+        );
+        // One per stall: the same stall going on adds no more.
+        assert_eq!(
+            quiet(&mut c, &mut f, 10_000, true),
+            None,
+            "{:?}",
+            c.history()
+        );
+        assert_eq!(c.streams(), n + 1);
+        // Data moves again, then a second stall gets its own rescue.
+        feed(&mut c, &mut f, 4, 80e6, 0.0, 80);
+        quiet(&mut c, &mut f, 1000, false);
+        let d = quiet(&mut c, &mut f, 3000, true);
+        assert_eq!(
+            d.map(|d| d.reason),
+            Some(Reason::Rescue),
+            "{:?}",
+            c.history()
+        );
     }
 
     #[test]
@@ -1770,6 +1885,7 @@ mod tests {
                 retrans: f.3 as u64,
                 segs_out: f.2 as u64,
                 remaining,
+                heard: true,
             });
         }
     }
@@ -1838,6 +1954,7 @@ mod tests {
                 retrans: 0,
                 segs_out: bytes / 1448,
                 remaining: None,
+                heard: true,
             });
             if c.streams() != 16 {
                 break;

@@ -476,6 +476,7 @@ impl Sim {
             retrans: self.retrans as u64,
             segs_out: self.sent as u64,
             remaining: self.pool.is_finite().then_some((self.pool * MSS) as u64),
+            heard: true,
         }
     }
 

@@ -225,12 +225,17 @@ impl Live {
     }
 
     /// The newest connection not retired, unless it is the last one.
-    fn pop_idx(&self) -> Option<usize> {
+    /// The connection to retire next: one that waits in a timeout
+    /// (`waiting`), else the newest; never the last.
+    fn pop_idx(&self, waiting: &[usize]) -> Option<usize> {
         let mut l = self.live_idx.lock().ok()?;
         if l.len() <= 1 {
             return None;
         }
-        l.pop()
+        match l.iter().rposition(|i| waiting.contains(i)) {
+            Some(at) => Some(l.remove(at)),
+            None => l.pop(),
+        }
     }
 
     pub fn sending(&self) -> bool {
@@ -253,6 +258,10 @@ enum Source {
 /// Give up waiting for a server's first delivered byte after this long
 /// (its kernel may not report acknowledged bytes at all).
 const SERVER_SILENT: Duration = Duration::from_secs(1);
+
+/// Data standing still this long makes the loop ask the server (STAT)
+/// whether the path answers, where it would not ask otherwise.
+const STILL_PROBE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pending {
@@ -346,6 +355,8 @@ impl Client {
         // One still out when the 226 comes is waited for, half an RTT on
         // average, 0.3 s on a satellite hop.
         let mut handed_out = false;
+        // A reply came since the last sample of our own meters.
+        let mut heard = false;
         let reply_timeout = self.cfg.reply_timeout;
         loop {
             if data.is_some() && final_seen && pending.is_empty() {
@@ -389,6 +400,7 @@ impl Client {
                 }
                 r = self.ctl.read_reply_within(limit), if !final_seen || !pending.is_empty() => {
                     let r = r?;
+                    heard = true;
                     let oldest = pending.front().map(|p| p.0);
                     match classify(r.code, oldest) {
                         Kind::Final => {
@@ -416,6 +428,7 @@ impl Client {
                                         retrans: t.retrans,
                                         segs_out: t.segs_out,
                                         remaining,
+                                        heard: true,
                                     });
                                     if source == Source::Unknown {
                                         source = match t.at {
@@ -483,7 +496,12 @@ impl Client {
                             });
                         }
                     }
-                    if !sending && stat_ok && !handed_out && !pending.iter().any(|p| p.0 == Pending::Stat) {
+                    // While the data stands still a STAT also asks whether
+                    // the path answers (rule 12's rescue), uploads and a
+                    // download's last records included.
+                    let still = live.dog.idle() >= STILL_PROBE;
+                    let ask = if sending { still } else { stat_ok && (!handed_out || still) };
+                    if ask && !pending.iter().any(|p| p.0 == Pending::Stat) {
                         self.ctl.send(&[&Cmd::bare("STAT")]).await?;
                         pending.push_back((Pending::Stat, Instant::now()));
                     }
@@ -524,6 +542,7 @@ impl Client {
                         remaining: live
                             .total
                             .map(|t| t.saturating_sub(if sending { own.bytes } else { bytes })),
+                        heard: std::mem::take(&mut heard),
                     };
                     self.feed(&mut ctlr, sample, &mut pending, &mut live, &mut adds, peer).await?;
                 }
@@ -613,8 +632,9 @@ impl Client {
             live.current = g;
         } else if g < live.current {
             if let EngineCtl::Send(s) = &live.ctl {
+                let waiting = s.waiting();
                 for _ in g..live.current {
-                    let Some(idx) = live.pop_idx() else {
+                    let Some(idx) = live.pop_idx(&waiting) else {
                         break;
                     };
                     if let Err(e) = s.retire(idx) {
