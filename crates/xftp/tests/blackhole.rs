@@ -13,39 +13,18 @@
 //! Needs root and /dev/net/tun (namespaces); without them the test says
 //! why and passes, unless XFTP_REQUIRE_PEERS=1 (CI), where it fails.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
+use support::KillOnDrop;
 use xftp_netem::{unique_name, DirectionSpec, Link, LinkSpec, QueueLimit};
-
-/// Kills a child process (ours, by PID) when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn environment_ready() -> bool {
-    match Link::preflight() {
-        Ok(()) => true,
-        Err(e) => {
-            let msg = format!("skipping the blackhole test: {e}");
-            if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{msg} (XFTP_REQUIRE_PEERS=1)");
-            }
-            eprintln!("{msg}");
-            false
-        }
-    }
-}
 
 #[test]
 fn a_download_whose_connections_all_die_mid_transfer_completes_on_new_ones() {
-    if !environment_ready() {
+    if !support::netem_ready("blackhole") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -8,39 +8,18 @@
 //! Needs root and /dev/net/tun (namespaces); without them the test says
 //! why and passes, unless XFTP_REQUIRE_PEERS=1 (CI), where it fails.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use support::KillOnDrop;
 use xftp_netem::{unique_name, DirectionSpec, Link, LinkSpec, QueueLimit};
-
-/// Kills a child process (ours, by PID) when dropped.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn environment_ready() -> bool {
-    match Link::preflight() {
-        Ok(()) => true,
-        Err(e) => {
-            let msg = format!("skipping the keepalive test: {e}");
-            if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
-                panic!("{msg} (XFTP_REQUIRE_PEERS=1)");
-            }
-            eprintln!("{msg}");
-            false
-        }
-    }
-}
 
 #[test]
 fn a_handshake_cut_on_the_way_fails_at_the_first_keepalive_probe() {
-    if !environment_ready() {
+    if !support::netem_ready("keepalive") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

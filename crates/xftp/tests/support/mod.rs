@@ -433,3 +433,29 @@ pub fn xftp_interrupted(args: &[&str], cwd: &Path, after: Duration) -> (Output, 
         .is_ok_and(|s| s.success());
     (child.wait_with_output().expect("wait for xftp"), running)
 }
+
+/// Kills a child process (ours, by PID) when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether emulated links can be made here (root, /dev/net/tun); if not,
+/// says why `test` is skipped, or fails under XFTP_REQUIRE_PEERS=1 (CI).
+pub fn netem_ready(test: &str) -> bool {
+    match xftp_netem::Link::preflight() {
+        Ok(()) => true,
+        Err(e) => {
+            let msg = format!("skipping the {test} test: {e}");
+            if std::env::var("XFTP_REQUIRE_PEERS").as_deref() == Ok("1") {
+                panic!("{msg} (XFTP_REQUIRE_PEERS=1)");
+            }
+            eprintln!("{msg}");
+            false
+        }
+    }
+}
