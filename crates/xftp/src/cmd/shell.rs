@@ -30,7 +30,8 @@ use xftp_client::{
 use xftp_proto::facts::Kind;
 
 use super::transfer::{
-    cache_key, load_cache, parse_bufsize_arg, record_path, server_state_hint, BufArg, Parallel,
+    bufsize_checked, cache_key, load_cache, parse_bufsize_arg, record_path, server_state_hint,
+    BufArg, Parallel,
 };
 
 mod input;
@@ -770,14 +771,8 @@ impl Shell {
             }
             "bufsize" => {
                 want(0, 1)?;
-                let b = parse_bufsize_arg(args.first().map_or("auto", String::as_str))
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "bufsize: {}",
-                            e.replace("invalid argument for --bufsize: ", "")
-                        )
-                    })?
-                    .0;
+                let b = bufsize_checked(args.first().map_or("auto", String::as_str))
+                    .map_err(|e| anyhow::anyhow!("bufsize: {e}"))?;
                 if self.set.bufsize != b {
                     self.set.bufsize = b;
                     self.changed("bufsize");

@@ -502,8 +502,15 @@ fn parse_parallel(s: &str) -> Result<Parallel, String> {
 pub struct BufArg(pub Option<u64>);
 
 pub(crate) fn parse_bufsize_arg(s: &str) -> Result<BufArg, String> {
+    bufsize_checked(s).map(BufArg)
+}
+
+/// A buffer size as `--bufsize` and the shell's `bufsize` take it
+/// (`None`: kernel autotuning); the error says why, without naming the
+/// option (each caller does).
+pub(crate) fn bufsize_checked(s: &str) -> Result<Option<u64>, String> {
     match xftp_proto::parse_bufsize("--bufsize", s) {
-        Ok(xftp_proto::BufSize::Auto) => Ok(BufArg(None)),
+        Ok(xftp_proto::BufSize::Auto) => Ok(None),
         // What a socket can be given at all (Linux keeps at least about
         // 2 KiB, and its limits are ints): outside it, the request was
         // surely mistyped.
@@ -513,7 +520,8 @@ pub(crate) fn parse_bufsize_arg(s: &str) -> Result<BufArg, String> {
         Ok(xftp_proto::BufSize::Bytes(n)) if n > BUFSIZE_MAX => Err(format!(
             "{s:?} is over the 1 GiB any kernel gives a socket buffer (give bytes, or k/M/G: 64k, 4M)"
         )),
-        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(BufArg(Some(n))),
+        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(Some(n)),
+        Err(xftp_proto::ProtoError::BadArgument { reason, .. }) => Err(reason),
         Err(e) => Err(e.to_string()),
     }
 }
