@@ -3268,6 +3268,17 @@ impl Client {
         !self.out_of_step
     }
 
+    /// How much one read of a stream-mode transfer may take (at most
+    /// `max`): under `--limit-rate`, what the bucket holds, as the striped
+    /// connections' reads are capped (`Guarded`); a whole 1 MiB chunk
+    /// read and then paid for moved in bursts of half a second at 2 MB/s.
+    fn rate_allowance(&self, max: usize) -> usize {
+        self.cfg
+            .limit_rate
+            .as_ref()
+            .map_or(max, |r| r.allowance().min(max))
+    }
+
     /// Await `data` (a read of a stream-mode data connection, or a whole
     /// framed receive) while reading the control connection: a failure
     /// reply to `c` ends the transfer at once (a server that gave up may
@@ -3379,8 +3390,9 @@ impl Client {
         let mut got = 0u64;
         loop {
             let limit = self.cfg.data_timeout;
+            let want = self.rate_allowance(buf.len());
             let n = match self
-                .beside_control(c, tokio::time::timeout(limit, conn.read(&mut buf)))
+                .beside_control(c, tokio::time::timeout(limit, conn.read(&mut buf[..want])))
                 .await?
             {
                 Ok(r) => r.map_err(ClientError::DataIo)?,
@@ -3474,8 +3486,9 @@ impl Client {
             if stop.as_ref().is_some_and(|s| s.is_cancelled()) {
                 return Err(ClientError::Interrupted);
             }
+            let want = self.rate_allowance(buf.len());
             let n = src
-                .read(&mut buf)
+                .read(&mut buf[..want])
                 .await
                 .map_err(|e| local_err(src_path, e))?;
             if n == 0 {
