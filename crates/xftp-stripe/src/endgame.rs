@@ -490,6 +490,27 @@ mod tests {
         assert_eq!(b.claim(1), Some((0, 100)));
     }
 
+    #[test]
+    fn waiting_is_bytes_held_in_a_timeout_or_without_acknowledgements() {
+        let at = |outq, timed_out, since_ack: u64| Observed {
+            min_rtt: Some(Duration::from_millis(80)),
+            since_ack: Some(Duration::from_millis(since_ack)),
+            ..obs(outq, timed_out)
+        };
+        assert!(!at(0, true, 5000).waiting(), "nothing held");
+        assert!(at(100, true, 0).waiting());
+        // RTO 300 ms, under the cap of 1 s.
+        assert!(!at(100, false, 250).waiting());
+        assert!(at(100, false, 350).waiting());
+        // A blown-up RTO is capped at 8 RTTs, at least 1 s.
+        let blown = |since_ack| Observed {
+            rto: Duration::from_secs(84),
+            ..at(100, false, since_ack)
+        };
+        assert!(!blown(900).waiting());
+        assert!(blown(1100).waiting());
+    }
+
     /// Under TLS `outq` counts plaintext and moves in steps, while the
     /// socket's acknowledgements go on: those keep the connection from
     /// reading as silent, but never count a record as delivered.

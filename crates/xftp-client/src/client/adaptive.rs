@@ -224,7 +224,6 @@ impl Live {
         }
     }
 
-    /// The newest connection not retired, unless it is the last one.
     /// The connection to retire next: one that waits in a timeout
     /// (`waiting`), else the newest; never the last.
     fn pop_idx(&self, waiting: &[usize]) -> Option<usize> {
