@@ -333,8 +333,8 @@ pub enum Reason {
     /// Goodput is at the rate the transfer is held to (`--limit-rate`):
     /// more connections cannot raise it.
     RateLimit,
-    /// Next to nothing was delivered in the epoch: the path stalled;
-    /// not judged.
+    /// Next to nothing was delivered in the epoch (the path stalled), or
+    /// the epoch is the first after such: not judged.
     Stalled,
     /// The data stood still for a while after the peer answered again:
     /// the connections wait out timeouts the stall blew up, and a fresh
@@ -714,7 +714,26 @@ impl Controller {
                 reason,
             });
         }
-        self.stall = None;
+        if self.stall.take().is_some() {
+            // The epoch after a stall is not judged either: its goodput
+            // is the drain of what the stall held, its RTT samples the
+            // stall's (a put through a 70 s stall read 70 s of RTT and
+            // 30.8 Mbit/s against 8 before it, and its start doubled to
+            // 64). Judging starts afresh from the next.
+            self.last_g = None;
+            self.epoch_rtt = None;
+            self.history.push(Step {
+                at_s: s.at.as_secs_f64(),
+                streams: self.n,
+                goodput_bps: goodput,
+                rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
+                queue_ms: None,
+                loss: 0.0,
+                next: self.n,
+                reason: Reason::Stalled,
+            });
+            return None;
+        }
         // Within the epoch: its second part against its first.
         let halves = mid.and_then(|m| Some((rate(&start, &m)?, rate(&m, &s)?)));
         let ramping = match halves {
@@ -1534,6 +1553,33 @@ mod tests {
         // below the steady 8.
         feed(&mut c, &mut f, 6, 80e6, 0.0, 80);
         assert!(c.history().iter().all(|s| s.next >= 8), "{:?}", c.history());
+    }
+
+    #[test]
+    fn the_epoch_after_a_stall_is_not_judged() {
+        // A start climbing at 8 connections, then 70 s of nothing, then
+        // the drain: goodput far above the start's, RTT samples of the
+        // stall's length. No growth on that.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 1, 4e6, 0.0, 80);
+        feed(&mut c, &mut f, 1, 8e6, 0.0, 80);
+        let n = c.streams();
+        for _ in 0..1400 {
+            f.0 += 50;
+            c.on_sample(Sample {
+                at: Duration::from_millis(f.0),
+                bytes: f.1 as u64,
+                rtt: None,
+                retrans: f.3 as u64,
+                segs_out: f.2 as u64,
+                remaining: Some(50_000_000),
+                heard: false,
+            });
+        }
+        assert_eq!(c.streams(), n, "{:?}", c.history());
+        feed(&mut c, &mut f, 1, 30e6, 0.0, 70_000);
+        assert_eq!(c.streams(), n, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Stalled), "{:?}", c.history());
     }
 
     #[test]
