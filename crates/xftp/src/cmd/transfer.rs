@@ -1577,6 +1577,17 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             "the server or network is not answering; raise --connect-timeout, or try --active / passive"
                 .into(),
         ),
+        // Data connections that carried data and then stood still: not a
+        // firewall's doing, and the server may well still answer (a path
+        // that stalled, connections dropped on the way).
+        ClientError::Timeout { what, .. }
+            if what.starts_with("the data connection") && !what.contains("after 0 bytes") =>
+        {
+            Some(format!(
+                "no data moved on the data connections for that long: the path stalled, or something on the way dropped them{nk}; raise --timeout, or run it again{} (-p auto adds a connection when the server answers while the data stands still)",
+                if matches!(op, Op::Get | Op::Put) { " with -c" } else { "" }
+            ))
+        }
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; raise --timeout, or try --active / passive"
                 .into(),
@@ -1774,6 +1785,19 @@ mod tests {
         assert!(connect.contains("raise --connect-timeout"), "{connect}");
         let reply = t("the reply to RETR f");
         assert!(reply.contains("raise --timeout,"), "{reply}");
+        // Data that moved and then stood still: the path, not the server.
+        for what in [
+            "the data connections to move (stalled)",
+            "the data connection to move (stalled after 90193024 bytes)",
+        ] {
+            let stalled = t(what);
+            assert!(
+                stalled.contains("the path stalled") && !stalled.contains("not answering"),
+                "{stalled}"
+            );
+        }
+        let never = t("the data connection to move (stalled after 0 bytes)");
+        assert!(never.contains("try --active"), "{never}");
     }
 
     #[test]
