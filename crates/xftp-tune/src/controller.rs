@@ -633,6 +633,20 @@ impl Controller {
         by_rtt.max(self.cfg.min_epoch)
     }
 
+    /// Record an epoch that was not judged (rule 12) in the history.
+    fn unjudged(&mut self, s: &Sample, goodput: f64, next: u32, reason: Reason) {
+        self.history.push(Step {
+            at_s: s.at.as_secs_f64(),
+            streams: self.n,
+            goodput_bps: goodput,
+            rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
+            queue_ms: None,
+            loss: 0.0,
+            next,
+            reason,
+        });
+    }
+
     /// Take a sample; returns a decision when the stream count changes.
     pub fn on_sample(&mut self, s: Sample) -> Option<Decision> {
         if let Some(r) = s.rtt.filter(|r| !r.is_zero()) {
@@ -692,16 +706,7 @@ impl Controller {
             } else {
                 (self.n, Reason::Stalled)
             };
-            self.history.push(Step {
-                at_s: s.at.as_secs_f64(),
-                streams: self.n,
-                goodput_bps: goodput,
-                rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
-                queue_ms: None,
-                loss: 0.0,
-                next,
-                reason,
-            });
+            self.unjudged(&s, goodput, next, reason);
             if !rescue {
                 return None;
             }
@@ -722,16 +727,7 @@ impl Controller {
             // 64). Judging starts afresh from the next.
             self.last_g = None;
             self.epoch_rtt = None;
-            self.history.push(Step {
-                at_s: s.at.as_secs_f64(),
-                streams: self.n,
-                goodput_bps: goodput,
-                rtt_ms: s.rtt.map(|r| r.as_secs_f64() * 1e3),
-                queue_ms: None,
-                loss: 0.0,
-                next: self.n,
-                reason: Reason::Stalled,
-            });
+            self.unjudged(&s, goodput, self.n, Reason::Stalled);
             return None;
         }
         // Within the epoch: its second part against its first.

@@ -15,11 +15,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use support::KillOnDrop;
 use xftp_netem::{unique_name, DirectionSpec, Link, LinkSpec, QueueLimit};
 
 #[test]
@@ -50,25 +48,7 @@ fn a_download_whose_connections_all_die_mid_transfer_completes_on_new_ones() {
     let at = Duration::from_secs(8);
     spec.blackhole = Some((at, Duration::from_secs(600)));
     let link = Link::start(spec).expect("start link");
-    let mut server = link.command_b(env!("CARGO_BIN_EXE_xftp"));
-    server
-        .args([
-            "serve",
-            "--anonymous",
-            "--listen",
-            "198.18.0.2:2121",
-            "--root",
-        ])
-        .arg(&root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut server = KillOnDrop(server.spawn().expect("spawn xftp serve"));
-    let mut line = String::new();
-    BufReader::new(server.0.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .expect("the listening line");
-    assert!(line.contains("listening"), "{line:?}");
+    let _server = support::serve_in_b(&link, &root, &["--anonymous"]);
     let get = |name: &str| {
         link.command_a(env!("CARGO_BIN_EXE_xftp"))
             .args([

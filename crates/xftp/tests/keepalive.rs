@@ -10,11 +10,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::KillOnDrop;
 use xftp_netem::{unique_name, DirectionSpec, Link, LinkSpec, QueueLimit};
 
 #[test]
@@ -37,25 +35,7 @@ fn a_handshake_cut_on_the_way_fails_at_the_first_keepalive_probe() {
     spec.reset_every = Some(period);
     let started = Instant::now();
     let link = Link::start(spec).expect("start link");
-    let mut server = link.command_b(env!("CARGO_BIN_EXE_xftp"));
-    server
-        .args([
-            "serve",
-            "--anonymous-write",
-            "--listen",
-            "198.18.0.2:2121",
-            "--root",
-        ])
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut server = KillOnDrop(server.spawn().expect("spawn xftp serve"));
-    let mut line = String::new();
-    BufReader::new(server.0.stdout.take().expect("piped"))
-        .read_line(&mut line)
-        .expect("the listening line");
-    assert!(line.contains("listening"), "{line:?}");
+    let _server = support::serve_in_b(&link, dir.path(), &["--anonymous-write"]);
     // Nothing has crossed from A to B yet: the handshake's last segment
     // is the first to, and it goes after the reset is due.
     std::thread::sleep((period + Duration::from_millis(300)).saturating_sub(started.elapsed()));

@@ -459,3 +459,24 @@ pub fn netem_ready(test: &str) -> bool {
         }
     }
 }
+
+/// `xftp serve --listen 198.18.0.2:2121 --root root` (and `args`) in the
+/// B namespace of `link`, once it says it listens; ended by PID when
+/// dropped.
+pub fn serve_in_b(link: &xftp_netem::Link, root: &Path, args: &[&str]) -> KillOnDrop {
+    let mut server = link.command_b(env!("CARGO_BIN_EXE_xftp"));
+    server
+        .args(["serve", "--listen", "198.18.0.2:2121", "--root"])
+        .arg(root)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut server = KillOnDrop(server.spawn().expect("spawn xftp serve"));
+    let mut line = String::new();
+    BufReader::new(server.0.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("the listening line");
+    assert!(line.contains("listening"), "{line:?}");
+    server
+}
