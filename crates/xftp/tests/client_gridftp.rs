@@ -302,24 +302,11 @@ fn the_shell_reconnects_to_a_login_directory_it_cannot_cwd_into() {
         got = got.display(),
         up = srv.join("up.bin").display(),
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(["shell", &format!("ftp://127.0.0.1:{}/", server.port)])
-        .current_dir(tmp.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = support::shell_script(
+        &format!("ftp://127.0.0.1:{}/", server.port),
+        tmp.path(),
+        &script,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("4 connections"), "{err}");

@@ -426,22 +426,14 @@ fn shell_against_vsftpd_mget_from_list_and_mult_as_ranges() {
     write_prng_file(&served.join("big.dat"), (3 << 20) + 5, 99);
     chown_ftp(&served);
     let script = "cd pub/m\nmget *.bin\nmult 3\nget big.dat\nquit\n";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(["shell", &format!("ftp://127.0.0.1:{}/", server.port)])
-        .current_dir(&d.local)
-        .env("HOME", &d.local)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = ok(child.wait_with_output().unwrap(), "shell mget");
+    let out = ok(
+        support::shell_script(
+            &format!("ftp://127.0.0.1:{}/", server.port),
+            &d.local,
+            script,
+        ),
+        "shell mget",
+    );
     for name in ["a.bin", "b c.bin"] {
         assert_eq!(
             sha256_file(&d.local.join(name)),

@@ -480,3 +480,23 @@ pub fn serve_in_b(link: &xftp_netem::Link, root: &Path, args: &[&str]) -> KillOn
     assert!(line.contains("listening"), "{line:?}");
     server
 }
+
+/// `xftp shell URL` in `cwd` (also its HOME), `script` on its stdin.
+pub fn shell_script(url: &str, cwd: &Path, script: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["shell", url])
+        .current_dir(cwd)
+        .env("HOME", cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn xftp shell");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())
+        .expect("write the script");
+    child.wait_with_output().expect("xftp shell")
+}
