@@ -1236,8 +1236,12 @@ impl Controller {
             // full. A gain well beyond the step's ratio says only that the
             // level before was slow start: no evidence either way, so the
             // next step is a plain doubling.
+            // Connections all held by their receivers' windows report no
+            // RTT, so their epochs are never clean; a step that scaled
+            // almost linearly with every connection still held says the
+            // same, as a full link would have held the added ones back.
             let fast = !t.probe
-                && e.clean
+                && (e.clean || (e.held && !e.queue_now))
                 && now >= self.cfg.fast_gain
                 && e.g <= t.base * ratio * SUPERLINEAR;
             let factor = if fast { 4 } else { 2 };
@@ -2315,6 +2319,36 @@ mod tests {
     }
 
     #[test]
+    fn a_held_step_that_scaled_linearly_grows_fourfold() {
+        // 8 connections held by their windows (no RTT) double to 16, and
+        // goodput doubles with them, every connection still held: a full
+        // link would have held the added ones back, so the next step is
+        // fourfold, as after a linear step on a clean path.
+        let held = |second: f64| {
+            let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+            feed_rtt(&mut c, &mut f, 4, 1e6, |_| Some(200));
+            feed_rtt(&mut c, &mut f, 8, 3e6, |_| None);
+            assert_eq!(c.streams(), 16, "{:?}", c.history());
+            feed_rtt(&mut c, &mut f, 12, second, |_| None);
+            c
+        };
+        let c = held(6e6);
+        assert_eq!(c.streams(), 64, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::Grow));
+        // Two thirds of the ideal: a doubling, as before.
+        let c = held(5e6);
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
+        // A queue at the epoch's end (some connection no longer held, its
+        // RTT above the floor): a doubling.
+        let (mut c, mut f) = started(Controller::new(TuneConfig::default(), 8));
+        feed_rtt(&mut c, &mut f, 4, 1e6, |_| Some(200));
+        feed_rtt(&mut c, &mut f, 8, 3e6, |_| None);
+        feed_rtt(&mut c, &mut f, 9, 6e6, |_| None);
+        feed_rtt(&mut c, &mut f, 3, 6e6, |_| Some(260));
+        assert!(c.streams() <= 32, "{:?}", c.history());
+    }
+
+    #[test]
     fn a_trials_first_epoch_is_judged_on_its_later_part() {
         // 4 -> 16 on a clean 100 ms path (epochs of 300 ms). The added
         // connections join two RTTs into the trial's first epoch: its
@@ -2822,8 +2856,10 @@ mod yardstick {
             assert!(all.meets_goals(), "{how}");
         }
         // The warm goal and the "too many" rule, which the model meets on
-        // every seed tried; the fresh median, near the goal (0.95;
-        // seed 10 gives 0.94).
+        // every seed tried at the default 40 paths (at 200, seeds 1, 3 and
+        // 4 have one path each: starts of 16 on 250-500 ms paths whose
+        // best is 4-8, at 0.78-0.95 of it); the fresh median, near the
+        // issue's goal (0.95; seed 10 gives 0.94).
         assert!(all.fresh_median >= 0.93, "{how}");
         assert!(all.warm_median >= 0.97, "{how}");
         assert!(all.too_many.is_empty(), "{how}");
