@@ -295,6 +295,9 @@ pub struct Client {
     epsv_refused: bool,
     eprt_refused: bool,
     pending_login: Option<PendingLogin>,
+    /// The login's replies did not come within this: the session is out
+    /// of step.
+    login_stalled: Option<Duration>,
     pending_prelude: Option<Prelude>,
     features: Option<Features>,
     /// MODE E accepted: transfers are framed even on one connection.
@@ -521,6 +524,7 @@ impl Client {
             epsv_refused: false,
             eprt_refused: false,
             pending_login: None,
+            login_stalled: None,
             pending_prelude: None,
             features: None,
             mode_e: false,
@@ -688,8 +692,26 @@ impl Client {
     /// Read the replies of a pipelined login and of the automatic mode's
     /// MODE E / MULT, if any are outstanding.
     async fn settle(&mut self) -> Result<()> {
+        // A server that greets and then stands still at the login
+        // (overloaded, or the path stalled): nothing was transferred, and
+        // the session is out of step for good (a caller that tries again
+        // on it, as a tree's probe of the server's features does, gets the
+        // same answer at once).
+        let login_stalled = |after| ClientError::Timeout {
+            what: crate::error::LOGIN_REPLY.into(),
+            after,
+        };
+        if let Some(after) = self.login_stalled {
+            return Err(login_stalled(after));
+        }
         if let Some(login) = self.pending_login.take() {
-            self.settle_login(login).await?;
+            self.settle_login(login).await.map_err(|e| match e {
+                ClientError::Timeout { after, .. } => {
+                    self.login_stalled = Some(after);
+                    login_stalled(after)
+                }
+                e => e,
+            })?;
         }
         if let Some(p) = self.pending_prelude.take() {
             if let Some(m) = &p.mode_e {

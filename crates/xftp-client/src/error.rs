@@ -217,7 +217,16 @@ pub enum ClientError {
     UploadResumeUnsupported,
 }
 
+/// What a [`ClientError::Timeout`] at the login waited for.
+pub(crate) const LOGIN_REPLY: &str = "the server's answer to the login";
+
 impl ClientError {
+    /// A timeout at the login: the server greeted, then stood still
+    /// (overloaded, or the path stalled); nothing was transferred.
+    pub fn at_login(&self) -> bool {
+        matches!(self, ClientError::Timeout { what, .. } if what == LOGIN_REPLY)
+    }
+
     /// Whether the session this error came from is not worth using again:
     /// its control connection is closed, failed, timed out, or out of step
     /// (a malformed reply, a TLS failure).

@@ -651,6 +651,53 @@ fn a_directory_where_a_file_is_expected_points_to_r() {
 }
 
 #[test]
+fn a_server_that_greets_and_then_stands_still_is_named_at_the_login() {
+    // An overloaded server, or a path that stalled after the greeting:
+    // the login's replies never come. Nothing was transferred, so no word
+    // of data connections (--active) or of what -c would have kept; a
+    // tree says the same, not a later command's timeout.
+    let dir = tempfile::tempdir().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // (Left running: it holds every connection open to the test's end.)
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming() {
+            let Ok(mut c) = c else { break };
+            let _ = c.write_all(b"220 hello\r\n");
+            held.push(c);
+        }
+    });
+    for args in [
+        vec!["get", "--timeout", "1"],
+        vec!["get", "-r", "--timeout", "1"],
+        vec!["ls", "--timeout", "1"],
+    ] {
+        let url = match args.get(1) {
+            Some(&"-r") => format!("ftp://127.0.0.1:{port}/d/"),
+            _ if args[0] == "ls" => format!("ftp://127.0.0.1:{port}/"),
+            _ => format!("ftp://127.0.0.1:{port}/f"),
+        };
+        let mut argv = args.clone();
+        argv.push(&url);
+        if args[0] == "get" {
+            argv.push("out");
+        }
+        let out = xftp(&argv, dir.path());
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("waiting for the server's answer to the login")
+                && err.contains("stopped answering at the login")
+                && !err.contains("--active")
+                && !err.contains("what arrived"),
+            "{args:?}: {err}"
+        );
+        assert!(entries(dir.path()).is_empty(), "{args:?}");
+    }
+}
+
+#[test]
 fn a_port_that_is_no_ftp_servers_is_named_as_such() {
     let dir = tempfile::tempdir().unwrap();
     // Silent after accepting (an HTTP server waits for a request), then

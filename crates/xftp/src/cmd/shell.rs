@@ -1651,6 +1651,7 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
     }
     // A transfer cut on the way, which running it again may complete.
     let cut = match &e {
+        e if e.at_login() => false,
         ClientError::Reply { code, .. } => matches!(code, 421 | 425 | 426),
         ClientError::ShortTransfer { expected, got } => got <= expected,
         ClientError::StripeFault(m) => !m.starts_with("storage:"),
@@ -1710,6 +1711,10 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
             "is an FTP server running at {authority}? check the host and port"
         )),
         ClientError::Resolve { .. } => Some("check the host name".into()),
+        ClientError::Timeout { .. } if e.at_login() => Some(
+            "the server greeted, then stopped answering at the login: it may be overloaded, or the path stalled; try again later (`open`)"
+                .into(),
+        ),
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; try again, or switch `active` / `passive`"
                 .into(),

@@ -688,6 +688,8 @@ fn explain_resumable(
     // A download cut midway without -c: say what -c would have kept.
     // (Not a file that grew: -c would refuse it as changed.)
     let cut = match &e {
+        // Nothing was transferred yet.
+        e if e.at_login() => false,
         ClientError::Closed
         | ClientError::Timeout { .. }
         | ClientError::ControlIo(_)
@@ -1588,6 +1590,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 if matches!(op, Op::Get | Op::Put) { " with -c" } else { "" }
             ))
         }
+        ClientError::Timeout { .. } if e.at_login() => Some(
+            "the server greeted, then stopped answering at the login: it may be overloaded, or the path stalled; raise --timeout, or try again later"
+                .into(),
+        ),
         ClientError::Timeout { .. } => Some(
             "the server or network is not answering; raise --timeout, or try --active / passive"
                 .into(),
