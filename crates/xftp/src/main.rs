@@ -11,6 +11,16 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` (this shadows it for the whole binary) that ignores a
+/// closed stderr (`xftp get ... 2>&1 | head -1`): std's panics there, and
+/// a finished transfer then exited with 101 as if it had crashed.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod cmd;
 
 use std::process::ExitCode;

@@ -651,6 +651,27 @@ fn a_directory_where_a_file_is_expected_points_to_r() {
 }
 
 #[test]
+fn a_closed_stderr_is_no_crash() {
+    // `xftp get ... 2>&1 | head -1`: the reader has left when the error
+    // is written. The exit status is the command's (1: nothing listens
+    // on that port), not a panic's 101.
+    let dir = tempfile::tempdir().unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", &format!("ftp://127.0.0.1:{port}/f"), "f"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}
+
+#[test]
 fn a_server_that_greets_and_then_stands_still_is_named_at_the_login() {
     // An overloaded server, or a path that stalled after the greeting:
     // the login's replies never come. Nothing was transferred, so no word
