@@ -1408,6 +1408,12 @@ impl Client {
         }
         let len = md.len();
         let mtime = md.modified().map_or(0, xftp_proto::facts::epoch_secs);
+        // What the server's record of a partial upload names the source
+        // by: the time to the nanosecond, so that a file rewritten within
+        // the same second is another version (the server only compares
+        // it; a record of an older client, in seconds, differs, and that
+        // upload starts over once).
+        let stamp = md.modified().map_or(0, epoch_nanos);
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
         self.settle().await?;
@@ -1450,7 +1456,7 @@ impl Client {
                 field("size=").and_then(|v| v.parse::<u64>().ok()),
                 field("mtime=").and_then(|v| v.parse::<i64>().ok()),
             );
-            if size != Some(len) || time != Some(mtime) {
+            if size != Some(len) || time != Some(stamp) {
                 // What the server holds is of an earlier version of the
                 // local file (or of another file): of no use to this one.
                 // Deleted (its record with it), this upload starts over;
@@ -1466,7 +1472,7 @@ impl Client {
                     return Err(ClientError::SourceChanged {
                         partial: PathBuf::from(&tmp),
                         was,
-                        now: format!("{len} bytes, modified at {mtime}"),
+                        now: format!("{len} bytes, modified at {stamp}"),
                     });
                 }
                 self.notices.push(format!(
@@ -1496,7 +1502,7 @@ impl Client {
             self.ctl.expect(&c, &[200]).await?;
             self.mode_e = true;
         }
-        let c = Cmd::with("SITE", format!("RESUMABLE {len} {mtime}"));
+        let c = Cmd::with("SITE", format!("RESUMABLE {len} {stamp}"));
         self.send(&[&c]).await?;
         self.ctl.expect(&c, &[200]).await?;
         let file = std::fs::File::open(local).map_err(|e| local_err(local, e))?;
@@ -3992,6 +3998,15 @@ fn choose_checksum(f: &Features, want: Verify) -> Result<(Algorithm, Via)> {
                 listed()
             ))
         }),
+    }
+}
+
+/// Nanoseconds since the Unix epoch (negative before it; saturating far
+/// from it): a local file's time as `SITE RESUMABLE` records it.
+fn epoch_nanos(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
     }
 }
 

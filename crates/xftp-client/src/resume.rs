@@ -32,6 +32,21 @@ pub struct SourceMeta {
     pub mdtm: Option<String>,
 }
 
+impl SourceMeta {
+    /// The same source: the same size and time. A time with a fraction of
+    /// a second (an xftp server's MDTM) against one without (a partial
+    /// begun from an older server, or a server that dropped it) is
+    /// compared to the second.
+    pub fn same_as(&self, other: &SourceMeta) -> bool {
+        let whole = |t: &str| t.split('.').next().unwrap_or(t).to_owned();
+        self.size == other.size
+            && match (&self.mdtm, &other.mdtm) {
+                (Some(a), Some(b)) if a.contains('.') != b.contains('.') => whole(a) == whole(b),
+                (a, b) => a == b,
+            }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
     version: u32,
@@ -193,7 +208,7 @@ impl Partial {
                             partial: path,
                         });
                     }
-                    if r.meta != now {
+                    if !r.meta.same_as(&now) {
                         return Err(ResumeError::Changed {
                             was: r.meta,
                             now,
@@ -344,6 +359,26 @@ mod tests {
             Err(ResumeError::OtherSource { .. })
         ));
         assert!(Partial::open(&target, "[::1]:21/f.bin", meta(100)).is_ok());
+    }
+
+    #[test]
+    fn times_differ_by_their_milliseconds_where_both_have_them() {
+        let at = |t: &str| SourceMeta {
+            size: 1,
+            mdtm: Some(t.into()),
+        };
+        let (a, b) = (at("20261124120000.100"), at("20261124120000.900"));
+        assert!(!a.same_as(&b), "rewritten within the second");
+        assert!(a.same_as(&at("20261124120000.100")));
+        // One side without the fraction (an older server's partial): to
+        // the second.
+        assert!(a.same_as(&at("20261124120000")));
+        assert!(!a.same_as(&at("20261124120001")));
+        let none = SourceMeta {
+            size: 1,
+            mdtm: None,
+        };
+        assert!(none.same_as(&none.clone()) && !none.same_as(&a));
     }
 
     #[test]

@@ -14,6 +14,28 @@ pub fn format_time(secs: i64) -> String {
     )
 }
 
+/// [`format_time`] of `t` with its milliseconds (`YYYYMMDDHHMMSS.sss`,
+/// RFC 3659's `time-val`) where they are not zero: MDTM's answer, so that a
+/// file rewritten within the same second reads as changed to a client
+/// that resumes it. (A time set by MFMT has none, and reads back as set.)
+pub fn format_time_ms(t: std::time::SystemTime) -> String {
+    let (secs, ms) = match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_millis()),
+        Err(e) => {
+            // Before the epoch: the whole second below, and what is above it.
+            let d = e.duration();
+            match d.subsec_millis() {
+                0 => (-(d.as_secs() as i64), 0),
+                m => (-(d.as_secs() as i64) - 1, 1000 - m),
+            }
+        }
+    };
+    match ms {
+        0 => format_time(secs),
+        ms => format!("{}.{ms:03}", format_time(secs)),
+    }
+}
+
 /// Seconds since the epoch for `YYYYMMDDHHMMSS` (a fraction `.sss` is
 /// dropped); `None` unless every field is in range.
 pub fn parse_time(t: &str) -> Option<i64> {
@@ -319,6 +341,18 @@ mod tests {
         for secs in [0i64, 1_700_000_000, -86_400] {
             assert_eq!(epoch_secs(system_time(secs)), secs);
         }
+    }
+
+    #[test]
+    fn milliseconds_where_there_are_some() {
+        use std::time::Duration;
+        let at = |secs: i64, ms: u64| system_time(secs) + Duration::from_millis(ms);
+        assert_eq!(format_time_ms(at(1_700_000_000, 0)), "20231114221320");
+        assert_eq!(format_time_ms(at(1_700_000_000, 7)), "20231114221320.007");
+        assert_eq!(format_time_ms(at(1_700_000_000, 900)), "20231114221320.900");
+        assert_eq!(format_time_ms(at(-1, 250)), "19691231235959.250");
+        // Read back, the fraction is dropped.
+        assert_eq!(parse_time("20231114221320.900"), Some(1_700_000_000));
     }
 
     #[test]

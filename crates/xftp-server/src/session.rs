@@ -1266,7 +1266,7 @@ impl Session {
                         .await
                     }
                     None => {
-                        self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, seconds since the epoch).")
+                        self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, and the source's time as an integer: xftp sends nanoseconds since the epoch).")
                             .await
                     }
                 }
@@ -1284,7 +1284,7 @@ impl Session {
             ("CHMOD", None) => self.reply(501, "SITE CHMOD MODE PATH (octal mode).").await,
             ("RANGES", None) => self.reply(501, "SITE RANGES PATH.").await,
             ("RESUMABLE", None) => {
-                self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, seconds since the epoch).")
+                self.reply(501, "SITE RESUMABLE SIZE MTIME (bytes, and the source's time as an integer: xftp sends nanoseconds since the epoch).")
                     .await
             }
             // GridFTP clients announce themselves; nothing to do.
@@ -1593,7 +1593,12 @@ impl Session {
             return Ok(());
         };
         match self.root.stat(&p) {
-            Ok(md) if md.is_file() => self.reply(213, fs::mdtm_string(fs::mtime_secs(&md))).await,
+            Ok(md) if md.is_file() => {
+                let t = md
+                    .modified()
+                    .map_or_else(|_| fs::mdtm_string(0), xftp_proto::facts::format_time_ms);
+                self.reply(213, t).await
+            }
             Ok(_) => {
                 self.reply(550, format!("{}: not a plain file.", v.display()))
                     .await

@@ -252,8 +252,24 @@ async fn listings_and_file_management() {
         r.lines[1].contains("size=5;") && r.lines[1].ends_with("/a b.txt"),
         "{r}"
     );
+    // YYYYMMDDHHMMSS, and the milliseconds where there are some.
     let m = c.cmd("MDTM a b.txt", 213).await;
-    assert_eq!(m.text().len(), 14);
+    assert!([14, 18].contains(&m.text().len()), "{m}");
+    let at = |ms: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_000 + ms);
+        std::fs::File::options()
+            .write(true)
+            .open(srv.dir.path().join("a b.txt"))
+            .and_then(|f| f.set_modified(t))
+            .unwrap();
+    };
+    at(250);
+    assert_eq!(
+        c.cmd("MDTM a b.txt", 213).await.text(),
+        "20231114221320.250"
+    );
+    at(0);
+    assert_eq!(c.cmd("MDTM a b.txt", 213).await.text(), "20231114221320");
     c.cmd("RNFR a b.txt", 350).await;
     c.cmd("RNTO sub/c.txt", 250).await;
     assert_eq!(

@@ -475,6 +475,62 @@ fn a_changed_local_file_is_not_spliced_into_an_upload() {
     assert_eq!(left.len(), 1, "no partial or record left: {left:?}");
 }
 
+/// Set `path`'s modification time to `secs` and `ms` milliseconds.
+fn touch_at(path: &std::path::Path, secs: u64, ms: u64) {
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(ms);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(t))
+        .unwrap();
+}
+
+#[test]
+fn a_source_rewritten_within_the_same_second_is_not_spliced() {
+    // Size and time to the second are the same before and after; the
+    // milliseconds differ (the server's MDTM has them, the upload's
+    // record has the local file's nanoseconds).
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let srv = serve(&root, &[]);
+    // A download.
+    write_prng_file(&root.join("g.bin"), SIZE, 7);
+    touch_at(&root.join("g.bin"), 1_795_985_000, 100);
+    let url = format!("ftp://127.0.0.1:{}/g.bin", srv.port);
+    let args = ["get", "-c", "-p", "4", "--limit-rate", "10M", &url, "g.bin"];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    write_prng_file(&root.join("g.bin"), SIZE, 8);
+    touch_at(&root.join("g.bin"), 1_795_985_000, 900);
+    let out = xftp(&["get", "-c", &url, "g.bin"], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("source changed"),
+        "{err}"
+    );
+    assert!(!local.join("g.bin").exists());
+    // An upload: the server's partial of the earlier version goes, and
+    // the new one goes up whole.
+    write_prng_file(&local.join("v.bin"), SIZE, 44);
+    touch_at(&local.join("v.bin"), 1_795_985_000, 100);
+    let url = format!("ftp://127.0.0.1:{}/v.bin", srv.port);
+    let args = ["put", "-c", "-p", "4", "--limit-rate", "10M", "v.bin", &url];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    std::thread::sleep(Duration::from_millis(300));
+    write_prng_file(&local.join("v.bin"), SIZE, 45);
+    touch_at(&local.join("v.bin"), 1_795_985_000, 900);
+    let out = xftp(&["put", "-c", "v.bin", &url], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("was of another version"), "{err}");
+    assert_eq!(
+        sha256_file(&root.join("v.bin")),
+        sha256_file(&local.join("v.bin"))
+    );
+}
+
 #[test]
 fn resumable_uploads_on_the_server_refuse_bad_input() {
     let dir = tempfile::tempdir().unwrap();
