@@ -169,6 +169,32 @@ enum Login {
 }
 
 /// What happened to a transfer task.
+/// A download's file as it was when the transfer began, to tell at its
+/// end whether it changed meanwhile (read through a duplicate of the
+/// descriptor the transfer reads: the same file, whatever its name is now).
+struct Source {
+    file: Option<std::fs::File>,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Source {
+    fn of(file: &std::fs::File, md: &std::fs::Metadata) -> Source {
+        Source {
+            file: file.try_clone().ok(),
+            len: md.len(),
+            modified: md.modified().ok(),
+        }
+    }
+
+    fn changed(&self) -> bool {
+        self.file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|now| now.len() != self.len || now.modified().ok() != self.modified)
+    }
+}
+
 enum Outcome<T> {
     Done(T),
     Failed(TransferError),
@@ -2109,6 +2135,20 @@ impl Session {
         }
     }
 
+    /// A download whose file changed while it was sent: its copy is of no
+    /// one version (a log being written, a file rewritten in place), so
+    /// the transfer fails rather than end with a 226.
+    async fn source_changed(&mut self, v: &VPath) -> std::io::Result<()> {
+        self.reply(
+            451,
+            format!(
+                "{}: the file changed during the transfer (its size or modification time): the copy is of no one version; fetch it again once the file is complete.",
+                v.display()
+            ),
+        )
+        .await
+    }
+
     /// A transfer's end when the local file system failed it: 452 when
     /// it is out of space (ENOSPC, EDQUOT), else 451.
     async fn storage_failed(&mut self, why: &str) -> std::io::Result<()> {
@@ -2218,6 +2258,7 @@ impl Session {
                 )
                 .await;
         }
+        let source = Source::of(&file, &md);
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;
@@ -2294,6 +2335,9 @@ impl Session {
                 progress.clone(),
             ));
             let out = self.run_transfer(task, progress, None).await?;
+            if matches!(out, Outcome::Done(_)) && source.changed() {
+                return self.source_changed(&v).await;
+            }
             self.finish(out, |b| format!("Transfer complete ({b} bytes)."))
                 .await
         } else {
@@ -2334,6 +2378,10 @@ impl Session {
                 Outcome::Failed(e) => Outcome::Failed(e),
                 Outcome::Aborted => Outcome::Aborted,
             };
+            if matches!(out, Outcome::Done(_)) && source.changed() {
+                self.cached.clear();
+                return self.source_changed(&v).await;
+            }
             self.finish(out, |r| {
                 format!(
                     "Transfer complete ({} bytes on {} connections).",

@@ -710,3 +710,35 @@ fn a_file_that_shrinks_while_sent_is_named_so() {
     assert!(err.contains("the file shrank on the server"), "{err}");
     assert!(!d.local.join("s.bin").exists());
 }
+
+/// A file rewritten in place while it is sent (same size), or grown, over
+/// N connections and over one: the copy would be of no one version. The
+/// server says so (451) instead of 226, and no file is left that looks
+/// whole.
+#[test]
+fn a_file_rewritten_while_sent_is_not_delivered_as_whole() {
+    let d = dirs();
+    let srv = serve(&d.srv, 16);
+    for (p, grow) in [("4", false), ("1", false), ("4", true)] {
+        let f = d.srv.join("w.bin");
+        write_prng_file(&f, 24 << 20, 13);
+        let url = format!("ftp://127.0.0.1:{}/w.bin", srv.port);
+        let child = support::spawn_xftp(
+            &["get", "-p", p, "--limit-rate", "8M", &url, "w.bin"],
+            &d.local,
+        );
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        {
+            use std::io::{Seek, Write};
+            let mut w = std::fs::File::options().write(true).open(&f).unwrap();
+            let at = if grow { 24 << 20 } else { 20 << 20 };
+            w.seek(std::io::SeekFrom::Start(at)).unwrap();
+            w.write_all(&[0x5a; 1 << 20]).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "-p {p}, grow {grow}: {err}");
+        assert!(err.contains("changed during the transfer"), "{err}");
+        assert!(!d.local.join("w.bin").exists(), "-p {p}");
+    }
+}

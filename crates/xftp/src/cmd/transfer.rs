@@ -1540,6 +1540,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                     .into(),
             ),
             (452 | 552 | 421, _) => server_state_hint(*code, &e),
+            // xftp serve's words for a file written while it was sent.
+            (451, _) if e.to_string().contains("changed during the transfer") => Some(format!(
+                "the file was written on the server during the transfer{nk}; run it again when it is complete"
+            )),
             // xftp serve's words for a file that shrank while it was sent.
             (426, _) if e.to_string().contains("source ended at") => Some(format!(
                 "the file shrank on the server during the transfer{nk}; run it again when it is complete"
