@@ -1214,7 +1214,16 @@ impl TreeReport {
         if e.is_transient() {
             self.may_pass.push(rel.clone());
         }
-        self.failed.push((rel, e.to_string()));
+        let why = match e {
+            // A download's partial of another version: every later -c run
+            // fails the same way until it goes, so say how.
+            ClientError::SourceChanged { partial, .. } if partial.exists() => format!(
+                "{e} — remove {} (and its .ranges file) to download the new version from the start",
+                partial.display()
+            ),
+            e => e.to_string(),
+        };
+        self.failed.push((rel, why));
     }
 
     /// Add `later`, a run over the files this one left failed and that

@@ -532,6 +532,42 @@ fn a_source_rewritten_within_the_same_second_is_not_spliced() {
 }
 
 #[test]
+fn a_tree_whose_file_changed_since_its_partial_says_how_to_go_on() {
+    // `get -r -c` cut during its one large file, which then changes on
+    // the server: every later -c run fails that file, and says which
+    // partial to remove (as `get -c` of the file alone does).
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    write_prng_file(&root.join("t/b1"), SIZE, 3);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/t/", srv.port);
+    let args = [
+        "get",
+        "-r",
+        "-c",
+        "-p",
+        "4",
+        "--limit-rate",
+        "10M",
+        &url,
+        "t",
+    ];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(900)));
+    write_prng_file(&root.join("t/b1"), SIZE, 4);
+    touch_at(&root.join("t/b1"), 1_000_000_000, 0);
+    let out = xftp(&["get", "-r", "-c", &url, "t"], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("source changed") && err.contains("remove") && err.contains(".b1.xftp-part"),
+        "{err}"
+    );
+}
+
+#[test]
 fn resumable_uploads_on_the_server_refuse_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let srv = serve(dir.path(), &[]);
