@@ -248,6 +248,12 @@ pub async fn get_tree(
     let first = connect(Role::Small).await?;
     let mut report = TreeReport::default();
     let made = !local.exists();
+    if local.exists() && !local.is_dir() {
+        return Err(ClientError::Usage(format!(
+            "{} is a file: a tree is downloaded into a directory; give a directory (new or existing)",
+            local.display()
+        )));
+    }
     std::fs::create_dir_all(local).map_err(|e| local_err(local, e))?;
     // A run over some files only lists their directories.
     let walked = match walk(
@@ -513,7 +519,23 @@ async fn walk(
                         st.uniques.insert(rel.clone(), u.clone());
                     }
                     let p = local_path(local, &rel);
-                    std::fs::create_dir_all(&p).map_err(|err| local_err(&p, err))?;
+                    if let Err(err) = std::fs::create_dir_all(&p) {
+                        // A local file where the tree has a directory (or
+                        // a directory we may not write): that subtree
+                        // fails, the rest is copied.
+                        let in_the_way = err.kind() == std::io::ErrorKind::AlreadyExists
+                            || err.raw_os_error() == Some(libc::ENOTDIR);
+                        let why = if in_the_way {
+                            format!(
+                                "a local file is in the way: {} (or a directory above it) is not a directory; move it away, or download into another directory",
+                                p.display()
+                            )
+                        } else {
+                            local_err(&p, err).to_string()
+                        };
+                        st.refused.push((rel, why));
+                        continue;
+                    }
                     st.ndirs += 1;
                     st.dir_facts.push((rel.clone(), e.modify, e.mode));
                     if sh.needed.as_ref().map_or(true, |n| n.contains(&rel)) {

@@ -204,24 +204,35 @@ fn a_tree_that_cannot_be_written_fails_loudly() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir_all(root.join("t/sub")).unwrap();
+    std::fs::create_dir_all(root.join("t/other")).unwrap();
     std::fs::write(root.join("t/sub/f"), b"data").unwrap();
+    std::fs::write(root.join("t/other/g"), b"more").unwrap();
+    std::fs::write(root.join("t/h"), b"top").unwrap();
     let srv = serve(&root, &[]);
     let work = dir.path().join("work");
     std::fs::create_dir_all(work.join("copy")).unwrap();
-    // A file where the tree needs a directory.
+    // A file where the tree needs a directory: that subtree fails, named
+    // with the way out, and the rest is copied.
     std::fs::write(work.join("copy/sub"), b"in the way").unwrap();
-    let out = xftp(
-        &[
-            "get",
-            "-r",
-            &format!("ftp://127.0.0.1:{}/t/", srv.port),
-            "copy",
-        ],
-        &work,
-    );
+    let url = format!("ftp://127.0.0.1:{}/t/", srv.port);
+    let out = xftp(&["get", "-r", &url, "copy"], &work);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("copy/sub"), "{err}");
+    assert!(
+        err.contains("copy/sub") && err.contains("a local file is in the way"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(work.join("copy/other/g")).unwrap(), b"more");
+    assert_eq!(std::fs::read(work.join("copy/h")).unwrap(), b"top");
+    assert_eq!(std::fs::read(work.join("copy/sub")).unwrap(), b"in the way");
+    // The target itself a file.
+    std::fs::write(work.join("plain"), b"x").unwrap();
+    let out = xftp(&["get", "-r", &url, "plain"], &work);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("plain is a file"),
+        "{err}"
+    );
     // A missing remote directory.
     let out = xftp(
         &["get", "-r", &format!("ftp://127.0.0.1:{}/nope/", srv.port)],
