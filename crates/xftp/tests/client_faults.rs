@@ -1079,3 +1079,18 @@ fn local_mistakes_are_named_before_connecting() {
     }
     assert!(!dir.path().join("-").exists() && !dir.path().join("nd").exists());
 }
+
+#[test]
+fn a_tree_concurrency_of_zero_is_refused() {
+    // Not silently one: a count of sessions in flight is 1 to 1024.
+    let dir = tempfile::tempdir().unwrap();
+    for n in ["0", "1025"] {
+        let out = xftp(
+            &["get", "-r", "--concurrency", n, "ftp://127.0.0.1:1/d/", "x"],
+            dir.path(),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("--concurrency"), "{err}");
+    }
+}

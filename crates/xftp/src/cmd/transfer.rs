@@ -65,9 +65,9 @@ pub struct TransferArgs {
     /// With -r: files in flight at once, each on its own session (half of
     /// them, at most 4, take the large files with the -p settings, the
     /// others the small ones with one connection each).
-    /// (Default 8.)
-    #[arg(long, value_name = "N")]
-    concurrency: Option<usize>,
+    /// (Default 8; 1-1024.)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    concurrency: Option<u16>,
     /// Copy a directory tree: get -r URL/dir/ [LOCALDIR], put -r LOCALDIR
     /// URL/dir/. Times and permission bits are kept where the server
     /// allows (MLSD; MFMT, SITE CHMOD); symbolic links are left out.
@@ -1434,7 +1434,7 @@ fn tree_options(
     progress: Option<std::sync::Arc<xftp_client::Progress>>,
 ) -> xftp_client::tree::TreeOptions {
     xftp_client::tree::TreeOptions {
-        concurrency: t.concurrency.unwrap_or(8).max(1),
+        concurrency: t.concurrency.map_or(8, usize::from),
         skip_complete: resume,
         progress,
         ..Default::default()
