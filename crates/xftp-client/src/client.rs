@@ -887,7 +887,7 @@ impl Client {
         if self.cfg.resume {
             return self.download_resumable(remote, local).await;
         }
-        let tmp = temp_next_to(local)?;
+        let tmp = temp_next_to(local, true)?;
         let start = Instant::now();
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
@@ -4256,8 +4256,10 @@ pub(crate) fn local_target(local: &Path) -> Result<PathBuf> {
 }
 
 /// A temporary file in the target's directory, so the final rename stays
-/// on one file system and is atomic.
-fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
+/// on one file system and is atomic; `sweep`: first remove those of
+/// killed downloads of the same target (a single file's download: a
+/// tree's would scan its directory once per file).
+fn temp_next_to(target: &Path, sweep: bool) -> Result<tempfile::NamedTempFile> {
     let dir = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
@@ -4275,11 +4277,97 @@ fn temp_next_to(target: &Path) -> Result<tempfile::NamedTempFile> {
         keep -= 1;
     }
     name.truncate(keep);
-    tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
+    let prefix = format!(".{name}.");
+    if sweep {
+        sweep_dead_temps(&dir, &prefix);
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix(&prefix)
         .suffix(".xftp-part")
         .tempfile_in(&dir)
-        .map_err(|e| local_err(&dir, e))
+        .map_err(|e| local_err(&dir, e))?;
+    // Held while this run lives: a later run leaves it alone (see
+    // `sweep_dead_temps`); a killed run's lock goes with its process.
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the lock goes with the file.
+    unsafe { libc::flock(tmp.as_file().as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    Ok(tmp)
+}
+
+/// How old an unlocked temporary must be to be taken for a dead run's:
+/// a new one is locked a moment after it is made.
+const DEAD_TEMP_AGE: Duration = Duration::from_secs(10);
+
+/// Remove the temporaries (`PREFIX` + 6 characters + `.xftp-part`) of
+/// downloads of the same target that were killed (SIGKILL, a power cut)
+/// before they could clean up: no process holds their lock. Hidden, they
+/// would take the disk for good (a killed 20 MB download's stayed through
+/// every later run). A `-c` partial (`.NAME.xftp-part`) does not match.
+fn sweep_dead_temps(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        let Some(mid) = n
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix(".xftp-part"))
+        else {
+            continue;
+        };
+        if mid.len() != 6 || !mid.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(Some(f)) = xftp_stripe::open_regular(
+            &path,
+            std::fs::OpenOptions::new().read(true),
+            libc::O_NOFOLLOW,
+        ) else {
+            continue;
+        };
+        let old = f
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= DEAD_TEMP_AGE));
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor; the lock goes with `f`.
+        let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if old && free && std::fs::remove_file(&path).is_ok() {
+            tracing::info!(
+                "{}: removed the temporary of a download that was killed",
+                path.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn temporaries_of_killed_downloads_go_and_live_or_new_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("f.bin");
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    let put = |name: &str, age: Option<std::time::SystemTime>| {
+        let p = dir.path().join(name);
+        let f = std::fs::File::create(&p).unwrap();
+        if let Some(t) = age {
+            f.set_modified(t).unwrap();
+        }
+        p
+    };
+    let dead = put(".f.bin.Ab3xYz.xftp-part", Some(old));
+    let young = put(".f.bin.Qq1234.xftp-part", None);
+    let partial = put(".f.bin.xftp-part", Some(old));
+    let other = put(".g.bin.Ab3xYz.xftp-part", Some(old));
+    // A live run's: locked.
+    let live = temp_next_to(&target, true).unwrap();
+    live.as_file().set_modified(old).unwrap();
+    let next = temp_next_to(&target, true).unwrap();
+    assert!(!dead.exists());
+    assert!(young.exists() && partial.exists() && other.exists());
+    assert!(live.path().exists() && next.path().exists());
 }
 
 #[cfg(test)]
@@ -4334,7 +4422,7 @@ fn a_temporary_fits_where_its_target_does() {
         "\u{1f600}".repeat(63),
     ] {
         let target = dir.path().join(&name);
-        let tmp = temp_next_to(&target).unwrap();
+        let tmp = temp_next_to(&target, true).unwrap();
         std::fs::write(tmp.path(), b"x").unwrap();
         finish_temp(tmp, &target).unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"x");
@@ -4348,13 +4436,13 @@ fn a_replaced_file_keeps_its_permissions() {
     let dir = tempfile::tempdir().unwrap();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     let new = dir.path().join("new");
-    finish_temp(temp_next_to(&new).unwrap(), &new).unwrap();
+    finish_temp(temp_next_to(&new, false).unwrap(), &new).unwrap();
     // As open(2) would make it under this process's umask.
     assert_eq!(mode(&new), 0o666 & !umask());
     let private = dir.path().join("private");
     std::fs::write(&private, b"old").unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
-    finish_temp(temp_next_to(&private).unwrap(), &private).unwrap();
+    finish_temp(temp_next_to(&private, false).unwrap(), &private).unwrap();
     assert_eq!(mode(&private), 0o600);
 }
 

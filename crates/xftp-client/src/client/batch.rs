@@ -282,7 +282,7 @@ impl Client {
             // refused, as for any download).
             let target = local_target(&item.local)?;
             let resolved = target.clone();
-            let tmp = tokio::task::spawn_blocking(move || temp_next_to(&target))
+            let tmp = tokio::task::spawn_blocking(move || temp_next_to(&target, false))
                 .await
                 .map_err(|e| local_err(&item.local, std::io::Error::other(e)))??;
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
