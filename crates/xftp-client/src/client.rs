@@ -4320,21 +4320,14 @@ fn sweep_dead_temps(dir: &Path, prefix: &str) {
             continue;
         }
         let path = e.path();
-        let Ok(Some(f)) = xftp_stripe::open_regular(
-            &path,
-            std::fs::OpenOptions::new().read(true),
-            libc::O_NOFOLLOW,
-        ) else {
+        let Some(f) = resume::unlocked(&path) else {
             continue;
         };
         let old = f
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= DEAD_TEMP_AGE));
-        use std::os::fd::AsRawFd;
-        // SAFETY: a valid descriptor; the lock goes with `f`.
-        let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-        if old && free && std::fs::remove_file(&path).is_ok() {
+        if old && std::fs::remove_file(&path).is_ok() {
             tracing::info!(
                 "{}: removed the temporary of a download that was killed",
                 path.display()

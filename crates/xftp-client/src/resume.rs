@@ -101,24 +101,30 @@ pub fn partial_path(target: &Path) -> PathBuf {
     dir.join(format!(".{name}.xftp-part"))
 }
 
+/// `path`, a regular file (not through a link) that no running transfer
+/// holds: opened and locked, or `None`.
+pub(crate) fn unlocked(path: &Path) -> Option<std::fs::File> {
+    let f = xftp_stripe::open_regular(
+        path,
+        std::fs::OpenOptions::new().read(true),
+        libc::O_NOFOLLOW,
+    )
+    .ok()??;
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the lock goes with `f`.
+    (unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0).then_some(f)
+}
+
 /// A partial of `target` that an earlier `-c` run left, now that a whole
 /// copy is in place: removed with its record (unless a run holds it).
 /// Kept, it would refuse every later `-c` once the source changed (as it
 /// has, for the whole copy to be fetched) and take the disk meanwhile.
 pub(crate) fn drop_superseded(target: &Path) {
     let path = partial_path(target);
-    let Ok(Some(f)) = xftp_stripe::open_regular(
-        &path,
-        std::fs::OpenOptions::new().read(true),
-        libc::O_NOFOLLOW,
-    ) else {
+    // Held until both are gone.
+    let Some(_held) = unlocked(&path) else {
         return;
     };
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid descriptor; the lock goes with `f`.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return;
-    }
     let _ = std::fs::remove_file(record_path(&path));
     if std::fs::remove_file(&path).is_ok() {
         tracing::info!(
