@@ -1631,6 +1631,11 @@ impl Client {
         have: Option<&xftp_stripe::ranges::RangeSet>,
     ) -> Result<TransferReport> {
         let already = have.map_or(0, |h| h.covered());
+        // The local file as it was when the upload began (through a
+        // duplicate of the descriptor the upload reads), to tell at the end
+        // whether it was written meanwhile.
+        let probe = file.try_clone().ok();
+        let modified = file.metadata().ok().and_then(|m| m.modified().ok());
         let (_, setup) = self
             .prepare_data(
                 false,
@@ -1823,6 +1828,15 @@ impl Client {
                     got: remote_len,
                 });
             }
+        }
+        let now = probe.as_ref().and_then(|f| f.metadata().ok());
+        if now.is_some_and(|m| m.len() != len || m.modified().ok() != modified) {
+            // Rewritten in place at the same size, or touched: every byte
+            // went, but not of one version. It goes, as a cut upload does.
+            let c = Cmd::with("DELE", remote);
+            let cleared = self.send(&[&c]).await.is_ok()
+                && self.ctl.read_reply().await.is_ok_and(|r| r.code == 250);
+            return Err(ClientError::LocalFileWritten { cleared });
         }
         let timeline = self.timeline(adaptive, n);
         Ok(TransferReport {

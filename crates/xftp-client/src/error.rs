@@ -192,6 +192,15 @@ pub enum ClientError {
         /// deleted.
         cleared: bool,
     },
+    /// The local file was written while it was sent (its size or
+    /// modification time at the end differs from the start's, though as
+    /// many bytes as it had were sent): what the server received is of no
+    /// one version.
+    #[error("the local file was written while it was sent (its size or modification time changed): the server's copy would be of no one version; {}", if *cleared { "it was deleted" } else { "it could not be deleted and may stand under the target's name" })]
+    LocalFileWritten {
+        /// The server's copy was deleted.
+        cleared: bool,
+    },
     /// `--verify`: the server's checksum of the file and ours differ. The
     /// downloaded file was not put in place (an upload's was removed).
     #[error("checksum mismatch ({algorithm}): the server has {remote}, the local copy {local}")]

@@ -2378,8 +2378,9 @@ impl Session {
                 Outcome::Failed(e) => Outcome::Failed(e),
                 Outcome::Aborted => Outcome::Aborted,
             };
+            // (Its connections ended with their EODs, in step: kept for
+            // the next transfer as after a 226.)
             if matches!(out, Outcome::Done(_)) && source.changed() {
-                self.cached.clear();
                 return self.source_changed(&v).await;
             }
             self.finish(out, |r| {

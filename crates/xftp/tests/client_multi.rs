@@ -742,3 +742,36 @@ fn a_file_rewritten_while_sent_is_not_delivered_as_whole() {
         assert!(!d.local.join("w.bin").exists(), "-p {p}");
     }
 }
+
+/// The other way: a local file rewritten in place (same size) while it is
+/// uploaded, over N connections and over one. Every byte goes, but not of
+/// one version: the upload fails and the server's copy is deleted.
+#[test]
+fn a_local_file_rewritten_while_sent_is_not_left_as_whole() {
+    let d = dirs();
+    let srv = serve(&d.srv, 16);
+    for p in ["4", "1"] {
+        let f = d.local.join("u.bin");
+        write_prng_file(&f, 24 << 20, 14);
+        let url = format!("ftp://127.0.0.1:{}/u.bin", srv.port);
+        let child = support::spawn_xftp(
+            &["put", "-p", p, "--limit-rate", "8M", "u.bin", &url],
+            &d.local,
+        );
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        {
+            use std::io::{Seek, Write};
+            let mut w = std::fs::File::options().write(true).open(&f).unwrap();
+            w.seek(std::io::SeekFrom::Start(20 << 20)).unwrap();
+            w.write_all(&[0x5a; 1 << 20]).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "-p {p}: {err}");
+        assert!(
+            err.contains("written while it was sent") && err.contains("it was deleted"),
+            "{err}"
+        );
+        assert!(!d.srv.join("u.bin").exists(), "-p {p}");
+    }
+}

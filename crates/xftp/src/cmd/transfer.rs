@@ -1616,6 +1616,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ClientError::LocalFileChanged { .. } => {
             Some("something is writing the local file: send it again once it is complete".into())
         }
+        ClientError::LocalFileWritten { .. } => Some(
+            "send it again once nothing writes the local file (a file still being written: copy it first)"
+                .into(),
+        ),
         ClientError::UploadMismatch { .. } => Some(
             "the upload was cut short, or the file was changed on the server meanwhile (by another upload?); check it, or run it again"
                 .into(),
