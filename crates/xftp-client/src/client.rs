@@ -1413,7 +1413,7 @@ impl Client {
         // the same second is another version (the server only compares
         // it; a record of an older client, in seconds, differs, and that
         // upload starts over once).
-        let stamp = md.modified().map_or(0, epoch_nanos);
+        let stamp = md.modified().map_or(0, xftp_proto::facts::epoch_nanos);
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
         self.settle().await?;
@@ -1631,11 +1631,8 @@ impl Client {
         have: Option<&xftp_stripe::ranges::RangeSet>,
     ) -> Result<TransferReport> {
         let already = have.map_or(0, |h| h.covered());
-        // The local file as it was when the upload began (through a
-        // duplicate of the descriptor the upload reads), to tell at the end
-        // whether it was written meanwhile.
-        let probe = file.try_clone().ok();
-        let modified = file.metadata().ok().and_then(|m| m.modified().ok());
+        // The local file as it was when the upload began.
+        let stamp = xftp_stripe::FileStamp::new(&file, len);
         let (_, setup) = self
             .prepare_data(
                 false,
@@ -1829,8 +1826,7 @@ impl Client {
                 });
             }
         }
-        let now = probe.as_ref().and_then(|f| f.metadata().ok());
-        if now.is_some_and(|m| m.len() != len || m.modified().ok() != modified) {
+        if stamp.changed() {
             // Rewritten in place at the same size, or touched: every byte
             // went, but not of one version. It goes, as a cut upload does.
             let c = Cmd::with("DELE", remote);
@@ -4012,15 +4008,6 @@ fn choose_checksum(f: &Features, want: Verify) -> Result<(Algorithm, Via)> {
                 listed()
             ))
         }),
-    }
-}
-
-/// Nanoseconds since the Unix epoch (negative before it; saturating far
-/// from it): a local file's time as `SITE RESUMABLE` records it.
-fn epoch_nanos(t: std::time::SystemTime) -> i64 {
-    match t.duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
     }
 }
 

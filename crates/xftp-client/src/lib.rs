@@ -56,7 +56,7 @@ pub use client::{
 pub use error::{ClientError, Result};
 pub use negotiate::Features;
 pub use progress::{Progress, Snapshot};
-pub use resume::partial_path;
+pub use resume::{partial_path, remove_partial_fix};
 pub use url::{FtpUrl, UrlTls};
 pub use watchdog::RateLimit;
 pub use xftp_proto::cksum::Algorithm;

@@ -101,6 +101,16 @@ pub fn partial_path(target: &Path) -> PathBuf {
     dir.join(format!(".{name}.xftp-part"))
 }
 
+/// The way on from a download's partial of another version of its
+/// source (`ClientError::SourceChanged`): every later `-c` run is refused
+/// until it goes.
+pub fn remove_partial_fix(partial: &Path) -> String {
+    format!(
+        "remove {} (and its .ranges file) to download the new version from the start",
+        partial.display()
+    )
+}
+
 /// `path`, a regular file (not through a link) that no running transfer
 /// holds: opened and locked, or `None`.
 pub(crate) fn unlocked(path: &Path) -> Option<std::fs::File> {

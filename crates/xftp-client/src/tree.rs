@@ -1239,10 +1239,9 @@ impl TreeReport {
         let why = match e {
             // A download's partial of another version: every later -c run
             // fails the same way until it goes, so say how.
-            ClientError::SourceChanged { partial, .. } if partial.exists() => format!(
-                "{e} — remove {} (and its .ranges file) to download the new version from the start",
-                partial.display()
-            ),
+            ClientError::SourceChanged { partial, .. } if partial.exists() => {
+                format!("{e} — {}", crate::resume::remove_partial_fix(partial))
+            }
             e => e.to_string(),
         };
         self.failed.push((rel, why));

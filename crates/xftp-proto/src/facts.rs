@@ -82,6 +82,15 @@ pub fn epoch_secs(t: std::time::SystemTime) -> i64 {
     }
 }
 
+/// Nanoseconds since the Unix epoch (negative before it; saturating far
+/// from it): a local file's time as `SITE RESUMABLE` records it.
+pub fn epoch_nanos(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
 /// (year, month 1-12, day 1-31) for days since 1970-01-01
 /// (H. Hinnant's civil_from_days).
 pub fn civil_from_days(z: i64) -> (i64, u32, u32) {

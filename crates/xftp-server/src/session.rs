@@ -169,32 +169,6 @@ enum Login {
 }
 
 /// What happened to a transfer task.
-/// A download's file as it was when the transfer began, to tell at its
-/// end whether it changed meanwhile (read through a duplicate of the
-/// descriptor the transfer reads: the same file, whatever its name is now).
-struct Source {
-    file: Option<std::fs::File>,
-    len: u64,
-    modified: Option<std::time::SystemTime>,
-}
-
-impl Source {
-    fn of(file: &std::fs::File, md: &std::fs::Metadata) -> Source {
-        Source {
-            file: file.try_clone().ok(),
-            len: md.len(),
-            modified: md.modified().ok(),
-        }
-    }
-
-    fn changed(&self) -> bool {
-        self.file
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .is_some_and(|now| now.len() != self.len || now.modified().ok() != self.modified)
-    }
-}
-
 enum Outcome<T> {
     Done(T),
     Failed(TransferError),
@@ -2258,7 +2232,7 @@ impl Session {
                 )
                 .await;
         }
-        let source = Source::of(&file, &md);
+        let source = xftp_stripe::FileStamp::new(&file, len);
         let ascii = self.ttype == TransferType::Ascii;
         let framed = self.framed();
         let n = self.streams as usize;

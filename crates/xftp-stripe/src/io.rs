@@ -163,6 +163,36 @@ pub fn open_regular(
     Ok(Some(f))
 }
 
+/// A file as it was when a transfer of it began, to tell at the end
+/// whether it was written meanwhile (its size or modification time
+/// changed): read through a duplicate of the transfer's descriptor, so
+/// it is the same file whatever its name is now.
+#[derive(Debug)]
+pub struct FileStamp {
+    file: Option<std::fs::File>,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    /// `file` now, `len` bytes long as the transfer took it.
+    pub fn new(file: &std::fs::File, len: u64) -> FileStamp {
+        FileStamp {
+            file: file.try_clone().ok(),
+            len,
+            modified: file.metadata().ok().and_then(|m| m.modified().ok()),
+        }
+    }
+
+    /// Written since [`new`](Self::new) (false where it cannot be told).
+    pub fn changed(&self) -> bool {
+        self.file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|now| now.len() != self.len || now.modified().ok() != self.modified)
+    }
+}
+
 /// The whole of `p` if it is a regular file (`flags` as for
 /// [`open_regular`]), `Ok(None)` if it is something else: a small record
 /// read this way cannot hang on a FIFO left in its place.

@@ -1634,10 +1634,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 "the local file changed since the partial upload {}: run without -c to send it whole",
                 partial.display()
             ),
-            _ => format!(
-                "remove {} (and its .ranges file) to download the new version from the start",
-                partial.display()
-            ),
+            _ => xftp_client::remove_partial_fix(partial),
         }),
         ClientError::ChecksumMismatch { .. } => Some(match op {
             Op::Put => "the server's copy differs from the local file and was deleted; run it again (if it repeats, the local file may be changing, or a disk or memory fault corrupts data)".into(),
