@@ -141,6 +141,17 @@ const TIMEOUT_RTTS: f64 = 10.0;
 /// connections first finish the records they hold.
 const TIMEOUT_MAX: u32 = 8;
 
+/// Rule 6's cap once the link has carried [`TIMEOUT_WIDE_BPS`]: on the
+/// emulated 120 and 240 Mbit/s links with a four-packet queue and 2 ms of
+/// RTT, fixed 16 and 32 moved 15-25 % more than 8 (BBR and CUBIC), where
+/// every tiny link on which 8 was best or 16 collapsed carried 12 Mbit/s
+/// or less (docs/tuning.md, "Tiny short paths").
+const TIMEOUT_WIDE_MAX: u32 = 32;
+
+/// See [`TIMEOUT_WIDE_MAX`]: between the 12 Mbit/s of the narrow tiny
+/// links and the 33 Mbit/s and more of those where 16 beat 8.
+const TIMEOUT_WIDE_BPS: f64 = 20e6;
+
 /// A path whose RTT floor is at least this long grows during its start's
 /// slow start (rule 7): each epoch there is 0.6 s or more, and slow start
 /// alone takes several of them on a fat path.
@@ -978,6 +989,16 @@ impl Controller {
         self.cfg.min_streams.max(1)
     }
 
+    /// Rule 6's cap: wider once the link has carried enough that more
+    /// connections paid on every such link measured.
+    fn timeout_max(&self) -> u32 {
+        if self.best_g.unwrap_or(0.0) >= TIMEOUT_WIDE_BPS {
+            TIMEOUT_WIDE_MAX
+        } else {
+            TIMEOUT_MAX
+        }
+    }
+
     /// Whether a growth trial from the current count may start now.
     fn may_grow(&self) -> bool {
         let barred = match self.up_failed {
@@ -1109,8 +1130,8 @@ impl Controller {
         // Rule 6 from the start: fourfold (one connection to four), as
         // these transfers are short and every trial costs two epochs;
         // goodput judges it like any other.
-        if e.timeout_bound && self.n < TIMEOUT_MAX && self.may_grow() {
-            let to = self.n.saturating_mul(4).min(TIMEOUT_MAX);
+        if e.timeout_bound && self.n < self.timeout_max() && self.may_grow() {
+            let to = self.n.saturating_mul(4).min(self.timeout_max());
             return self.trial_up(to, e.g, false, Reason::Grow);
         }
         if e.heavy_loss {
@@ -1451,8 +1472,12 @@ impl Controller {
         // Timeouts, not the queue, hold the link: try more connections
         // whatever the loss, as the goodput of the trial decides.
         let level = self.last_g.map_or(e.g, |l| (l + e.g) / 2.0).max(settled);
-        if e.timeout_bound && self.n < TIMEOUT_MAX && self.quiet_epochs >= 2 && self.may_grow() {
-            let to = self.n.saturating_mul(2).min(TIMEOUT_MAX);
+        if e.timeout_bound
+            && self.n < self.timeout_max()
+            && self.quiet_epochs >= 2
+            && self.may_grow()
+        {
+            let to = self.n.saturating_mul(2).min(self.timeout_max());
             return self.trial_up(to, level, false, Reason::Grow);
         }
         if let Some(why) = veto {
@@ -1980,6 +2005,33 @@ mod tests {
         let (mut c, mut f) = started(Controller::new(cfg, 1));
         feed_with(&mut c, &mut f, 40, 3e5, 0.4, |_| 560, None);
         assert_eq!(c.streams(), 1, "{:?}", c.history());
+    }
+
+    #[test]
+    fn timeouts_on_a_fast_short_path_grow_past_eight() {
+        // The same tiny pipe (2 ms, a segment or so per connection, 20 %
+        // lost) on a link that carries more than 20 Mbit/s: on the
+        // emulator 16 and 32 connections moved more than 8 there. Growth
+        // goes on while goodput pays, up to 32.
+        let cfg = TuneConfig::default();
+        let (mut c, mut f) = started(Controller::new(cfg.clone(), 8));
+        for _ in 0..80 {
+            let bps = 3e6 * f64::from(c.streams());
+            feed(&mut c, &mut f, 1, bps, 0.2, 2);
+        }
+        assert_eq!(c.streams(), 32, "{:?}", c.history());
+        // Where more connections carry less, goodput undoes the trial.
+        let (mut c, mut f) = started(Controller::new(cfg, 8));
+        for _ in 0..80 {
+            let bps = if c.streams() > 8 { 30e6 } else { 40e6 };
+            feed(&mut c, &mut f, 1, bps, 0.2, 2);
+        }
+        assert_eq!(c.streams(), 8, "{:?}", c.history());
+        assert!(
+            c.history().iter().any(|s| s.next > 8),
+            "the trial was made: {:?}",
+            c.history()
+        );
     }
 
     #[test]
