@@ -33,9 +33,42 @@ pub enum FsError {
     /// Target exists (550 for MKD).
     #[error("File exists")]
     Exists,
+    /// A new name with a line break (CR or LF): no listing could show it,
+    /// nor a client name it again (550, 553 for STOR).
+    #[error("A name with a line break cannot be listed; choose another name")]
+    LineBreak,
     /// Any other I/O error (451 or 550 depending on the command).
-    #[error("{0}")]
+    #[error("{}", io_text(.0))]
     Io(#[from] std::io::Error),
+}
+
+/// An OS error in words a client's user can act on, without the errno
+/// ("Permission denied", not "Permission denied (os error 13)").
+pub fn io_text(e: &std::io::Error) -> String {
+    let words = match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => "Permission denied",
+        Some(libc::ENOENT) => "No such file or directory",
+        Some(libc::ENOTDIR) => "Not a directory (a part of the path is a file)",
+        Some(libc::EISDIR) => "Is a directory",
+        Some(libc::ENOTEMPTY) => "Directory not empty",
+        Some(libc::EEXIST) => "File exists",
+        Some(libc::EINVAL) => "Invalid argument",
+        Some(libc::ENOSPC) => "No space left on the server's disk",
+        Some(libc::EDQUOT) => "Disk quota exceeded",
+        Some(libc::EROFS) => "Read-only file system",
+        Some(libc::ENAMETOOLONG) => "File name too long",
+        Some(libc::ELOOP) => "Too many levels of symbolic links",
+        Some(libc::EBUSY) => "Device or resource busy",
+        Some(libc::EXDEV) => "Cannot move across file systems",
+        _ => {
+            let t = e.to_string();
+            return match t.find(" (os error") {
+                Some(i) => t[..i].to_owned(),
+                None => t,
+            };
+        }
+    };
+    words.to_owned()
 }
 
 impl FsError {
@@ -115,6 +148,9 @@ impl Root {
     /// appended as is (a rename onto it replaces a link, never its target).
     pub fn creatable(&self, v: &VPath) -> Result<PathBuf, FsError> {
         let name = v.file_name().ok_or(FsError::Exists)?;
+        if name.iter().any(|b| matches!(b, b'\r' | b'\n')) {
+            return Err(FsError::LineBreak);
+        }
         // Said now rather than when an upload's data has arrived and its
         // temporary is renamed (NAME_MAX on Linux's file systems).
         if name.len() > 255 {

@@ -232,32 +232,36 @@ pub async fn serve_all(
         let hard = now.clone();
         let session = async move {
             let _guard = guard;
-            if n > cfg.max_sessions {
-                if !tls_first {
-                    session::refuse(stream, "421 Too many sessions, try again later.\r\n").await;
+            let refuse = |stream, msg: String| {
+                let cfg = cfg.clone();
+                async move {
+                    if tls_first {
+                        session::refuse_tls(stream, &cfg, &msg).await;
+                    } else {
+                        session::refuse(stream, &msg).await;
+                    }
                 }
+            };
+            if n > cfg.max_sessions {
+                refuse(stream, "421 Too many sessions, try again later.\r\n".into()).await;
                 return;
             }
             let Some(_place) = shared.per_ip.enter(peer.ip(), cfg.max_sessions_per_ip) else {
                 tracing::warn!(%peer, "session refused: too many from this address");
-                if !tls_first {
-                    session::refuse(
-                        stream,
-                        "421 Too many sessions from your address, try again later.\r\n",
-                    )
-                    .await;
-                }
+                refuse(
+                    stream,
+                    "421 Too many sessions from your address, try again later.\r\n".into(),
+                )
+                .await;
                 return;
             };
             if let Some(wait) = shared.throttle.locked(peer.ip(), std::time::Instant::now()) {
                 tracing::warn!(%peer, "session refused: too many failed logins");
-                if !tls_first {
-                    let msg = format!(
-                        "421 Too many failed logins from your address; try again in {} s.\r\n",
-                        wait.as_secs().max(1)
-                    );
-                    session::refuse(stream, &msg).await;
-                }
+                let msg = format!(
+                    "421 Too many failed logins from your address; try again in {} s.\r\n",
+                    wait.as_secs().max(1)
+                );
+                refuse(stream, msg).await;
                 return;
             }
             tracing::info!(%peer, implicit_tls = tls_first, "session start");

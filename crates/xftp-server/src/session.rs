@@ -53,6 +53,20 @@ pub async fn refuse(mut stream: TcpStream, msg: &str) {
     let _ = stream.shutdown().await;
 }
 
+/// [`refuse`] on the implicit-TLS port, where a client reads nothing
+/// before the handshake: the reply goes after it (a bare close told
+/// such a client only "TLS handshake: eof", never why).
+pub async fn refuse_tls(stream: TcpStream, cfg: &Config, msg: &str) {
+    const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+    let Some(tls) = cfg.tls.as_ref().and_then(|t| t.session(1).ok()) else {
+        return;
+    };
+    if let Ok(mut s) = tls.accept_control(stream, HANDSHAKE_LIMIT).await {
+        let _ = s.write_all(msg.as_bytes()).await;
+        let _ = s.shutdown().await;
+    }
+}
+
 /// Run a session to its end. With `tls_first` (the implicit-TLS port) the
 /// TLS handshake comes before the greeting.
 pub async fn run(
@@ -364,10 +378,7 @@ fn quote(path: &str) -> String {
 }
 
 fn fs_reply(e: &FsError) -> (u16, String) {
-    match e {
-        FsError::Io(io) => (550, io.to_string()),
-        other => (550, other.to_string()),
-    }
+    (550, e.to_string())
 }
 
 impl Session {
@@ -531,11 +542,7 @@ impl Session {
 
     async fn dispatch(&mut self, line: &[u8]) -> std::io::Result<Flow> {
         let verb = Command::verb_of(line);
-        if verb == "PASS" {
-            tracing::debug!(peer = %self.peer, "<- PASS ****");
-        } else {
-            tracing::debug!(peer = %self.peer, "<- {}", String::from_utf8_lossy(line));
-        }
+        tracing::debug!(peer = %self.peer, "<- {}", loggable(line));
         let cmd = match Command::parse(line) {
             Ok(c) => c,
             Err(ProtoError::BadVerb) => {
@@ -1551,7 +1558,10 @@ impl Session {
                 self.reply(213, format!("Modify={t}; {}", v.display()))
                     .await
             }
-            Err(e) => self.reply(550, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         }
     }
 
@@ -1569,6 +1579,13 @@ impl Session {
         let Some(v) = self.write_target(path.as_bytes()).await? else {
             return Ok(());
         };
+        // As RMD and RNFR: the root (a user's home) is not the client's
+        // to change; mode 0 on it locks every session out of it.
+        if v.is_root() {
+            return self
+                .reply(550, "Cannot change the root directory's permissions.")
+                .await;
+        }
         let p = match self.root.existing(&v) {
             Ok(p) => p,
             Err(e) => return self.reply_fs(&v, &e).await,
@@ -1611,6 +1628,9 @@ impl Session {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
+        if v.is_root() {
+            return self.reply(550, "Cannot delete the root directory.").await;
+        }
         let r = self.root.entry(&v).and_then(|p| {
             let (dir, name) = self.root.pin_parent(&p)?;
             let dir = std::os::fd::AsFd::as_fd(&dir);
@@ -1621,6 +1641,13 @@ impl Session {
         });
         match r {
             Ok(()) => self.reply(250, format!("{} deleted.", v.display())).await,
+            Err(FsError::IsDir) => {
+                self.reply(
+                    550,
+                    format!("{}: Is a directory (RMD removes one).", v.display()),
+                )
+                .await
+            }
             Err(e) => self.reply_fs(&v, &e).await,
         }
     }
@@ -1695,6 +1722,13 @@ impl Session {
                 crate::resumable::remove_record(&from);
                 self.reply(250, format!("Renamed to {}.", v.display()))
                     .await
+            }
+            Err(FsError::Io(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.reply(
+                    550,
+                    format!("{}: a directory cannot move into itself.", v.display()),
+                )
+                .await
             }
             Err(e) => self.reply_fs(&v, &e).await,
         }
@@ -3400,4 +3434,18 @@ fn listing_where(
         }
     }
     Ok((out, unlisted))
+}
+
+/// A command line as the log shows it: whatever follows a PASS or ACCT
+/// verb is masked, however it is separated from it (a tab, a colon, a
+/// leading space: a client's odd line is still a password).
+fn loggable(line: &[u8]) -> std::borrow::Cow<'_, str> {
+    let t = line.trim_ascii_start();
+    let head = t.get(..4).map(<[u8]>::to_ascii_uppercase);
+    match head.as_deref() {
+        Some(v @ (b"PASS" | b"ACCT")) => {
+            std::borrow::Cow::Owned(format!("{} ****", String::from_utf8_lossy(v)))
+        }
+        _ => String::from_utf8_lossy(line),
+    }
 }

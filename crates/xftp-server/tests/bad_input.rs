@@ -730,3 +730,32 @@ async fn rest_in_ascii_and_a_file_name_with_a_trailing_slash_are_refused() {
         b"line1\nline2\n"
     );
 }
+
+#[tokio::test]
+async fn the_root_and_unlistable_names_are_refused_in_words() {
+    let srv = start(|_| {}).await;
+    std::fs::create_dir(srv.dir.path().join("d")).unwrap();
+    write(srv.dir.path(), "f", b"data");
+    let mut c = Ctl::login(srv.addr).await;
+    // The root is not the client's to delete or lock (mode 0) as it
+    // cannot remove or rename it.
+    let r = c.cmd("DELE /", 550).await;
+    assert!(r.text().contains("root directory"), "{r}");
+    let r = c.cmd("SITE CHMOD 0 /", 550).await;
+    assert!(r.text().contains("root directory"), "{r}");
+    let r = c.cmd("SITE CHMOD 0 .", 550).await;
+    assert!(r.text().contains("root directory"), "{r}");
+    // A directory deleted as a file, moved into itself: said so, no errno.
+    let r = c.cmd("DELE d", 550).await;
+    assert!(r.text().contains("RMD"), "{r}");
+    c.cmd("RNFR d", 350).await;
+    let r = c.cmd("RNTO d/sub", 550).await;
+    assert!(r.text().contains("cannot move into itself"), "{r}");
+    assert!(!r.text().contains("os error"), "{r}");
+    // A name with a line break could never be listed or named again.
+    c.send_raw(b"MKD cr\rX\r\n").await;
+    let r = c.expect(550).await;
+    assert!(r.text().contains("line break"), "{r}");
+    assert_eq!(std::fs::read_dir(srv.dir.path()).unwrap().count(), 2);
+    c.cmd("NOOP", 200).await;
+}

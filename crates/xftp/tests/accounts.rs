@@ -267,6 +267,17 @@ fn no_password_reaches_the_log_at_trace_level() {
     assert!(c.login("alice", PW).starts_with("230"));
     let (mut c2, _) = Ctl::open(srv.port);
     assert!(c2.login("alice", &format!("{PW}-wrong")).starts_with("530"));
+    // Lines that are not quite `PASS pw` carry a password all the same.
+    let (mut c3, _) = Ctl::open(srv.port);
+    for line in [
+        " PASS Lead-Space-Pw",
+        "PASS\tTab-Pw",
+        "PASS:Colon-Pw",
+        "pass  Lower-Pw",
+        "ACCT Acct-Pw",
+    ] {
+        c3.cmd(line);
+    }
     c.cmd("QUIT");
     drop(srv);
     let text = std::fs::read_to_string(&log).unwrap();
@@ -275,6 +286,7 @@ fn no_password_reaches_the_log_at_trace_level() {
         "the trace log shows commands: {text}"
     );
     assert!(!text.contains("Tr0ub4dor"), "a password in the log");
+    assert!(!text.contains("-Pw"), "a password in the log: {text}");
     // Nor the stored hash.
     let hash = std::fs::read_to_string(&users).unwrap();
     let phc = hash.lines().find(|l| l.starts_with("alice:")).unwrap();
@@ -592,4 +604,53 @@ fn the_users_file_is_read_again_on_sighup() {
         !out.status.success() && err.contains("at most 4088"),
         "{err}"
     );
+}
+
+#[test]
+fn useradd_keeps_the_file_its_server_reads() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let cfg = tempfile::tempdir().unwrap();
+    let real = cfg.path().join("real-users.txt");
+    useradd(&real, "alice", "alice-pw", &[]);
+    // A link to the file (a users file kept with other configuration):
+    // the change goes into the file, and the link stays a link.
+    let link = cfg.path().join("users.txt");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    useradd(&link, "bob", "bob-pw", &[]);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let text = std::fs::read_to_string(&real).unwrap();
+    assert!(text.contains("alice:") && text.contains("bob:"), "{text}");
+    // Owner, group and mode as they were: a server running as a service
+    // account reads the file through them.
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        std::os::unix::fs::chown(&real, Some(65534), Some(65534)).unwrap();
+    }
+    useradd(&real, "carol", "carol-pw", &[]);
+    let m = std::fs::metadata(&real).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    if root {
+        assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    } else {
+        eprintln!("not root: the owner's half of this test is skipped");
+    }
+    // Runs at once each keep their user.
+    let runs: Vec<_> = (0..8)
+        .map(|i| {
+            let link = link.clone();
+            std::thread::spawn(move || useradd(&link, &format!("par{i}"), "pw-par", &[]))
+        })
+        .collect();
+    for r in runs {
+        r.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&real).unwrap();
+    for i in 0..8 {
+        assert!(text.contains(&format!("par{i}:")), "par{i} lost: {text}");
+    }
+    assert!(text.contains("alice:") && text.contains("carol:"), "{text}");
 }

@@ -1014,3 +1014,41 @@ print(f.sendcmd("PWD"))
     assert!(lines[2].starts_with("230"), "{text}");
     assert!(lines[3].starts_with("257"), "{text}");
 }
+
+#[test]
+fn a_refusal_on_the_implicit_port_says_why() {
+    // The implicit-TLS client reads nothing before its handshake: a
+    // session over the per-address limit is told so after it, as on the
+    // explicit port, rather than closed bare.
+    use std::io::Read;
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("a.txt"), b"a").unwrap();
+    let srv = serve_tls(
+        root.path(),
+        &pki,
+        &[
+            "--implicit-listen",
+            "127.0.0.1:0",
+            "--max-sessions-per-ip",
+            "1",
+        ],
+    );
+    let mut held = std::net::TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    let mut greeting = [0u8; 3];
+    held.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"220");
+    let local = tempfile::tempdir().unwrap();
+    let url = format!("ftps://localhost:{}/a.txt", srv.implicit.unwrap());
+    let out = xftp(&[
+        "get",
+        "--cacert",
+        s(&pki.cert),
+        &url,
+        s(&local.path().join("a.txt")),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Too many sessions from your address"), "{err}");
+    drop(held);
+}

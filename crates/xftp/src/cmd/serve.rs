@@ -368,8 +368,23 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
             password.len()
         );
     }
-    let mut db = if a.users.exists() {
-        UserDb::load(&a.users)?
+    // The file a link names is the one the server reads: write that one,
+    // not a new file in the link's place.
+    let users = match std::fs::canonicalize(&a.users) {
+        Ok(real) => real,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => a.users.clone(),
+        Err(e) => return Err(e).with_context(|| format!("resolving {}", a.users.display())),
+    };
+    // One change at a time: two runs at once each loaded the file, and the
+    // second to write dropped the first's user (or password reset).
+    let _lock = lock_users_file(&users)?;
+    let existing = match std::fs::metadata(&users) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", users.display())),
+    };
+    let mut db = if existing.is_some() {
+        UserDb::load(&users)?
     } else {
         UserDb::default()
     };
@@ -390,9 +405,15 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
     };
     db.set_with_home(&a.name, &password, access, home.as_deref())?;
     // Readable by the owner alone from its creation (the hashes never sit
-    // in a file others may read), and never written through a link.
-    xftp_stripe::write_atomic_mode(&a.users, db.render().as_bytes(), 0o600)
-        .with_context(|| format!("writing {}", a.users.display()))?;
+    // in a file others may read). An existing file keeps its owner, group
+    // and mode: a server running as a service account reads it through
+    // them, and a file owned by root, mode 0600, would be a change it can
+    // never load.
+    xftp_stripe::write_atomic_mode(&users, db.render().as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", users.display()))?;
+    if let Some(m) = &existing {
+        keep_owner_and_mode(&users, m);
+    }
     let what = format!(
         "{}, {}",
         match access {
@@ -415,6 +436,52 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
         a.users.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// An exclusive lock on `USERS.lock` beside the users file, held while
+/// the returned file lives (waits for another `useradd`).
+fn lock_users_file(users: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = users.as_os_str().to_owned();
+    name.push(".lock");
+    let lock = std::path::PathBuf::from(name);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock)
+        .with_context(|| format!("opening the lock file {}", lock.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).with_context(|| format!("locking {}", lock.display()));
+        }
+    }
+    Ok(f)
+}
+
+/// Give the rewritten users file the owner, group and mode of the one it
+/// replaced; what cannot be kept is said (the server may not read it).
+fn keep_owner_and_mode(users: &std::path::Path, was: &std::fs::Metadata) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = was.mode() & 0o7777;
+    if let Err(e) = std::os::unix::fs::chown(users, Some(was.uid()), Some(was.gid())) {
+        eprintln!(
+            "xftp useradd: warning: {} could not keep its owner {}:{} ({e}); a server running as that user may not read it: chown it back",
+            users.display(),
+            was.uid(),
+            was.gid()
+        );
+    }
+    if let Err(e) = std::fs::set_permissions(users, std::fs::Permissions::from_mode(mode)) {
+        eprintln!(
+            "xftp useradd: warning: {} could not keep its mode {mode:o} ({e}): chmod it back",
+            users.display()
+        );
+    }
 }
 
 /// Seconds since 1970 now (0 before it: a clock that wrong warns anyway).
