@@ -2223,12 +2223,35 @@ impl Client {
     /// The entries of a remote directory (MLSD, RFC 3659), without `.`
     /// and `..`; a server without MLSD gives the error of its refusal.
     pub async fn mlsd(&mut self, path: &str) -> Result<Vec<xftp_proto::facts::Entry>> {
+        Ok(self.mlsd_checked(path).await?.0)
+    }
+
+    /// [`Client::mlsd`], and the lines that name nothing this client can
+    /// take: a name with `/`, `.` or `..` as a file's (which would leave the
+    /// directory), a line without facts. A tree reports them rather than
+    /// drop them unsaid.
+    async fn mlsd_checked(
+        &mut self,
+        path: &str,
+    ) -> Result<(Vec<xftp_proto::facts::Entry>, Vec<String>)> {
+        use xftp_proto::facts::{parse_mlst, parse_mlsx, Kind};
         let out = self.listing(Cmd::with("MLSD", path)).await?;
-        Ok(xftp_proto::name::decode(&out)
-            .lines()
-            .filter_map(xftp_proto::facts::parse_mlsx)
-            .filter(|e| e.kind != xftp_proto::facts::Kind::SelfOrParent)
-            .collect())
+        let text = xftp_proto::name::decode(&out);
+        let mut entries = Vec::new();
+        let mut unreadable = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            match parse_mlsx(line) {
+                Some(e) if e.kind == Kind::SelfOrParent => {}
+                Some(e) => entries.push(e),
+                // `.` and `..` (listed as cdir and pdir, or as dirs by
+                // some servers) are no loss.
+                None if parse_mlst(line).is_some_and(|e| {
+                    e.kind == Kind::SelfOrParent || matches!(e.name.as_str(), "." | "..")
+                }) => {}
+                None => unreadable.push(line.trim_end_matches('\r').to_owned()),
+            }
+        }
+        Ok((entries, unreadable))
     }
 
     /// The entries of a remote directory, without `.` and `..`: from MLSD
@@ -2268,7 +2291,8 @@ impl Client {
         path: &str,
     ) -> Result<(Vec<xftp_proto::facts::Entry>, Option<bool>, Vec<String>)> {
         if self.features().await?.mlst {
-            return Ok((self.mlsd(path).await?, None, Vec::new()));
+            let (entries, unreadable) = self.mlsd_checked(path).await?;
+            return Ok((entries, None, unreadable));
         }
         let (out, dashed) = match self
             .listing(Cmd::with("LIST", format!("-a {}", list_arg(path))))

@@ -472,8 +472,9 @@ async fn walk(
             st.refused.push((
                 format!("{d}/"),
                 format!(
-                    "{} line(s) of its listing name nothing this client can read (a name of \
-                     blanks only?), e.g. {first:?}: not copied",
+                    "{} line(s) of its listing name nothing this client can take (a name of \
+                     blanks only, or one with `/` or `..` that would leave the directory), \
+                     e.g. {first:?}: not copied",
                     unreadable.len()
                 ),
             ));

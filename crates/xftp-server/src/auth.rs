@@ -147,11 +147,20 @@ impl UserDb {
                     None => None,
                     Some(h) if valid_home(h) => Some(h.trim_end_matches('/').to_string()),
                     Some(_) => return Err(err(
-                        "the home must be a directory relative to the served root, without '..'",
+                        "the home must be a directory relative to the served root (not empty, not absolute, without '..')",
                     )),
                 };
             if !valid_name(parts[0]) {
                 return Err(err("invalid user name"));
+            }
+            // Taken for the anonymous login before the file is looked at:
+            // such a line could never log in, and a file of them alone
+            // would start a server no one can use.
+            if matches!(parts[0].to_ascii_lowercase().as_str(), "anonymous" | "ftp") {
+                return Err(err(&format!(
+                    "{:?} is the anonymous login, never looked up here: remove the line (anonymous access is `xftp serve --anonymous`)",
+                    parts[0]
+                )));
             }
             PasswordHash::new(parts[1]).map_err(|_| err("the hash is not a PHC string"))?;
             let access = match parts[2] {
@@ -360,5 +369,16 @@ mod tests {
         ));
         let mut db = UserDb::default();
         assert!(db.set("a:b", "x", Access::ReadOnly).is_err());
+        // The anonymous names are never looked up: said, not ignored.
+        for name in ["anonymous", "FTP"] {
+            match UserDb::parse(&format!("# c\n{name}:x:rw\n"), "f") {
+                Err(AuthError::Format {
+                    line: 2, reason, ..
+                }) => {
+                    assert!(reason.contains("anonymous login"), "{reason}")
+                }
+                other => panic!("{name}: {:?}", other.map(|_| ())),
+            }
+        }
     }
 }

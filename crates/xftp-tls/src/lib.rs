@@ -163,7 +163,7 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
                 "the server's certificate is not signed by a trusted CA (give the CA with --cacert FILE, or --insecure to skip verification)".into()
             }
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
-                "the server's certificate is not valid for this host name (connect by the name in the certificate, or --insecure to skip verification)".into()
+                "the server's certificate is not valid for this host name (connect by a name its subjectAltName lists; a certificate with a Common Name and no subjectAltName is valid for none; or --insecure to skip verification)".into()
             }
             CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
                 "the server's certificate has expired (renew it on the server, or --insecure to skip verification)".into()

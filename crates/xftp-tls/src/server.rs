@@ -40,17 +40,48 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsEr
         return Err(file_err("certificate file", cert, no_cert.into()));
     }
     let der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-        let none = "no PEM private key (BEGIN PRIVATE KEY, RSA or EC) in it";
+        // A key under a passphrase is no key to a server that cannot ask.
+        let encrypted = std::fs::read(key).is_ok_and(|b| {
+            let has = |n: &[u8]| b.windows(n.len()).any(|w| w == n);
+            has(b"ENCRYPTED PRIVATE KEY") || has(b"Proc-Type: 4,ENCRYPTED")
+        });
+        let none = if encrypted {
+            "the key is encrypted (under a passphrase), which a server cannot type: decrypt it, e.g. `openssl pkey -in KEY -out plain.key`, and keep that file readable by the server alone"
+        } else {
+            "no PEM private key (BEGIN PRIVATE KEY, RSA or EC) in it"
+        };
         file_err("key file", key, pem_reason(e, none))
     })?;
     let signing = provider()
         .key_provider
         .load_private_key(der)
-        .map_err(|e| file_err("key file", key, e.to_string()))?;
-    let ck = CertifiedKey::new(certs, signing);
+        .map_err(|e| {
+            file_err(
+                "key file",
+                key,
+                format!(
+                    "{e}: its type or size is not supported (RSA of 2048 to 4096 bits, ECDSA on P-256 or P-384, or Ed25519 are)"
+                ),
+            )
+        })?;
+    let ck = CertifiedKey::new(certs.clone(), signing.clone());
     ck.keys_match().map_err(|e| {
+        // The key of another certificate of the chain: the chain is in the
+        // wrong order (the server's own certificate comes first).
+        let at = certs.iter().skip(1).position(|c| {
+            CertifiedKey::new(vec![c.clone()], signing.clone())
+                .keys_match()
+                .is_ok()
+        });
+        let hint = match at {
+            Some(i) => format!(
+                " (it belongs to certificate {} of that file: put the server's own certificate first, then the CA's)",
+                i + 2
+            ),
+            None => String::new(),
+        };
         TlsError::Config(format!(
-            "the key in {} does not belong to the certificate in {}: {e}",
+            "the key in {} does not belong to the certificate in {}: {e}{hint}",
             key.display(),
             cert.display()
         ))
@@ -142,6 +173,12 @@ impl ServerTls {
             Some(format!(
                 "the certificate in {path} is not valid before {} (clients that check it refuse it until then; is the clock right?)",
                 v.not_before
+            ))
+        } else if !matches!(c.subject_alternative_name(), Ok(Some(_))) {
+            // Clients match the host name against subjectAltName alone
+            // (RFC 6125; rustls, curl, browsers): a Common Name is not read.
+            Some(format!(
+                "the certificate in {path} has no subjectAltName, so clients that check it refuse it for every host name (its Common Name is not read): make it with the names clients connect by, e.g. openssl req ... -addext subjectAltName=DNS:ftp.example.org,IP:192.0.2.1"
             ))
         } else {
             None

@@ -359,6 +359,29 @@ fn a_certificate_out_of_its_dates_is_said_when_loaded() {
     let fine = pki_dated(2020, 2040);
     let tls = ServerTls::load(&fine.cert, &fine.key).unwrap();
     assert_eq!(tls.validity_warning(now), None);
+    // A Common Name alone names no host a client would accept.
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "127.0.0.1");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let c = params.self_signed(&key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key_path) = (dir.path().join("cn.pem"), dir.path().join("cn.key"));
+    std::fs::write(&cert, c.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let w = ServerTls::load(&cert, &key_path)
+        .unwrap()
+        .validity_warning(unix_now())
+        .expect("a certificate without subjectAltName is said");
+    assert!(w.contains("no subjectAltName"), "{w}");
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
 }
 
 #[tokio::test]
@@ -377,4 +400,42 @@ async fn a_peer_gone_without_close_notify_is_said_plainly() {
     let plain = xftp_tls::plain_io_error(e);
     assert!(!plain.to_string().contains("docs.rs"), "{plain}");
     drop(sctl);
+}
+
+#[test]
+fn key_files_a_server_cannot_use_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // A CA and a leaf it signed.
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &issuer)
+        .unwrap();
+    let key = dir.path().join("leaf.key");
+    std::fs::write(&key, leaf_key.serialize_pem()).unwrap();
+    // The chain leaf first loads; CA first names the order.
+    let good = dir.path().join("good.pem");
+    std::fs::write(&good, format!("{}{}", leaf.pem(), ca.pem())).unwrap();
+    ServerTls::load(&good, &key).expect("leaf first");
+    let reversed = dir.path().join("reversed.pem");
+    std::fs::write(&reversed, format!("{}{}", ca.pem(), leaf.pem())).unwrap();
+    let e = ServerTls::load(&reversed, &key).unwrap_err().to_string();
+    assert!(
+        e.contains("certificate 2 of that file") && e.contains("first"),
+        "{e}"
+    );
+    // A key under a passphrase.
+    let locked = dir.path().join("locked.key");
+    std::fs::write(
+        &locked,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let e = ServerTls::load(&good, &locked).unwrap_err().to_string();
+    assert!(e.contains("encrypted") && e.contains("openssl pkey"), "{e}");
 }

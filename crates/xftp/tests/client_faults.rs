@@ -51,6 +51,9 @@ enum Script {
     PortZero,
     /// LIST gives the file `a` twice (no MLSD: FEAT is refused).
     DupListing,
+    /// FEAT lists MLST; MLSD names `ok.txt` and three files whose names
+    /// would leave the directory (`../x`, `/abs`, `sub/../../x`).
+    HostileMlsd,
 }
 
 const FILE_LEN: usize = 1000;
@@ -167,6 +170,28 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "EPSV" if matches!(script, Script::RefusedList) => {
                 let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
                 format!("229 Entering Extended Passive Mode (|||{p}|)")
+            }
+            "FEAT" if matches!(script, Script::HostileMlsd) => {
+                "211-Features:\r\n MLST type*;size*;modify*;\r\n211 End".into()
+            }
+            "MLSD" if matches!(script, Script::HostileMlsd) => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                for name in [
+                    "../../escape1.txt",
+                    "/tmp/escape2.txt",
+                    "sub/../../escape3.txt",
+                    "ok.txt",
+                ] {
+                    d.write_all(format!("type=file;size={FILE_LEN}; {name}\r\n").as_bytes())?;
+                }
+                d.write_all(b"type=cdir; /d\r\ntype=pdir; /\r\ntype=dir; ..\r\n")?;
+                drop(d);
+                "226 listed".into()
             }
             "LIST" if matches!(script, Script::DupListing) => {
                 let Some(dl) = data_listener.take() else {
@@ -357,6 +382,31 @@ fn a_name_listed_twice_is_fetched_once() {
     );
     let retrs = seen.try_iter().filter(|c| c.starts_with("RETR")).count();
     assert_eq!(retrs, 1);
+}
+
+/// Names that would leave the target are not taken, and not dropped
+/// unsaid either: the tree fails with what they were.
+#[test]
+fn names_that_would_leave_the_tree_are_reported_not_dropped() {
+    let (port, _) = fake_server(Script::HostileMlsd);
+    let dir = tempfile::tempdir().unwrap();
+    let out = xftp(
+        &["get", "-r", &format!("ftp://127.0.0.1:{port}/d/"), "got"],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("3 line(s) of its listing"), "{err}");
+    assert!(err.contains("escape1.txt"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("got/ok.txt")).unwrap().len(),
+        FILE_LEN
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["got"], "nothing written beside the target");
 }
 
 #[test]

@@ -722,6 +722,16 @@ fn tls_sessions_and_their_status() {
         se.contains("line 1:") && se.contains("open ftpes://localhost:"),
         "{se}"
     );
+    // A certificate option and a clear session: refused before the login
+    // (whose password would go in clear), as `get` refuses it.
+    let script = format!("open 127.0.0.1 {}\n", srv.port);
+    let out = run_script(&["--cacert", cacert], &script, &local, &cache);
+    let se = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{se}");
+    assert!(
+        se.contains("are for TLS") && se.contains("ftpes://127.0.0.1:"),
+        "{se}"
+    );
 }
 
 #[test]

@@ -864,6 +864,14 @@ impl Shell {
 
     async fn open_url(&mut self, url: FtpUrl) -> anyhow::Result<()> {
         self.refused = None;
+        // As `get` and `put`: a certificate option says TLS was meant, and
+        // a session opened in clear would send the password as it is.
+        if (self.set.cacert.is_some() || self.set.insecure) && url.tls == UrlTls::None {
+            anyhow::bail!(
+                "--cacert and --insecure are for TLS, and this is a clear ftp:// session: open ftpes://{}/ (TLS after connecting) or ftps://HOST:PORT/ (implicit TLS) instead",
+                url.authority()
+            );
+        }
         if self.set.insecure && url.tls != UrlTls::None {
             eprintln!(
                 "xftp: warning: --insecure: the server's certificate is not checked; the connection is encrypted, but anyone on the path can pose as the server"
