@@ -2113,11 +2113,15 @@ impl Session {
     ) -> std::io::Result<()> {
         match outcome {
             Outcome::Done(t) => self.reply(226, ok(t)).await,
-            Outcome::Failed(TransferError::TooLarge(max)) => {
+            // The checks carry what was left of the limit; the reply names
+            // the limit.
+            Outcome::Failed(TransferError::TooLarge(left)) => {
                 // RFC 959: 552, exceeded storage allocation.
+                let max = self.cfg.max_upload_size.unwrap_or(left);
                 self.reply(552, too_large(max)).await
             }
-            Outcome::Failed(TransferError::TooLargeKept { max, from }) => {
+            Outcome::Failed(TransferError::TooLargeKept { max: left, from }) => {
+                let max = self.cfg.max_upload_size.unwrap_or(left);
                 self.reply(
                     552,
                     format!("Upload stopped at this server's limit of {max} bytes; what came before it was written in place from byte {from} (REST) on."),
@@ -2571,8 +2575,15 @@ impl Session {
                     .reply(450, format!("{}: taken meanwhile; try again.", v.display()))
                     .await
             }
-            Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                return self
+                    .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         };
+        if let Some(max) = self.cfg.max_upload_size.filter(|m| offset > *m) {
+            return self.reply(552, too_large(max)).await;
+        }
         let cached = if reuse { self.take_cached(n) } else { None };
         let how = if cached.is_some() {
             " (kept data connections)"
@@ -2603,7 +2614,12 @@ impl Session {
         let started = conns.len();
         let progress: Progress = Arc::new(AtomicU64::new(0));
         let prog = progress.clone();
-        let limit = self.cfg.max_upload_size;
+        // The limit is on the file an upload leaves, not its bytes alone:
+        // what REST skipped and what APPE appends to count, or a REST past
+        // the limit (a sparse file) and APPE after APPE would grow a file
+        // without bound. The checks below count this upload's bytes
+        // against what is left.
+        let limit = self.cfg.max_upload_size.map(|m| m.saturating_sub(offset));
         self.upload_limit = limit;
         let (task, lv) = if !framed {
             // Stopped by `halt`, which waits for its file writes.

@@ -709,6 +709,46 @@ async fn a_rest_upload_over_the_limit_says_what_it_left() {
     assert!(r.text().contains("written in place from byte 100"), "{r}");
 }
 
+/// The limit is on the file an upload leaves: APPE after APPE, or a REST
+/// past the limit (a sparse file), cannot grow one beyond it.
+#[tokio::test]
+async fn appends_and_a_rest_past_the_limit_cannot_grow_a_file_beyond_it() {
+    let srv = start(|cfg| cfg.max_upload_size = Some(1 << 20)).await;
+    let mut c = Ctl::login(srv.addr).await;
+    c.cmd("TYPE I", 200).await;
+    for (i, want) in [(0, 226), (1, 552)] {
+        let d = c.epsv_connect(1).await;
+        c.cmd("APPE a", 150).await;
+        let mut d = d.into_iter().next().unwrap();
+        let _ = d.write_all(&vec![b'A' + i; 900_000]).await;
+        drop(d);
+        let r = c.read_reply().await.expect("the append's end");
+        assert_eq!(r.code, want, "append {i}: {r}");
+    }
+    // The refused append is rolled back.
+    let a = std::fs::read(srv.dir.path().join("a")).unwrap();
+    assert_eq!(a.len(), 900_000);
+    assert!(a.iter().all(|&b| b == b'A'));
+    // Refused before any data: no sparse file of 50 MB.
+    write(srv.dir.path(), "sparse", b"0123456789");
+    c.cmd("EPSV", 229).await;
+    c.cmd("REST 50000000", 350).await;
+    let r = c.cmd("STOR sparse", 552).await;
+    assert!(r.text().contains("limit of 1048576 bytes"), "{r}");
+    assert_eq!(
+        std::fs::metadata(srv.dir.path().join("sparse"))
+            .unwrap()
+            .len(),
+        10
+    );
+    // And a missing file to resume is said without an errno.
+    c.cmd("EPSV", 229).await;
+    c.cmd("REST 5", 350).await;
+    let r = c.cmd("STOR missing", 553).await;
+    assert!(!r.text().contains("os error"), "{r}");
+    c.cmd("NOOP", 200).await;
+}
+
 /// REST in TYPE A would count converted bytes (SIZE does, the file does
 /// not): refused rather than resumed at the wrong place. A STOR name with
 /// a trailing slash names a directory and replaces no file.
