@@ -1461,7 +1461,10 @@ impl Session {
         .await;
         match n {
             Ok(Ok(n)) => self.reply(213, n.to_string()).await,
-            Ok(Err(e)) => self.reply(550, e.to_string()).await,
+            Ok(Err(e)) => {
+                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
             Err(e) => self.reply(451, e.to_string()).await,
         }
     }
@@ -1530,7 +1533,7 @@ impl Session {
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidInput => {
                 Err((501, format!("{}: {e}.", v.display())))
             }
-            Ok(Err(e)) => Err((550, format!("{}: {e}.", v.display()))),
+            Ok(Err(e)) => Err((550, format!("{}: {}.", v.display(), fs::io_text(&e)))),
             Err(e) => Err((451, format!("checksum failed: {e}."))),
         }
     }
@@ -1601,7 +1604,10 @@ impl Session {
                 self.reply(200, format!("SITE CHMOD {:o} done.", m & 0o777))
                     .await
             }
-            Err(e) => self.reply(550, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         }
     }
 
@@ -2255,11 +2261,19 @@ impl Session {
         }
         let file = match self.root.open_read(&p) {
             Ok(f) => f,
-            Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                return self
+                    .reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         };
         let md = match file.metadata() {
             Ok(m) => m,
-            Err(e) => return self.reply(550, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                return self
+                    .reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         };
         let len = md.len();
         if rest > len {
@@ -2498,7 +2512,11 @@ impl Session {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return self.receive(&v, &target, UploadKind::Unique, 0, allo).await;
                 }
-                Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
+                Err(e) => {
+                    return self
+                        .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                        .await
+                }
             }
         }
         self.reply(
@@ -2764,7 +2782,10 @@ impl Session {
                 )
                 .await
             }
-            Err(e) => self.reply(451, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                self.reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         }
     }
 
@@ -2870,14 +2891,20 @@ impl Session {
         );
         let file = match file {
             Ok(f) => f,
-            Err(e) => return self.reply(553, format!("{}: {e}.", v.display())).await,
+            Err(e) => {
+                return self
+                    .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await
+            }
         };
         // Bytes past the announced size are no part of the file (a larger
         // partial's tail): kept, the finished upload would hold them, and
         // the client's SIZE check fail on every run.
         if file.metadata().is_ok_and(|m| m.len() > meta.size) {
             if let Err(e) = file.set_len(meta.size) {
-                return self.reply(451, format!("{}: {e}.", v.display())).await;
+                return self
+                    .reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                    .await;
             }
         }
         let have = have.unwrap_or_default();
@@ -2887,7 +2914,9 @@ impl Session {
         ));
         let writer = hold.writer.clone();
         if let Err(e) = writer.checkpoint(&rec, &target, meta) {
-            return self.reply(451, format!("{}: {e}.", v.display())).await;
+            return self
+                .reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
+                .await;
         }
         let n = self.streams as usize;
         self.reply(
