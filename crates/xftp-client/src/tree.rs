@@ -408,6 +408,11 @@ async fn walk(
         /// A `LIST -a` listing showed a directory's own `.`: the server
         /// lists it for what it can read ([`Client::entries_dotted`]).
         dots: std::sync::atomic::AtomicBool,
+        /// The local target's `unique` as `xftp serve` writes it (device
+        /// and inode): a remote directory with that fact is the target
+        /// itself, on a disk the server serves, which would copy itself
+        /// level after level until paths grow too long.
+        own: Option<String>,
     }
     #[derive(Default)]
     struct WalkState {
@@ -497,6 +502,16 @@ async fn walk(
                 format!("{d}/{}", e.name)
             };
             match e.kind {
+                Kind::Dir if e.unique.is_some() && e.unique == sh.own => {
+                    st.refused.push((
+                        format!("{rel}/"),
+                        format!(
+                            "this is the download's own target, {} (the server serves the disk it is on): left out, as the tree would copy itself into itself; download into a directory outside what the server serves",
+                            local.display()
+                        ),
+                    ));
+                    continue;
+                }
                 Kind::Dir => {
                     if let Some(u) = &e.unique {
                         // A server that lists a link to a directory as the
@@ -615,16 +630,32 @@ async fn walk(
         }
         dirs
     });
+    // Only where the server runs on this host (an address of ours: one a
+    // socket can be bound to): another host's device and inode numbers
+    // could match by chance.
+    let ip = first.peer().ip();
+    let here = ip.is_loopback() || std::net::TcpListener::bind((ip, 0)).is_ok();
+    let own = std::fs::metadata(local).ok().filter(|_| here).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        format!("{:x}g{:x}", m.dev(), m.ino())
+    });
     let sh = Arc::new(Shared {
         st: Mutex::new(WalkState::default()),
         more: Notify::new(),
         needed,
         dots: Default::default(),
+        own,
     });
     // The top's own `unique`, so that a link back to it is told at once
     // (else its first step is copied once more). Best effort: a server
     // without MLST gives none.
     if let Ok(Some(u)) = first.mlst(remote).await.map(|e| e.and_then(|e| e.unique)) {
+        if sh.own.as_ref() == Some(&u) {
+            return Err(ClientError::Usage(format!(
+                "{} is the very directory {remote} names (the server serves the disk it is on): there is nothing to copy; download into another directory",
+                local.display()
+            )));
+        }
         lock(&sh).uniques.insert(String::new(), u);
     }
     list_one(&mut first, &sh, remote, local, "").await?;

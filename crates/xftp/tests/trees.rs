@@ -940,3 +940,33 @@ fn resumable_partials_in_a_tree_are_left_out() {
     assert!(root.join("up/big").exists());
     assert!(!root.join("up/.other.xftp-part").exists());
 }
+
+/// A tree downloaded into a directory the server serves (the server on
+/// this host, sharing its disk) would copy itself into itself, level after
+/// level, until paths grew too long (819 levels, then exit 0). The copy
+/// is told by its `unique` fact and left out, loudly; a target that is
+/// the very directory downloaded copies nothing.
+#[test]
+fn a_tree_downloaded_into_what_the_server_serves_does_not_copy_itself() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("sub")).unwrap();
+    std::fs::write(root.path().join("a.txt"), b"a").unwrap();
+    std::fs::write(root.path().join("sub/b.txt"), b"b").unwrap();
+    let srv = serve(root.path(), &[]);
+    let url = format!("ftp://127.0.0.1:{}/", srv.port);
+    let out = xftp(&["get", "-r", &url, "copy"], root.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("download's own target"), "{err}");
+    let copy = root.path().join("copy");
+    assert_eq!(std::fs::read(copy.join("a.txt")).unwrap(), b"a");
+    assert_eq!(std::fs::read(copy.join("sub/b.txt")).unwrap(), b"b");
+    assert!(!copy.join("copy").exists(), "the copy copied itself");
+    // The directory downloaded, as its own target.
+    let url = format!("ftp://127.0.0.1:{}/sub/", srv.port);
+    let out = xftp(&["get", "-r", &url, "sub"], root.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("the very directory"), "{err}");
+    assert_eq!(std::fs::read(root.path().join("sub/b.txt")).unwrap(), b"b");
+}
