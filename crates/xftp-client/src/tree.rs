@@ -90,6 +90,9 @@ pub struct TreeReport {
     /// Entries neither file nor directory (symbolic links, devices):
     /// left out.
     pub other: usize,
+    /// Partials and records of cut resumable transfers
+    /// (`.NAME.xftp-part`, `.NAME.xftp-part.ranges`): left out.
+    pub partials: usize,
     /// Entries the server said it left out of its listings (`xftp serve`:
     /// names with a line break, links leading outside its root or to
     /// nothing): not copied.
@@ -280,6 +283,7 @@ pub async fn get_tree(
     let top = local.to_owned();
     report.dirs = walked.dirs;
     report.other = walked.other;
+    report.partials = walked.partials;
     report.unlisted = walked.unlisted;
     report.failed = walked.refused;
     let (sessions, jobs) = (walked.sessions, only(opt, walked.jobs, &mut report));
@@ -376,6 +380,7 @@ struct Walked {
     jobs: Vec<Job>,
     dirs: usize,
     other: usize,
+    partials: usize,
     unlisted: usize,
     /// Each directory's time and mode, as listed: set once its files are in.
     dir_facts: Vec<(String, Option<i64>, Option<u32>)>,
@@ -422,6 +427,7 @@ async fn walk(
         jobs: Vec<Job>,
         ndirs: usize,
         other: usize,
+        partials: usize,
         unlisted: usize,
         failed: Option<ClientError>,
         /// Subdirectories the server refused to list or could not read,
@@ -560,7 +566,7 @@ async fn walk(
                 }
                 Kind::File if is_resume_file(&e.name) => {
                     tracing::info!("{rel}: a resumable transfer's partial or record; left out");
-                    st.other += 1;
+                    st.partials += 1;
                 }
                 Kind::File => st.jobs.push(Job {
                     rel,
@@ -703,6 +709,7 @@ async fn walk(
         jobs: st.jobs,
         dirs: st.ndirs,
         other: st.other,
+        partials: st.partials,
         unlisted: st.unlisted,
         dir_facts: st.dir_facts,
         refused: st.refused,
@@ -913,7 +920,7 @@ pub async fn put_tree(
                 pending.push_back(rel);
             } else if md.is_file() && is_resume_file(rel.rsplit('/').next().unwrap_or(&rel)) {
                 tracing::info!("{rel}: a resumable transfer's partial or record; left out");
-                report.other += 1;
+                report.partials += 1;
             } else if md.is_file() {
                 use std::os::unix::fs::PermissionsExt;
                 jobs.push(Job {
@@ -1313,6 +1320,7 @@ impl TreeReport {
             self.bytes += p.bytes;
             self.skipped += p.skipped;
             self.other += p.other;
+            self.partials += p.partials;
             self.unlisted += p.unlisted;
             self.failed.extend(p.failed);
             self.may_pass.extend(p.may_pass);

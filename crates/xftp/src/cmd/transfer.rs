@@ -1311,6 +1311,8 @@ struct TreeSummary {
     skipped: usize,
     /// Entries that are neither files nor directories: left out.
     other: usize,
+    /// Partials and records of cut resumable transfers: left out.
+    partials: usize,
     /// Entries the server said it left out of its listings (names with a
     /// line break, links leading outside its root): not copied.
     unlisted: usize,
@@ -1359,6 +1361,7 @@ fn tree_finish(
                 bytes,
                 skipped: 0,
                 other: 0,
+                partials: 0,
                 unlisted: 0,
                 seconds: secs,
                 throughput_bps: 0.0,
@@ -1383,6 +1386,7 @@ fn tree_finish(
         bytes: r.bytes,
         skipped: r.skipped,
         other: r.other,
+        partials: r.partials,
         unlisted: r.unlisted,
         seconds: secs,
         throughput_bps: if secs > 0.0 {
@@ -1408,7 +1412,7 @@ fn tree_finish(
         // -q, as a failure is.
         if !quiet || !s.failed.is_empty() || s.unlisted > 0 {
             eprintln!(
-                "xftp {what}: {} files ({} bytes) and {} directories in {secs:.3} s ({:.1} MB/s, {} sessions){}{}{}{}",
+                "xftp {what}: {} files ({} bytes) and {} directories in {secs:.3} s ({:.1} MB/s, {} sessions){}{}{}{}{}",
                 s.files,
                 s.bytes,
                 s.dirs,
@@ -1416,6 +1420,7 @@ fn tree_finish(
                 s.sessions,
                 if s.skipped > 0 { format!(", {} already complete", s.skipped) } else { String::new() },
                 if s.other > 0 { format!(", {} links or special files left out", s.other) } else { String::new() },
+                if s.partials > 0 { format!(", {} partials of cut transfers (.NAME.xftp-part) left out", s.partials) } else { String::new() },
                 if s.unlisted > 0 { format!(", {} entries the server did not list (names with a line break, links outside its root: not copied; -v shows the server's reply)", s.unlisted) } else { String::new() },
                 if s.failed.is_empty() { String::new() } else { format!(", {} FAILED", s.failed.len()) },
             );
