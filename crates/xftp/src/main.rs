@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             e.exit()
         }
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.command, Command::Serve(_)));
     cmd::transfer::set_verbose(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -241,7 +241,7 @@ async fn interrupted() -> (&'static str, u8) {
     }
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, server: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",
@@ -249,14 +249,47 @@ fn init_logging(verbose: u8) {
         2 => "debug",
         _ => "trace",
     };
+    let asked = std::env::var_os("XFTP_LOG").is_some();
     let filter = EnvFilter::try_from_env("XFTP_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // No colour codes in a log file or a pipe.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    // A client's warnings, with no log asked for, read as its other
+    // messages do ("xftp: warning: ..."), not as a log with timestamps and
+    // module paths; the server and -v keep the log's form.
+    if server || verbose > 0 || asked {
+        fmt.init();
+    } else {
+        fmt.event_format(Plain).init();
+    }
+}
+
+/// The form of a client's warnings and errors at the default verbosity.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let word = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            _ => "note",
+        };
+        write!(w, "xftp: {word}: ")?;
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
 }
 
 #[cfg(test)]

@@ -318,6 +318,33 @@ fn sessions_per_address_are_limited() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(ok);
+    // A tree asks for more sessions than the limit gives: it goes on with
+    // fewer, and says so as the client says things, not as a log line.
+    for i in 0..6 {
+        std::fs::create_dir_all(root.path().join(format!("t/d{i}"))).unwrap();
+        std::fs::write(root.path().join(format!("t/d{i}/f")), b"f").unwrap();
+    }
+    let work = tempfile::tempdir().unwrap();
+    let out = Command::new(XFTP)
+        .current_dir(work.path())
+        .env("XDG_CACHE_HOME", work.path())
+        .env_remove("XFTP_LOG")
+        .args([
+            "get",
+            "-r",
+            &format!("ftp://127.0.0.1:{}/t/", srv.port),
+            "copy",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("xftp: warning: ") && err.contains("sessions fewer"),
+        "{err}"
+    );
+    assert!(!err.contains(" WARN "), "{err}");
+    assert_eq!(std::fs::read(work.path().join("copy/d5/f")).unwrap(), b"f");
 }
 
 #[test]
