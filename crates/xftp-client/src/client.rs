@@ -2423,6 +2423,50 @@ impl Client {
             .await
     }
 
+    /// Set the times (MFMT) and permission bits (SITE CHMOD) of many
+    /// remote paths, pipelined in bounded flights (one round trip per 32
+    /// paths, not two per path: a tree's directories on a long path).
+    /// What the server refuses (no MFMT, no SITE CHMOD, a path it will
+    /// not change) is left as the server has it; after a refusal of every
+    /// MFMT or every CHMOD in a flight, that command is not sent again.
+    pub async fn set_facts_all(
+        &mut self,
+        items: &[(String, Option<i64>, Option<u32>)],
+    ) -> Result<()> {
+        let (mut mfmt, mut chmod) = (true, true);
+        for chunk in items.chunks(32) {
+            let mut cmds = Vec::with_capacity(2 * chunk.len());
+            for (path, t, m) in chunk {
+                if let (true, Some(t)) = (mfmt, t) {
+                    let t = xftp_proto::facts::format_time(*t);
+                    cmds.push((true, Cmd::with("MFMT", format!("{t} {path}"))));
+                }
+                if let (true, Some(m)) = (chmod, m) {
+                    let c = Cmd::with("SITE", format!("CHMOD {:o} {path}", m & 0o777));
+                    cmds.push((false, c));
+                }
+            }
+            if cmds.is_empty() {
+                break;
+            }
+            let refs: Vec<&Cmd> = cmds.iter().map(|(_, c)| c).collect();
+            self.send(&refs).await?;
+            let (mut times_ok, mut modes_ok) = (false, false);
+            for (is_mfmt, _) in &cmds {
+                let r = self.ctl.read_reply().await?;
+                let ok = r.code == if *is_mfmt { 213 } else { 200 };
+                if *is_mfmt {
+                    times_ok |= ok;
+                } else {
+                    modes_ok |= ok;
+                }
+            }
+            mfmt &= times_ok || !cmds.iter().any(|(m, _)| *m);
+            chmod &= modes_ok || !cmds.iter().any(|(m, _)| !*m);
+        }
+        Ok(())
+    }
+
     /// Set a remote file's permission bits (SITE CHMOD); `Ok(false)` when
     /// the server refuses.
     pub async fn chmod(&mut self, path: &str, mode: u32) -> Result<bool> {

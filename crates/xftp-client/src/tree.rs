@@ -875,8 +875,20 @@ pub async fn put_tree(
     let start = Instant::now();
     let mut report = TreeReport::default();
     let mut dirs = Vec::new();
+    // Each directory's time and mode, the top's first: set on the server
+    // once its files are in (each file written changes its directory's
+    // time), deepest first.
+    let mut dir_facts = Vec::new();
     let mut jobs = Vec::new();
     let mut pending = VecDeque::from([String::new()]);
+    if let Ok(md) = std::fs::metadata(local) {
+        use std::os::unix::fs::PermissionsExt;
+        dir_facts.push((
+            String::new(),
+            mtime_secs(&md),
+            Some(md.permissions().mode() & 0o777),
+        ));
+    }
     while let Some(d) = pending.pop_front() {
         let p = if d.is_empty() {
             local.to_owned()
@@ -916,6 +928,12 @@ pub async fn put_tree(
                 }
             };
             if md.is_dir() {
+                use std::os::unix::fs::PermissionsExt;
+                dir_facts.push((
+                    rel.clone(),
+                    mtime_secs(&md),
+                    Some(md.permissions().mode() & 0o777),
+                ));
                 dirs.push(rel.clone());
                 pending.push_back(rel);
             } else if md.is_file() && is_resume_file(rel.rsplit('/').next().unwrap_or(&rel)) {
@@ -1014,6 +1032,16 @@ pub async fn put_tree(
         jobs
     };
     announce(opt, &jobs);
+    let dir_facts: Vec<_> = dir_facts
+        .into_iter()
+        .rev()
+        // The owner keeps full rights, as on a download (a 555 here
+        // would refuse the next `put -r -c` into it there).
+        .map(|(rel, t, m)| (join(remote, &rel), t, m.map(|m| m | 0o700)))
+        // The login directory itself (an upload "into /" of a server
+        // whose root it is) is the server's.
+        .filter(|(path, _, _)| !path.is_empty())
+        .collect();
     let q = Arc::new(Queues::new(jobs, opt.large));
     let remote = remote.to_owned();
     let local = local.to_owned();
@@ -1066,8 +1094,21 @@ pub async fn put_tree(
             w.end().await
         }
     };
-    let reports = spread(ready, connect, q, opt, run).await;
+    let reports = spread(ready, connect.clone(), q, opt, run).await;
     report.merge(reports);
+    // The directories' times and modes last, deepest first, pipelined:
+    // best effort, as for the files (a server without MFMT keeps its own).
+    if opt.preserve && !dir_facts.is_empty() {
+        match connect(Role::Small).await {
+            Ok(mut c) => {
+                if let Err(e) = c.set_facts_all(&dir_facts).await {
+                    tracing::warn!("directory times and modes not set: {e}");
+                }
+                c.quit().await;
+            }
+            Err(e) => tracing::warn!("directory times and modes not set: {e}"),
+        }
+    }
     report.elapsed = start.elapsed();
     Ok(report)
 }

@@ -1538,8 +1538,8 @@ impl Session {
         }
     }
 
-    /// MFMT: set a file's modification time (a copied tree keeps its
-    /// times).
+    /// MFMT: set a file's or a directory's modification time (a copied
+    /// tree keeps its times).
     async fn mfmt(&mut self, secs: i64, arg: &[u8]) -> std::io::Result<()> {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
@@ -1549,9 +1549,19 @@ impl Session {
             Err(e) => return self.reply_fs(&v, &e).await,
         };
         let when = xftp_proto::facts::system_time(secs);
+        // A directory is opened through its checked handle (opening it by
+        // name again could follow a swap); a file as for reading.
+        let open = || -> std::io::Result<std::fs::File> {
+            if p.is_dir() {
+                let fd = self.root.pin(&p).map_err(FsError::into_io)?;
+                std::fs::File::open(fs::proc_path(std::os::fd::AsFd::as_fd(&fd)))
+            } else {
+                self.root.open_read(&p)
+            }
+        };
         // The time the file has now: a file system clamps what it cannot
         // hold (year 9999 became 2446 on ext4), and the reply says so.
-        let r = self.root.open_read(&p).and_then(|f| {
+        let r = open().and_then(|f| {
             f.set_modified(when)?;
             f.metadata()
         });

@@ -831,6 +831,50 @@ fn get_r_keeps_directory_times_and_modes_and_leaves_nothing_for_a_missing_tree()
     }
 }
 
+/// `put -r` sets the directories' times and modes on the server too,
+/// once their files are in (each file written changes its directory's
+/// time); the owner keeps full rights, as on a download.
+#[test]
+fn put_r_keeps_directory_times_and_modes() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, work) = (dir.path().join("root"), dir.path().join("work"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(work.join("t/a/b")).unwrap();
+    std::fs::create_dir_all(work.join("t/ro")).unwrap();
+    std::fs::write(work.join("t/a/b/f"), b"f").unwrap();
+    std::fs::write(work.join("t/ro/g"), b"g").unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_577_934_245);
+    for (d, mode) in [
+        ("t", 0o755),
+        ("t/a", 0o750),
+        ("t/a/b", 0o711),
+        ("t/ro", 0o555),
+    ] {
+        std::fs::set_permissions(work.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::File::open(work.join(d))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/up/", srv.port);
+    let out = xftp(&["put", "-r", "t", &url], &work);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (d, mode) in [("", 0o755), ("a", 0o750), ("a/b", 0o711), ("ro", 0o755)] {
+        let md = std::fs::metadata(root.join("up").join(d)).unwrap();
+        assert_eq!(md.mode() & 0o777, mode, "{d:?}");
+        assert_eq!(md.modified().unwrap(), old, "{d:?}");
+    }
+    assert_eq!(std::fs::read(root.join("up/a/b/f")).unwrap(), b"f");
+    // Restore what tempfile needs to clean up.
+    std::fs::set_permissions(work.join("t/ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// `put -r` of a tree with a subdirectory the client cannot read: that
 /// directory is named among the failures and the command fails, but the
 /// rest of the tree is sent. As root (who reads everything) the client
