@@ -2418,9 +2418,7 @@ impl Client {
     /// Set a remote file's modification time (MFMT); `Ok(false)` when the
     /// server refuses or does not know MFMT.
     pub async fn mfmt(&mut self, path: &str, secs: i64) -> Result<bool> {
-        let t = xftp_proto::facts::format_time(secs);
-        self.accepted(Cmd::with("MFMT", format!("{t} {path}")), 213)
-            .await
+        self.accepted(mfmt_cmd(path, secs), 213).await
     }
 
     /// Set the times (MFMT) and permission bits (SITE CHMOD) of many
@@ -2438,12 +2436,10 @@ impl Client {
             let mut cmds = Vec::with_capacity(2 * chunk.len());
             for (path, t, m) in chunk {
                 if let (true, Some(t)) = (mfmt, t) {
-                    let t = xftp_proto::facts::format_time(*t);
-                    cmds.push((true, Cmd::with("MFMT", format!("{t} {path}"))));
+                    cmds.push((true, mfmt_cmd(path, *t)));
                 }
                 if let (true, Some(m)) = (chmod, m) {
-                    let c = Cmd::with("SITE", format!("CHMOD {:o} {path}", m & 0o777));
-                    cmds.push((false, c));
+                    cmds.push((false, chmod_cmd(path, *m)));
                 }
             }
             if cmds.is_empty() {
@@ -2470,8 +2466,7 @@ impl Client {
     /// Set a remote file's permission bits (SITE CHMOD); `Ok(false)` when
     /// the server refuses.
     pub async fn chmod(&mut self, path: &str, mode: u32) -> Result<bool> {
-        let c = Cmd::with("SITE", format!("CHMOD {:o} {path}", mode & 0o777));
-        self.accepted(c, 200).await
+        self.accepted(chmod_cmd(path, mode), 200).await
     }
 
     /// Say goodbye. Errors are ignored: the session is over either way.
@@ -3867,6 +3862,17 @@ impl Late {
 /// may stripe) sends copies of a stuck connection's records and resets
 /// that connection, on resumed downloads too, and a receiver that did
 /// not take them would fail a transfer that delivered every byte.
+/// `MFMT` setting `path`'s time to `secs` (UTC).
+fn mfmt_cmd(path: &str, secs: i64) -> Cmd {
+    let t = xftp_proto::facts::format_time(secs);
+    Cmd::with("MFMT", format!("{t} {path}"))
+}
+
+/// `SITE CHMOD` of `path`'s permission bits.
+fn chmod_cmd(path: &str, mode: u32) -> Cmd {
+    Cmd::with("SITE", format!("CHMOD {:o} {path}", mode & 0o777))
+}
+
 fn framed_receiver<S>(
     dst: Arc<dyn xftp_stripe::WriteAt>,
     expected: Option<u64>,

@@ -22,7 +22,9 @@ use std::time::Instant;
 
 use xftp_tls::Stream;
 
-use super::{local_err, local_target, temp_next_to, Client, Done, Fit, TransferReport};
+use super::{
+    chmod_cmd, local_err, local_target, mfmt_cmd, temp_next_to, Client, Done, Fit, TransferReport,
+};
 use crate::control::{unexpected, Cmd};
 use crate::error::{ClientError, Result};
 
@@ -546,14 +548,14 @@ impl Client {
             // write: the server reads them after this upload's 226.
             let after = After {
                 size: Cmd::with("SIZE", &item.remote),
-                mfmt: item.mtime.filter(|_| mfmt_ok).map(|t| {
-                    let t = xftp_proto::facts::format_time(t);
-                    Cmd::with("MFMT", format!("{t} {}", item.remote))
-                }),
+                mfmt: item
+                    .mtime
+                    .filter(|_| mfmt_ok)
+                    .map(|t| mfmt_cmd(&item.remote, t)),
                 chmod: item
                     .mode
                     .filter(|_| chmod_ok)
-                    .map(|m| Cmd::with("SITE", format!("CHMOD {:o} {}", m & 0o777, item.remote))),
+                    .map(|m| chmod_cmd(&item.remote, m)),
             };
             // The next file, opened now: a STOR goes out only for a file
             // whose data can follow.
