@@ -252,6 +252,44 @@ fn two_senders_both_fail() {
     assert!(!listener.wait().unwrap().success(), "{rest}");
 }
 
+/// Two receivers joined by mistake wait for each other for ever: each
+/// says, once, what the other end must be, and goes on waiting.
+#[test]
+fn two_receivers_say_what_the_other_end_must_be() {
+    let (mut listener, addr, lerr) = listen("recv", &[], Stdio::null());
+    let mut other = Command::new(XFTP)
+        .args(["recv", &addr, "-p", "2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let oerr = BufReader::new(other.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    for err in [lerr.lines(), oerr.lines()] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in err.map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+    }
+    let mut hints = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while hints < 2 && std::time::Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            if l.contains("the other end must be `xftp send`") {
+                hints += 1;
+            }
+        }
+    }
+    let _ = other.kill();
+    let _ = listener.kill();
+    let _ = other.wait();
+    let _ = listener.wait();
+    assert_eq!(hints, 2, "both receivers say so");
+}
+
 /// A producer that writes a line now and then (`tail -f`) has each line
 /// delivered soon after it is written, on several connections too, not
 /// held until a record fills or the input ends.

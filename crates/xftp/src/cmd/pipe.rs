@@ -178,6 +178,10 @@ where
 /// How long the input may pause before what came of it is sent on.
 const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How long a receiver waits for its first byte before it says what may
+/// be wrong.
+const QUIET_HINT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `xftp send`.
 pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
@@ -224,10 +228,36 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
     let r: anyhow::Result<()> = async {
         let s = stream.insert(open(&a.ep).await?);
         let mut stdout = tokio::io::stdout();
-        pump(s, &mut stdout, &mut bytes)
-            .await
-            .map_err(xftp_tls::plain_io_error)
-            .context("receiving the stream")?;
+        // Two `xftp recv`s joined by mistake wait for each other for ever:
+        // a first byte that does not come is said once (a sender with
+        // nothing to send yet looks the same, so this waits on).
+        let mut first = vec![0u8; BUF];
+        let n = {
+            let mut read = std::pin::pin!(s.read(&mut first));
+            match tokio::time::timeout(QUIET_HINT, &mut read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    eprintln!(
+                        "xftp recv: nothing has arrived in {} s: the other end must be `xftp send` (two `xftp recv`s wait for each other for ever), or it has sent nothing yet; waiting on",
+                        QUIET_HINT.as_secs()
+                    );
+                    read.await
+                }
+            }
+        }
+        .map_err(xftp_tls::plain_io_error)
+        .context("receiving the stream")?;
+        if n > 0 {
+            stdout
+                .write_all(&first[..n])
+                .await
+                .context("writing stdout")?;
+            bytes += n as u64;
+            pump(s, &mut stdout, &mut bytes)
+                .await
+                .map_err(xftp_tls::plain_io_error)
+                .context("receiving the stream")?;
+        }
         stdout.flush().await.context("writing stdout")?;
         // Confirms to the sender that everything arrived.
         s.shutdown().await.context("confirming to the sender")?;
