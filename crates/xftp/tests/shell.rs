@@ -779,11 +779,19 @@ fn reget_and_reput_continue_what_a_cut_transfer_left() {
         sha256_file(&root.join("up.bin")),
         sha256_file(&local.join("u.bin"))
     );
-    // Each moved only what was missing; the download says what it found.
+    // Each moved only what was missing, and says what it found.
     for name in ["f.bin", "up.bin"] {
         assert!(moved(&err, name) < SIZE, "{name} moved whole: {err}");
+        assert!(
+            err.contains(&format!("{name}: ")) && err.contains("bytes were in place already"),
+            "{err}"
+        );
     }
-    assert!(err.contains("bytes were in place already"), "{err}");
+    assert_eq!(
+        err.matches("bytes were in place already").count(),
+        2,
+        "{err}"
+    );
     // Nothing left behind at either end.
     assert_no_partials(&[&local, &root]);
 }

@@ -1193,9 +1193,6 @@ impl Shell {
         let op = if resume { Op::Reget } else { Op::Get };
         let r = r.map_err(|e| self.explain(e, op))?;
         self.conclude(name, &r, start, false);
-        if r.bytes > 0 && r.already > 0 {
-            eprintln!("{name}: {} bytes were in place already", r.already);
-        }
         Ok(r.bytes)
     }
 
@@ -1397,6 +1394,10 @@ impl Shell {
             rate / 1e6,
             if n == 1 { "" } else { "s" }
         );
+        // A reget or reput that continued a cut transfer, either way.
+        if r.already > 0 {
+            eprintln!("{what}: {} bytes were in place already", r.already);
+        }
         if let Some(c) = &r.checksum {
             eprintln!("{what}: verified, {} {} at both ends", c.algorithm, c.value);
         }
