@@ -1052,3 +1052,26 @@ fn a_refusal_on_the_implicit_port_says_why() {
     assert!(err.contains("Too many sessions from your address"), "{err}");
     drop(held);
 }
+
+#[test]
+fn one_address_for_both_listeners_is_named() {
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["serve", "--anonymous", "--root"])
+        .arg(root.path())
+        .args(["--listen", &addr, "--implicit-listen", &addr])
+        .args(["--tls-cert", s(&pki.cert), "--tls-key", s(&pki.key)])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("a port of its own"), "{err}");
+}

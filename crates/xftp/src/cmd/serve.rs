@@ -240,6 +240,14 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         ),
     };
     config.tls_require_reuse = !a.tls_allow_fresh_data;
+    if a.implicit_listen
+        .is_some_and(|i| i == a.listen && i.port() != 0)
+    {
+        bail!(
+            "--implicit-listen and --listen are both {}: implicit TLS needs a port of its own (usually 990, with 21 for --listen)",
+            a.listen
+        );
+    }
     let implicit = match a.implicit_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
             format!("cannot listen on {addr} for implicit TLS (in use? try 127.0.0.1:0)")
