@@ -21,8 +21,11 @@ pub const HELLO_LEN: usize = 32;
 pub const REPLY_LEN: usize = 12;
 /// Oldest protocol version this implementation speaks.
 pub const MIN_VERSION: u8 = 1;
-/// Newest protocol version this implementation speaks.
-pub const MAX_VERSION: u8 = 1;
+/// Newest protocol version this implementation speaks. Version 2 frames
+/// the data as version 1 does; a group of version 2 tells the
+/// application that both ends know version 2's conventions (the pipe's
+/// role exchange and receipt, docs/psock.md).
+pub const MAX_VERSION: u8 = 2;
 /// Most connections in one group.
 pub const MAX_STREAMS: u16 = 1024;
 
@@ -321,9 +324,14 @@ mod tests {
 
     #[test]
     fn negotiation_picks_highest_common() {
-        assert_eq!(hello().negotiate(), Some(1));
+        // The peer speaks 1 to 3: our newest.
+        assert_eq!(hello().negotiate(), Some(MAX_VERSION));
+        // An older peer: its newest.
         let mut h = hello();
-        h.min_version = 2;
+        h.max_version = 1;
+        assert_eq!(h.negotiate(), Some(1));
+        let mut h = hello();
+        h.min_version = MAX_VERSION + 1;
         assert_eq!(h.negotiate(), None);
     }
 

@@ -243,7 +243,8 @@ async fn handshake(tcp: TcpStream, peer: SocketAddr, inner: &Arc<Inner>) -> Resu
     };
     if let Some(p) = complete {
         let conns: Vec<Stream> = p.slots.into_iter().flatten().flatten().collect();
-        let stream = PsockStream::from_group(conns, hello.session, cfg, own, p.record_size);
+        let stream =
+            PsockStream::from_group(conns, hello.session, cfg, own, p.record_size, version);
         if inner.ready.send(stream).await.is_err() {
             return Err(PsockError::Closed);
         }

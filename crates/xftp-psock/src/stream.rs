@@ -47,6 +47,7 @@ pub struct PsockStream {
     path: Path,
     session: SessionId,
     n: usize,
+    version: u8,
 }
 
 /// How bytes move: through the striping engine over several connections,
@@ -101,6 +102,7 @@ impl PsockStream {
         }
         let mut conns: Vec<Option<Stream>> = (0..n).map(|_| None).collect();
         let mut peer_record = None;
+        let mut version = handshake::MAX_VERSION;
         while let Some(j) = set.join_next().await {
             let (index, r) = j.map_err(|e| PsockError::Io {
                 context: "connection task",
@@ -119,6 +121,7 @@ impl PsockStream {
                     "peer changed record size within a group",
                 ));
             }
+            version = version.min(reply.version);
             conns[index as usize] = Some(s);
         }
         let conns: Vec<Stream> = conns.into_iter().flatten().collect();
@@ -128,6 +131,7 @@ impl PsockStream {
             cfg,
             own,
             peer_record.unwrap_or(own),
+            version,
         ))
     }
 
@@ -138,6 +142,7 @@ impl PsockStream {
         cfg: &PsockConfig,
         own_record: u32,
         peer_record: u32,
+        version: u8,
     ) -> Self {
         let n = conns.len();
         let path = match <[Stream; 1]>::try_from(conns) {
@@ -150,12 +155,23 @@ impl PsockStream {
                 }
             }
         };
-        Self { path, session, n }
+        Self {
+            path,
+            session,
+            n,
+            version,
+        }
     }
 
     /// Number of TCP connections in the group.
     pub fn streams(&self) -> usize {
         self.n
+    }
+
+    /// The protocol version the group speaks (the highest both ends
+    /// know: 1 with an older peer).
+    pub fn version(&self) -> u8 {
+        self.version
     }
 
     /// The group's session id.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use xftp_psock::handshake::{Hello, Reply, SessionId, Status, HELLO_LEN, REPLY_LEN};
+use xftp_psock::handshake::{Hello, Reply, SessionId, Status, HELLO_LEN, MAX_VERSION, REPLY_LEN};
 use xftp_psock::{PsockConfig, PsockError, PsockListener, PsockStream};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -100,11 +100,11 @@ async fn bad_connections_are_refused_without_harm() {
     assert_eq!(r.unwrap().status, Status::Mismatch);
     // A version we do not speak.
     let mut v = hello(3, 0, 1);
-    v.min_version = 2;
+    v.min_version = MAX_VERSION + 1;
     v.max_version = 9;
     let (_s, r) = raw(addr, &v.encode()).await;
     let r = r.unwrap();
-    assert_eq!((r.status, r.version), (Status::Version, 1));
+    assert_eq!((r.status, r.version), (Status::Version, MAX_VERSION));
     // Half a hello, then silence: the handshake timer will drop it; it
     // must not block others.
     let mut half = TcpStream::connect(addr).await.unwrap();

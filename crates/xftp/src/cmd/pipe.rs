@@ -179,8 +179,66 @@ where
 const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How long a receiver waits for its first byte before it says what may
-/// be wrong.
+/// be wrong (a peer of protocol version 1, which exchanges no roles).
 const QUIET_HINT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The group version from which each end says first what it is, and the
+/// receiver confirms what it wrote out (docs/psock.md): two senders or
+/// two receivers joined by mistake fail at once, and a sender never takes
+/// a peer that merely closed for a receipt.
+const ROLES_FROM: u8 = 2;
+const ROLE_SEND: [u8; 4] = *b"XPs2";
+const ROLE_RECV: [u8; 4] = *b"XPr2";
+/// The receiver's receipt: these 4 bytes and the count written out (u64,
+/// big-endian).
+const RECEIPT: [u8; 4] = *b"XPok";
+
+/// Say what this end is and check the peer is the other kind.
+async fn exchange_roles(s: &mut PsockStream, mine: [u8; 4]) -> anyhow::Result<()> {
+    s.write_all(&mine).await.context("sending our role")?;
+    s.flush().await.context("sending our role")?;
+    let mut peer = [0u8; 4];
+    s.read_exact(&mut peer)
+        .await
+        .map_err(xftp_tls::plain_io_error)
+        .context("reading the peer's role (it closed first)")?;
+    if matches!(
+        (mine, peer),
+        (ROLE_SEND, ROLE_RECV) | (ROLE_RECV, ROLE_SEND)
+    ) {
+        return Ok(());
+    }
+    // Closed in step, so that the peer reads our role (and says the same)
+    // rather than a connection cut under it.
+    let _ = s.shutdown().await;
+    match (mine, peer) {
+        (ROLE_SEND, ROLE_SEND) => anyhow::bail!(
+            "the peer is an `xftp send` too, not `xftp recv`: nothing was sent; run `xftp recv` at one end"
+        ),
+        (ROLE_RECV, ROLE_RECV) => anyhow::bail!(
+            "the peer is an `xftp recv` too, not `xftp send`: nothing can arrive; run `xftp send` at one end"
+        ),
+        _ => anyhow::bail!("the peer is neither `xftp send` nor `xftp recv` (it said {peer:?})"),
+    }
+}
+
+/// A sender's check of what came back: the receipt for every byte sent.
+fn check_receipt(back: &[u8], sent: u64) -> anyhow::Result<()> {
+    let Some(count) = back
+        .strip_prefix(&RECEIPT)
+        .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        .map(u64::from_be_bytes)
+    else {
+        anyhow::bail!(
+            "the receiver closed without its receipt ({} bytes came back): what it wrote out is unknown",
+            back.len()
+        );
+    };
+    if count != sent {
+        anyhow::bail!("the receiver wrote out {count} of the {sent} bytes sent");
+    }
+    Ok(())
+}
 
 /// `xftp send`.
 pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
@@ -189,6 +247,10 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
     let mut stream = None;
     let r: anyhow::Result<()> = async {
         let s = stream.insert(open(&a.ep).await?);
+        let roles = s.version() >= ROLES_FROM;
+        if roles {
+            exchange_roles(s, ROLE_SEND).await?;
+        }
         let mut stdin = tokio::io::stdin();
         pump(&mut stdin, s, &mut bytes)
             .await
@@ -202,8 +264,11 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
             .await
             .map_err(xftp_tls::plain_io_error)
             .context("waiting for the receiver's confirmation")?;
-        // An `xftp recv` sends nothing back: data from the peer means it
-        // sent too, and neither stream went anywhere.
+        if roles {
+            return check_receipt(&extra, bytes);
+        }
+        // An older `xftp recv` sends nothing back: data from the peer
+        // means it sent too, and neither stream went anywhere.
         if !extra.is_empty() {
             anyhow::bail!(
                 "the peer sent {} bytes back: it is an `xftp send` too, not `xftp recv`, and nothing was delivered",
@@ -227,14 +292,24 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
     let mut stream = None;
     let r: anyhow::Result<()> = async {
         let s = stream.insert(open(&a.ep).await?);
+        let roles = s.version() >= ROLES_FROM;
+        if roles {
+            exchange_roles(s, ROLE_RECV).await?;
+        }
         let mut stdout = tokio::io::stdout();
-        // Two `xftp recv`s joined by mistake wait for each other for ever:
-        // a first byte that does not come is said once (a sender with
-        // nothing to send yet looks the same, so this waits on).
+        // Two older `xftp recv`s joined by mistake wait for each other for
+        // ever: a first byte that does not come is said once (a sender
+        // with nothing to send yet looks the same, so this waits on).
+        // With roles exchanged, the peer is known to be a sender.
+        let hint = if roles { None } else { Some(QUIET_HINT) };
         let mut first = vec![0u8; BUF];
         let n = {
             let mut read = std::pin::pin!(s.read(&mut first));
-            match tokio::time::timeout(QUIET_HINT, &mut read).await {
+            let waited = match hint {
+                Some(h) => tokio::time::timeout(h, &mut read).await,
+                None => Ok((&mut read).await),
+            };
+            match waited {
                 Ok(r) => r,
                 Err(_) => {
                     eprintln!(
@@ -259,7 +334,15 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
                 .context("receiving the stream")?;
         }
         stdout.flush().await.context("writing stdout")?;
-        // Confirms to the sender that everything arrived.
+        // Confirms to the sender that everything arrived (and, with
+        // roles, how much: a peer that merely closes is no receiver).
+        if roles {
+            let mut receipt = RECEIPT.to_vec();
+            receipt.extend_from_slice(&bytes.to_be_bytes());
+            s.write_all(&receipt)
+                .await
+                .context("confirming to the sender")?;
+        }
         s.shutdown().await.context("confirming to the sender")?;
         Ok(())
     }
