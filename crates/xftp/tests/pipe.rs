@@ -173,6 +173,16 @@ fn nobody_listening_is_an_error() {
     assert!(!o.status.success());
     let t = String::from_utf8_lossy(&o.stderr);
     assert_eq!(json_of(&t)["status"], "error");
+    // A host without its port, or a URL: said as such.
+    for peer in ["127.0.0.1", "ftp://127.0.0.1:21/"] {
+        let o = Command::new(XFTP)
+            .args(["recv", peer])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && t.contains("is not HOST:PORT"), "{t}");
+    }
 }
 
 #[test]

@@ -34,8 +34,8 @@ pub struct Endpoint {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: u16,
     /// Record size in bytes sent on the connections (default: 1 MiB on
-    /// one connection, 128 KiB on more; 4 KiB to 8 MiB: each record costs
-    /// a header and a reorder step, and 1-byte records took 51 s per MB).
+    /// one connection, 128 KiB on more; 4 KiB to 8 MiB, as each record
+    /// costs a header and a reorder step).
     #[arg(long, value_name = "BYTES",
           value_parser = clap::value_parser!(u32).range(4096..=(8 << 20)))]
     pub record_size: Option<u32>,
@@ -138,6 +138,17 @@ async fn open(ep: &Endpoint) -> anyhow::Result<PsockStream> {
         Ok(l.accept().await?)
     } else {
         let peer = ep.peer.as_deref().context("no peer address given")?;
+        // A host alone or a URL is not an address to connect to: said as
+        // such, not as the resolver's "invalid socket address".
+        if peer.contains("://")
+            || !peer
+                .rsplit_once(':')
+                .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            anyhow::bail!(
+                "{peer:?} is not HOST:PORT: give the address `--listen` printed at the other end, e.g. 192.0.2.7:7000 or [2001:db8::7]:7000"
+            );
+        }
         PsockStream::connect(peer, ep.parallel, &cfg)
             .await
             .with_context(|| format!("cannot connect to {peer}"))
