@@ -130,9 +130,15 @@ impl Drop for PsockListener {
 }
 
 async fn accept_loop(l: TcpListener, inner: Arc<Inner>) {
+    // Failures in a row: said once with what to do, not 20 times a second.
+    let mut failing = 0u64;
     loop {
         match l.accept().await {
             Ok((s, peer)) => {
+                if failing > 0 {
+                    tracing::warn!("accepting again, after {failing} failures");
+                    failing = 0;
+                }
                 let inner = inner.clone();
                 tokio::spawn(async move {
                     let t = inner.cfg.handshake_timeout;
@@ -145,7 +151,16 @@ async fn accept_loop(l: TcpListener, inner: Arc<Inner>) {
             }
             Err(e) => {
                 // Out of descriptors and the like: keep serving others.
-                tracing::warn!(error = %e, "accept failed");
+                if failing == 0 {
+                    // EMFILE (24 on Linux): no io::ErrorKind of its own.
+                    let fix = if e.raw_os_error() == Some(24) {
+                        " (out of file descriptors: raise `ulimit -n`, or connect with fewer connections, -p)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(error = %e, "accept failed{fix}; the group waiting for these connections will time out");
+                }
+                failing += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
