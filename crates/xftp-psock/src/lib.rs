@@ -179,6 +179,10 @@ pub enum PsockError {
     /// Invalid arguments (N out of range, record size too large, ...).
     #[error("invalid parameter: {0}")]
     Invalid(&'static str),
+    /// The peer speaks another protocol, which this names (an FTP
+    /// server's greeting).
+    #[error("peer is not a parallel-sockets endpoint: {0}")]
+    Foreign(&'static str),
     /// The listener has stopped.
     #[error("listener closed")]
     Closed,

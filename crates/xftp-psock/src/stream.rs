@@ -241,6 +241,12 @@ async fn open_one(
             PsockError::io("reading the listener's reply")(e)
         }
     })?;
+    // An FTP server greets first ("220 ..."): said as such.
+    if b[..3].iter().all(u8::is_ascii_digit) && matches!(b[3], b' ' | b'-') {
+        return Err(PsockError::Foreign(
+            "it greeted like an FTP server: `xftp send`/`recv` talk to each other (for an FTP server, use `xftp get`/`put`)",
+        ));
+    }
     let reply = Reply::decode(&b)?.ok_or(PsockError::Timeout)?;
     if reply.status != Status::Ok {
         return Err(PsockError::Rejected {

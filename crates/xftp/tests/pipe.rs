@@ -173,6 +173,24 @@ fn nobody_listening_is_an_error() {
     assert!(!o.status.success());
     let t = String::from_utf8_lossy(&o.stderr);
     assert_eq!(json_of(&t)["status"], "error");
+    // An FTP server at that address: named.
+    let ftp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ftp_addr = ftp.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in ftp.incoming().take(4) {
+            let _ = c.and_then(|mut c| c.write_all(b"220 an FTP server\r\n"));
+        }
+    });
+    let o = Command::new(XFTP)
+        .args(["send", &ftp_addr, "-p", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && t.contains("like an FTP server"),
+        "{t}"
+    );
     // A host without its port, or a URL: said as such.
     for peer in ["127.0.0.1", "ftp://127.0.0.1:21/"] {
         let o = Command::new(XFTP)

@@ -274,7 +274,7 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         s.read_to_end(&mut extra)
             .await
             .map_err(xftp_tls::plain_io_error)
-            .context("waiting for the receiver's confirmation")?;
+            .context("waiting for the receiver's confirmation (it ended without one: its own message says why)")?;
         if roles {
             return check_receipt(&extra, bytes);
         }
