@@ -255,32 +255,42 @@ fn pipe_over_tls_and_refused_without_it() {
 
 /// Two senders joined by mistake: each gets the other's stream, and
 /// neither may say it delivered its own.
+/// Two senders joined by mistake both fail, also where one has nothing
+/// to send: its end-of-stream is no receipt, and the one with data does
+/// not report it delivered.
 #[test]
 fn two_senders_both_fail() {
-    let (mut listener, addr, mut lerr) = listen("send", &[], Stdio::piped());
-    let mut lin = listener.stdin.take().unwrap();
-    let feed = std::thread::spawn(move || {
-        let _ = lin.write_all(&data(300_000));
-    });
-    let mut other = Command::new(XFTP)
-        .args(["send", &addr, "-p", "4"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut oin = other.stdin.take().unwrap();
-    // It may have failed before reading any of it.
-    let _ = oin.write_all(&data(200_000));
-    drop(oin);
-    let out = other.wait_with_output().unwrap();
-    feed.join().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(err.contains("an `xftp send` too"), "{err}");
-    let mut rest = String::new();
-    lerr.read_to_string(&mut rest).unwrap();
-    assert!(!listener.wait().unwrap().success(), "{rest}");
+    for (mine, theirs, n) in [
+        (300_000, 200_000, "4"),
+        (0, 1_234_567, "4"),
+        (1_234_567, 0, "1"),
+    ] {
+        let (mut listener, addr, mut lerr) = listen("send", &["-p", n], Stdio::piped());
+        let mut lin = listener.stdin.take().unwrap();
+        let feed = std::thread::spawn(move || {
+            let _ = lin.write_all(&data(mine));
+        });
+        let mut other = Command::new(XFTP)
+            .args(["send", &addr, "-p", n])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut oin = other.stdin.take().unwrap();
+        // It may have failed before reading any of it.
+        let _ = oin.write_all(&data(theirs));
+        drop(oin);
+        let out = other.wait_with_output().unwrap();
+        feed.join().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{mine}/{theirs}: {err}");
+        assert!(err.contains("an `xftp send` too"), "{err}");
+        let mut rest = String::new();
+        lerr.read_to_string(&mut rest).unwrap();
+        assert!(!listener.wait().unwrap().success(), "{rest}");
+        assert!(rest.contains("an `xftp send` too"), "{rest}");
+    }
 }
 
 /// Two receivers joined by mistake would wait for each other for ever:
@@ -303,42 +313,6 @@ fn two_receivers_both_fail_at_once() {
     lerr.read_to_string(&mut rest).unwrap();
     assert!(!listener.wait().unwrap().success(), "{rest}");
     assert!(rest.contains("the peer is an `xftp recv` too"), "{rest}");
-}
-
-/// Two senders, one of them with nothing to send: its end-of-stream is
-/// no receipt, and the one with data does not report it delivered.
-#[test]
-fn a_sender_with_nothing_is_no_receiver() {
-    for (listening_has_data, n) in [(false, "4"), (true, "1")] {
-        let (mut listener, addr, mut lerr) = listen("send", &["-p", n], Stdio::piped());
-        let mut lin = listener.stdin.take().unwrap();
-        let feed = std::thread::spawn(move || {
-            if listening_has_data {
-                let _ = lin.write_all(&data(1_234_567));
-            }
-        });
-        let mut other = Command::new(XFTP)
-            .args(["send", &addr, "-p", n, "--json"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut oin = other.stdin.take().unwrap();
-        if !listening_has_data {
-            let _ = oin.write_all(&data(1_234_567));
-        }
-        drop(oin);
-        let out = other.wait_with_output().unwrap();
-        feed.join().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{err}");
-        assert!(err.contains("an `xftp send` too"), "{err}");
-        let mut rest = String::new();
-        lerr.read_to_string(&mut rest).unwrap();
-        assert!(!listener.wait().unwrap().success(), "{rest}");
-        assert!(rest.contains("an `xftp send` too"), "{rest}");
-    }
 }
 
 /// A producer that writes a line now and then (`tail -f`) has each line
