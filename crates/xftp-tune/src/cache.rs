@@ -213,9 +213,16 @@ impl Cache {
         let now = rec.when;
         let v = self.entries.entry(dest.to_owned()).or_default();
         v.push(rec);
-        if v.len() > KEEP {
-            let drop = v.len() - KEEP;
-            v.drain(..drop);
+        // Records of the RTT alone (`xftp probe`, a rate-limited transfer)
+        // go first, oldest first: a run of probes must not push out the
+        // transfers a start is chosen from.
+        while v.len() > KEEP {
+            let at = v
+                .iter()
+                .position(|r| r.streams == 0 && r.throughput_bps == 0.0)
+                .filter(|&i| i + 1 < v.len())
+                .unwrap_or(0);
+            v.remove(at);
         }
         let oldest = now.saturating_sub(RETAIN_SECS);
         for v in self.entries.values_mut() {
@@ -695,6 +702,30 @@ mod tests {
             );
         }
         assert_eq!(c.fresh("d", Duration::from_secs(60)).len(), KEEP);
+        // A run of probes (the RTT alone) does not push out the transfers
+        // a start is chosen from; the newest probe stays.
+        let at = |rtt_us, streams, bps| PathRecord {
+            when: now_secs(),
+            rtt_us,
+            streams,
+            throughput_bps: bps,
+            bytes: 0,
+            upload: None,
+        };
+        let mut c = Cache::in_memory();
+        c.record("p", at(500, 8, 9e7));
+        c.record("p", at(510, 16, 1e8));
+        for i in 0..100 {
+            c.record("p", at(600 + i, 0, 0.0));
+        }
+        let kept = c.fresh("p", Duration::from_secs(60));
+        assert_eq!(kept.len(), KEEP);
+        assert_eq!(kept.iter().filter(|r| r.streams > 0).count(), 2);
+        assert_eq!(kept.last().map(|r| r.rtt_us), Some(699));
+        assert_eq!(
+            c.best("p", Duration::from_secs(60), None).map(|b| b.0),
+            Some(16)
+        );
     }
 
     #[test]
