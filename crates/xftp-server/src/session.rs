@@ -381,6 +381,12 @@ fn fs_reply(e: &FsError) -> (u16, String) {
     (550, e.to_string())
 }
 
+/// The text of a reply for an OS error on `v`: the path, and the error in
+/// words ([`fs::io_text`]).
+fn io_said(v: &VPath, e: &std::io::Error) -> String {
+    format!("{}: {}.", v.display(), fs::io_text(e))
+}
+
 impl Session {
     async fn reply(&mut self, code: u16, text: impl Into<String>) -> std::io::Result<()> {
         self.send(&Reply::new(code, text)).await
@@ -1461,10 +1467,7 @@ impl Session {
         .await;
         match n {
             Ok(Ok(n)) => self.reply(213, n.to_string()).await,
-            Ok(Err(e)) => {
-                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Ok(Err(e)) => self.reply(550, io_said(&v, &e)).await,
             Err(e) => self.reply(451, e.to_string()).await,
         }
     }
@@ -1533,7 +1536,7 @@ impl Session {
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidInput => {
                 Err((501, format!("{}: {e}.", v.display())))
             }
-            Ok(Err(e)) => Err((550, format!("{}: {}.", v.display(), fs::io_text(&e)))),
+            Ok(Err(e)) => Err((550, io_said(v, &e))),
             Err(e) => Err((451, format!("checksum failed: {e}."))),
         }
     }
@@ -1571,10 +1574,7 @@ impl Session {
                 self.reply(213, format!("Modify={t}; {}", v.display()))
                     .await
             }
-            Err(e) => {
-                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => self.reply(550, io_said(&v, &e)).await,
         }
     }
 
@@ -1614,10 +1614,7 @@ impl Session {
                 self.reply(200, format!("SITE CHMOD {:o} done.", m & 0o777))
                     .await
             }
-            Err(e) => {
-                self.reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => self.reply(550, io_said(&v, &e)).await,
         }
     }
 
@@ -2271,19 +2268,11 @@ impl Session {
         }
         let file = match self.root.open_read(&p) {
             Ok(f) => f,
-            Err(e) => {
-                return self
-                    .reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => return self.reply(550, io_said(&v, &e)).await,
         };
         let md = match file.metadata() {
             Ok(m) => m,
-            Err(e) => {
-                return self
-                    .reply(550, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => return self.reply(550, io_said(&v, &e)).await,
         };
         let len = md.len();
         if rest > len {
@@ -2522,11 +2511,7 @@ impl Session {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return self.receive(&v, &target, UploadKind::Unique, 0, allo).await;
                 }
-                Err(e) => {
-                    return self
-                        .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                        .await
-                }
+                Err(e) => return self.reply(553, io_said(&v, &e)).await,
             }
         }
         self.reply(
@@ -2603,11 +2588,7 @@ impl Session {
                     .reply(450, format!("{}: taken meanwhile; try again.", v.display()))
                     .await
             }
-            Err(e) => {
-                return self
-                    .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => return self.reply(553, io_said(v, &e)).await,
         };
         if let Some(max) = self.cfg.max_upload_size.filter(|m| offset > *m) {
             return self.reply(552, too_large(max)).await;
@@ -2792,10 +2773,7 @@ impl Session {
                 )
                 .await
             }
-            Err(e) => {
-                self.reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => self.reply(451, io_said(&v, &e)).await,
         }
     }
 
@@ -2901,20 +2879,14 @@ impl Session {
         );
         let file = match file {
             Ok(f) => f,
-            Err(e) => {
-                return self
-                    .reply(553, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await
-            }
+            Err(e) => return self.reply(553, io_said(&v, &e)).await,
         };
         // Bytes past the announced size are no part of the file (a larger
         // partial's tail): kept, the finished upload would hold them, and
         // the client's SIZE check fail on every run.
         if file.metadata().is_ok_and(|m| m.len() > meta.size) {
             if let Err(e) = file.set_len(meta.size) {
-                return self
-                    .reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                    .await;
+                return self.reply(451, io_said(&v, &e)).await;
             }
         }
         let have = have.unwrap_or_default();
@@ -2924,9 +2896,7 @@ impl Session {
         ));
         let writer = hold.writer.clone();
         if let Err(e) = writer.checkpoint(&rec, &target, meta) {
-            return self
-                .reply(451, format!("{}: {}.", v.display(), fs::io_text(&e)))
-                .await;
+            return self.reply(451, io_said(&v, &e)).await;
         }
         let n = self.streams as usize;
         self.reply(
