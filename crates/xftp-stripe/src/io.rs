@@ -275,6 +275,18 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
 /// [`write_atomic`], the file created with `mode` (less the umask) from
 /// the start: 0o600 keeps it from ever being readable by others.
 pub fn write_atomic_mode(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_atomic_with(path, bytes, mode, |_| Ok(()))
+}
+
+/// [`write_atomic_mode`], with `prepare` run on the temporary once it is
+/// written and before it is renamed into place (its owner, its final
+/// mode): the file never shows under `path` without them.
+pub fn write_atomic_with(
+    path: &std::path::Path,
+    bytes: &[u8],
+    mode: u32,
+    prepare: impl FnOnce(&std::fs::File) -> io::Result<()>,
+) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     // A new file of a name of its own (O_EXCL: never one already there,
@@ -292,7 +304,8 @@ pub fn write_atomic_mode(path: &std::path::Path, bytes: &[u8], mode: u32) -> io:
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_data()?;
+        prepare(&f)?;
+        f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
     if written.is_err() {

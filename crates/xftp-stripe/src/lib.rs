@@ -62,7 +62,7 @@ mod sock;
 pub use early::EarlyStart;
 pub use io::{
     names_out_of_space, open_regular, read_regular, remove_stale_temps, write_atomic,
-    write_atomic_mode, FileStamp, MemFile, ReadAt, RecordedFile, WriteAt,
+    write_atomic_mode, write_atomic_with, FileStamp, MemFile, ReadAt, RecordedFile, WriteAt,
 };
 pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};

@@ -25,22 +25,26 @@ impl Drop for Srv {
     }
 }
 
-/// `xftp serve --root ROOT ARGS..`; stderr to `log` if given.
+/// `xftp serve --root ROOT ARGS..`; stderr to `log` (at trace level) if
+/// given.
 fn serve(root: &Path, args: &[&str], log: Option<&Path>) -> Srv {
+    match log {
+        Some(p) => serve_to(root, args, std::fs::File::create(p).unwrap().into(), true),
+        None => serve_to(root, args, Stdio::null(), false),
+    }
+}
+
+/// [`serve`] with stderr to `err`, at trace level or at the default.
+fn serve_to(root: &Path, args: &[&str], err: Stdio, trace: bool) -> Srv {
     let mut c = Command::new(XFTP);
     c.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(root)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped());
-    match log {
-        Some(p) => {
-            c.env("XFTP_LOG", "trace")
-                .stderr(std::fs::File::create(p).unwrap());
-        }
-        None => {
-            c.stderr(Stdio::null());
-        }
+        .stdout(Stdio::piped())
+        .stderr(err);
+    if trace {
+        c.env("XFTP_LOG", "trace");
     }
     let mut child = c.spawn().unwrap();
     let mut line = String::new();
@@ -561,7 +565,15 @@ fn the_users_file_is_read_again_on_sighup() {
     let root = tempfile::tempdir().unwrap();
     let users = root.path().join("users.txt");
     useradd(&users, "alice", "old-pw", &[]);
-    let srv = serve(root.path(), &["--users", users.to_str().unwrap()], None);
+    // At the default verbosity: the operator who sent the signal is told
+    // what came of it.
+    let said = root.path().join("stderr.txt");
+    let srv = serve_to(
+        root.path(),
+        &["--users", users.to_str().unwrap()],
+        std::fs::File::create(&said).unwrap().into(),
+        false,
+    );
     let hup = || {
         let st = Command::new("kill")
             .args(["-HUP", &srv.child.id().to_string()])
@@ -588,12 +600,19 @@ fn the_users_file_is_read_again_on_sighup() {
     assert!(r.starts_with("230"), "{r}");
     assert!(c2.cmd("MKD after").starts_with("550"), "read-only now");
     assert!(login("bob", "bob-pw").1.starts_with("230"));
+    let err = std::fs::read_to_string(&said).unwrap();
+    assert!(err.contains("reloaded: 2 users"), "{err}");
     // The session from before keeps what its login granted.
     assert!(c.cmd("MKD still").starts_with("257"));
     // A broken file: the users stay as they were.
     std::fs::write(&users, "garbage\n").unwrap();
     hup();
     assert!(login("bob", "bob-pw").1.starts_with("230"));
+    let err = std::fs::read_to_string(&said).unwrap();
+    assert!(
+        err.contains("not reloaded (the users as they were stay)"),
+        "{err}"
+    );
     // Defined twice: the server does not start.
     let line = std::fs::read_to_string(root.path().join("users.txt")).unwrap();
     assert_eq!(line, "garbage\n");

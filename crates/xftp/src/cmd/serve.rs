@@ -284,7 +284,12 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         while hup.recv().await.is_some() {
             if let Some((path, db)) = &users {
                 match db.reload(path) {
-                    Ok(n) => tracing::info!("users file {} reloaded: {n} users", path.display()),
+                    // Said at any verbosity, as the listening lines are:
+                    // the answer to an operator's signal.
+                    Ok(n) => eprintln!(
+                        "xftp serve: users file {} reloaded: {n} users",
+                        path.display()
+                    ),
                     Err(e) => tracing::error!(
                         "users file {} not reloaded (the users as they were stay): {:#}",
                         path.display(),
@@ -295,7 +300,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
             match &server_tls {
                 Some(tls) => match tls.reload() {
                     Ok(()) => {
-                        tracing::info!("TLS certificate reloaded");
+                        eprintln!("xftp serve: TLS certificate reloaded");
                         if let Some(w) = tls.validity_warning(unix_now()) {
                             tracing::warn!("{w}");
                         }
@@ -305,7 +310,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
                     }
                 },
                 None if users.is_none() => {
-                    tracing::info!("SIGHUP: no TLS certificate or users file to reload; serving on")
+                    eprintln!("xftp serve: SIGHUP: no TLS certificate or users file to reload; serving on")
                 }
                 None => {}
             }
@@ -417,11 +422,15 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
     // and mode: a server running as a service account reads it through
     // them, and a file owned by root, mode 0600, would be a change it can
     // never load.
-    xftp_stripe::write_atomic_mode(&users, db.render().as_bytes(), 0o600)
-        .with_context(|| format!("writing {}", users.display()))?;
-    if let Some(m) = &existing {
-        keep_owner_and_mode(&users, m);
-    }
+    // Owner and mode are set on the temporary, before it takes the name:
+    // a server reloading in between never meets a file it cannot read.
+    xftp_stripe::write_atomic_with(&users, db.render().as_bytes(), 0o600, |f| {
+        if let Some(m) = &existing {
+            keep_owner_and_mode(f, &users, m);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("writing {}", users.display()))?;
     let what = format!(
         "{}, {}",
         match access {
@@ -473,10 +482,10 @@ fn lock_users_file(users: &std::path::Path) -> anyhow::Result<std::fs::File> {
 
 /// Give the rewritten users file the owner, group and mode of the one it
 /// replaced; what cannot be kept is said (the server may not read it).
-fn keep_owner_and_mode(users: &std::path::Path, was: &std::fs::Metadata) {
+fn keep_owner_and_mode(f: &std::fs::File, users: &std::path::Path, was: &std::fs::Metadata) {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mode = was.mode() & 0o7777;
-    if let Err(e) = std::os::unix::fs::chown(users, Some(was.uid()), Some(was.gid())) {
+    if let Err(e) = std::os::unix::fs::fchown(f, Some(was.uid()), Some(was.gid())) {
         eprintln!(
             "xftp useradd: warning: {} could not keep its owner {}:{} ({e}); a server running as that user may not read it: chown it back",
             users.display(),
@@ -484,7 +493,7 @@ fn keep_owner_and_mode(users: &std::path::Path, was: &std::fs::Metadata) {
             was.gid()
         );
     }
-    if let Err(e) = std::fs::set_permissions(users, std::fs::Permissions::from_mode(mode)) {
+    if let Err(e) = f.set_permissions(std::fs::Permissions::from_mode(mode)) {
         eprintln!(
             "xftp useradd: warning: {} could not keep its mode {mode:o} ({e}): chmod it back",
             users.display()
