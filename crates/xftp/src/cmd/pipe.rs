@@ -204,6 +204,21 @@ const ROLE_RECV: [u8; 4] = *b"XPr2";
 /// big-endian).
 const RECEIPT: [u8; 4] = *b"XPok";
 
+/// An error of the connections in words: a peer that vanished (its host
+/// down, the path cut) is found out by the members' keepalive after about
+/// 40 s of silence, which the OS reports as a bare "timed out".
+fn peer_error(e: std::io::Error) -> std::io::Error {
+    let e = xftp_tls::plain_io_error(e);
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the peer stopped answering (no reply for about 40 s: its host down or the path cut); the stream is incomplete",
+        )
+    } else {
+        e
+    }
+}
+
 /// Say what this end is and check the peer is the other kind.
 async fn exchange_roles(s: &mut PsockStream, mine: [u8; 4]) -> anyhow::Result<()> {
     s.write_all(&mine).await.context("sending our role")?;
@@ -211,7 +226,7 @@ async fn exchange_roles(s: &mut PsockStream, mine: [u8; 4]) -> anyhow::Result<()
     let mut peer = [0u8; 4];
     s.read_exact(&mut peer)
         .await
-        .map_err(xftp_tls::plain_io_error)
+        .map_err(peer_error)
         .context("reading the peer's role (it closed first)")?;
     if matches!(
         (mine, peer),
@@ -265,7 +280,7 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         let mut stdin = tokio::io::stdin();
         pump(&mut stdin, s, &mut bytes)
             .await
-            .map_err(xftp_tls::plain_io_error)
+            .map_err(peer_error)
             .context("sending stdin")?;
         s.shutdown().await.context("finishing the stream")?;
         // Wait for the receiver's end-of-stream: it closes only after
@@ -273,7 +288,7 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
         let mut extra = Vec::new();
         s.read_to_end(&mut extra)
             .await
-            .map_err(xftp_tls::plain_io_error)
+            .map_err(peer_error)
             .context("waiting for the receiver's confirmation (it ended without one: its own message says why)")?;
         if roles {
             return check_receipt(&extra, bytes);
@@ -331,7 +346,7 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        .map_err(xftp_tls::plain_io_error)
+        .map_err(peer_error)
         .context("receiving the stream")?;
         if n > 0 {
             stdout
@@ -341,7 +356,7 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
             bytes += n as u64;
             pump(s, &mut stdout, &mut bytes)
                 .await
-                .map_err(xftp_tls::plain_io_error)
+                .map_err(peer_error)
                 .context("receiving the stream")?;
         }
         stdout.flush().await.context("writing stdout")?;
@@ -400,6 +415,14 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_peer_gone_silent_is_said_in_words() {
+        let e = super::peer_error(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        assert!(e.to_string().contains("stopped answering"), "{e}");
+        let e = super::peer_error(std::io::Error::from_raw_os_error(libc::ECONNRESET));
+        assert!(!e.to_string().contains("stopped answering"), "{e}");
+    }
+
     use super::*;
     use clap::Parser;
 
