@@ -176,6 +176,15 @@ pub enum PsockError {
     /// The group's handshake did not complete in time.
     #[error("handshake timed out")]
     Timeout,
+    /// A connecting group's handshake did not complete in time: `ready`
+    /// of its `count` connections had been accepted by then.
+    #[error("handshake timed out: {ready} of the {count} connections were accepted in time (a listener out of file descriptors, or with a full accept queue, leaves the others waiting: try fewer connections with -p, or raise its `ulimit -n`)")]
+    GroupTimeout {
+        /// Connections whose handshake completed.
+        ready: u16,
+        /// Connections of the group.
+        count: u16,
+    },
     /// Invalid arguments (N out of range, record size too large, ...).
     #[error("invalid parameter: {0}")]
     Invalid(&'static str),
@@ -217,7 +226,9 @@ impl From<PsockError> for std::io::Error {
     fn from(e: PsockError) -> Self {
         match e {
             PsockError::Io { source, .. } => source,
-            PsockError::Timeout => std::io::Error::new(std::io::ErrorKind::TimedOut, e),
+            PsockError::Timeout | PsockError::GroupTimeout { .. } => {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, e)
+            }
             other => std::io::Error::other(other),
         }
     }

@@ -110,7 +110,13 @@ impl PsockStream {
             })?;
             // Dropping `set` on error aborts and closes the others; the
             // listener then drops the incomplete group.
-            let (s, reply) = r?;
+            let (s, reply) = r.map_err(|e| match e {
+                PsockError::Timeout => PsockError::GroupTimeout {
+                    ready: conns.iter().flatten().count() as u16,
+                    count: n,
+                },
+                e => e,
+            })?;
             if reply.record_size > cfg.max_peer_record() {
                 return Err(PsockError::Invalid(
                     "peer record size exceeds our reorder cap",

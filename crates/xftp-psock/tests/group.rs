@@ -173,6 +173,47 @@ async fn connect_to_nothing_fails_cleanly() {
     assert!(matches!(r, Err(PsockError::Invalid(_))));
 }
 
+/// A listener that answers some connections of a group and leaves the
+/// others waiting (out of file descriptors, say): the connecting side's
+/// timeout says how many were accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_timeout_says_how_many_connections_were_accepted() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let serve = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; HELLO_LEN];
+            s.read_exact(&mut b).await.unwrap();
+            let h = Hello::decode(&b).unwrap().unwrap();
+            if h.index < 2 {
+                let r = Reply {
+                    status: Status::Ok,
+                    version: h.max_version.min(MAX_VERSION),
+                    record_size: h.record_size,
+                };
+                s.write_all(&r.encode()).await.unwrap();
+            }
+            held.push(s);
+        }
+    });
+    let cfg = PsockConfig {
+        handshake_timeout: Duration::from_millis(500),
+        ..PsockConfig::default()
+    };
+    let r = timeout(LIMIT, PsockStream::connect(addr, 4, &cfg))
+        .await
+        .unwrap();
+    serve.abort();
+    match r {
+        Err(e @ PsockError::GroupTimeout { ready: 2, count: 4 }) => {
+            assert!(e.to_string().contains("2 of the 4"), "{e}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
 /// A group through the relay: (client, server, relay).
 async fn relayed(n: u16, cfg: &PsockConfig) -> (PsockStream, PsockStream, common::Relay) {
     let mut l = PsockListener::bind("127.0.0.1:0", cfg.clone())
