@@ -1057,7 +1057,7 @@ impl Client {
         // The copy a finished `-c` run left (it took the source's time, as
         // a tree's copies do): nothing to fetch. Without a time from the
         // server a copy of the same size is no proof, and moves again.
-        let mtime = mdtm.as_deref().and_then(xftp_proto::facts::parse_time);
+        let mtime = mdtm.as_deref().and_then(xftp_proto::facts::parse_time_ms);
         if mtime.is_some_and(|t| complete_copy(local, size, t)) {
             // With --verify a copy whose checksum differs is fetched again.
             if let Some(checksum) = self
@@ -1190,7 +1190,7 @@ impl Client {
             let set = std::fs::File::options()
                 .write(true)
                 .open(&partial.path)
-                .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
+                .and_then(|f| f.set_modified(xftp_proto::facts::system_time_ms(t)));
             if let Err(e) = set {
                 tracing::debug!("{}: time not set: {e}", partial.path.display());
             }
@@ -1407,7 +1407,7 @@ impl Client {
             )));
         }
         let len = md.len();
-        let mtime = md.modified().map_or(0, xftp_proto::facts::epoch_secs);
+        let mtime = md.modified().map_or(0, xftp_proto::facts::epoch_ms);
         // What the server's record of a partial upload names the source
         // by: the time to the nanosecond, so that a file rewritten within
         // the same second is another version (the server only compares
@@ -1443,7 +1443,8 @@ impl Client {
         // The copy a finished `put -c` left (it set the time, MFMT).
         let complete = negotiate::size_value(&rs) == Some(len)
             && rm.code == 213
-            && xftp_proto::facts::parse_time(reply_text(&rm).trim()) == Some(mtime);
+            && xftp_proto::facts::parse_time_ms(reply_text(&rm).trim())
+                .is_some_and(|t| xftp_proto::facts::same_time(mtime, t));
         let mut have = None;
         if r.code == 213 {
             let text = reply_text(&r);
@@ -1533,10 +1534,9 @@ impl Client {
         // The source's time on the partial first, in the RNFR's round trip
         // (harmless if the rename fails; a rename keeps it), so that the
         // next `put -c` knows the copy complete (above).
-        let t = Cmd::with(
-            "MFMT",
-            format!("{} {tmp}", xftp_proto::facts::format_time(mtime)),
-        );
+        // To the millisecond: a server that resumes uploads is an xftp
+        // server, which takes a fraction (RFC 3659's time-val).
+        let t = mfmt_cmd(&tmp, mtime, true);
         let a = Cmd::with("RNFR", &tmp);
         self.send(&[&t, &a]).await?;
         if self.ctl.read_reply().await?.code != 213 {
@@ -2415,13 +2415,17 @@ impl Client {
         Ok(r.code == ok)
     }
 
-    /// Set a remote file's modification time (MFMT); `Ok(false)` when the
-    /// server refuses or does not know MFMT.
-    pub async fn mfmt(&mut self, path: &str, secs: i64) -> Result<bool> {
-        self.accepted(mfmt_cmd(path, secs), 213).await
+    /// Set a remote file's modification time (MFMT, `ms` milliseconds
+    /// after the epoch: to the millisecond on an xftp server, which lists
+    /// MULT, else to the second); `Ok(false)` when the server refuses or
+    /// does not know MFMT.
+    pub async fn mfmt(&mut self, path: &str, ms: i64) -> Result<bool> {
+        let fraction = self.features().await?.mult;
+        self.accepted(mfmt_cmd(path, ms, fraction), 213).await
     }
 
-    /// Set the times (MFMT) and permission bits (SITE CHMOD) of many
+    /// Set the times (MFMT, in milliseconds as [`Client::mfmt`]) and
+    /// permission bits (SITE CHMOD) of many
     /// remote paths, pipelined in bounded flights (one round trip per 32
     /// paths, not two per path: a tree's directories on a long path).
     /// What the server refuses (no MFMT, no SITE CHMOD, a path it will
@@ -2432,11 +2436,12 @@ impl Client {
         items: &[(String, Option<i64>, Option<u32>)],
     ) -> Result<()> {
         let (mut mfmt, mut chmod) = (true, true);
+        let fraction = self.features().await?.mult;
         for chunk in items.chunks(32) {
             let mut cmds = Vec::with_capacity(2 * chunk.len());
             for (path, t, m) in chunk {
                 if let (true, Some(t)) = (mfmt, t) {
-                    cmds.push((true, mfmt_cmd(path, *t)));
+                    cmds.push((true, mfmt_cmd(path, *t, fraction)));
                 }
                 if let (true, Some(m)) = (chmod, m) {
                     cmds.push((false, chmod_cmd(path, *m)));
@@ -3862,9 +3867,15 @@ impl Late {
 /// may stripe) sends copies of a stuck connection's records and resets
 /// that connection, on resumed downloads too, and a receiver that did
 /// not take them would fail a transfer that delivered every byte.
-/// `MFMT` setting `path`'s time to `secs` (UTC).
-fn mfmt_cmd(path: &str, secs: i64) -> Cmd {
-    let t = xftp_proto::facts::format_time(secs);
+/// `MFMT` setting `path`'s time to `ms` milliseconds after the epoch
+/// (UTC); with `fraction`, to the millisecond (an xftp server), else to
+/// the second (a stock server may refuse a fraction: pyftpdlib does).
+fn mfmt_cmd(path: &str, ms: i64, fraction: bool) -> Cmd {
+    let t = if fraction {
+        xftp_proto::facts::format_time_of_ms(ms)
+    } else {
+        xftp_proto::facts::format_time(ms.div_euclid(1000))
+    };
     Cmd::with("MFMT", format!("{t} {path}"))
 }
 
@@ -3966,15 +3977,16 @@ impl Drop for KeepPartial<'_> {
 /// `local` is a regular file (not followed through a link) of `size`
 /// bytes modified at `mtime` (seconds), with no partial download beside
 /// it: a copy a finished `-c` run left.
-fn complete_copy(local: &Path, size: u64, mtime: i64) -> bool {
+fn complete_copy(local: &Path, size: u64, mtime_ms: i64) -> bool {
     if resume::partial_path(local).exists() {
         return false;
     }
     std::fs::symlink_metadata(local).is_ok_and(|m| {
         m.is_file()
             && m.len() == size
-            && m.modified()
-                .is_ok_and(|t| xftp_proto::facts::epoch_secs(t) == mtime)
+            && m.modified().is_ok_and(|t| {
+                xftp_proto::facts::same_time(xftp_proto::facts::epoch_ms(t), mtime_ms)
+            })
     })
 }
 

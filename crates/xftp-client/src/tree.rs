@@ -157,6 +157,7 @@ struct Job {
     /// Path below the tree's root, `/`-separated.
     rel: String,
     size: u64,
+    /// Milliseconds since the epoch.
     mtime: Option<i64>,
     mode: Option<u32>,
 }
@@ -236,8 +237,10 @@ pub fn join(base: &str, rel: &str) -> String {
     }
 }
 
-fn mtime_secs(md: &std::fs::Metadata) -> Option<i64> {
-    md.modified().ok().map(xftp_proto::facts::epoch_secs)
+/// A local file's time in milliseconds since the epoch, the unit of a
+/// tree's times (the MLSx `modify` fact's, [`xftp_proto::facts::Entry`]).
+fn mtime_ms(md: &std::fs::Metadata) -> Option<i64> {
+    md.modified().ok().map(xftp_proto::facts::epoch_ms)
 }
 
 /// Download the tree under `remote` (a directory) into `local` (created).
@@ -365,7 +368,7 @@ fn keep_dir_facts(local: &Path, mut facts: Vec<(String, Option<i64>, Option<u32>
         }
         if let Some(t) = mtime {
             let r = std::fs::File::open(&p)
-                .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
+                .and_then(|f| f.set_modified(xftp_proto::facts::system_time_ms(t)));
             if let Err(e) = r {
                 tracing::warn!("{}: cannot set the modification time: {e}", p.display());
             }
@@ -559,7 +562,7 @@ async fn walk(
                         continue;
                     }
                     st.ndirs += 1;
-                    st.dir_facts.push((rel.clone(), e.modify, e.mode));
+                    st.dir_facts.push((rel.clone(), e.modify_ms, e.mode));
                     if sh.needed.as_ref().map_or(true, |n| n.contains(&rel)) {
                         st.dirs.push_back(rel);
                     }
@@ -571,7 +574,7 @@ async fn walk(
                 Kind::File => st.jobs.push(Job {
                     rel,
                     size: e.size.unwrap_or(0),
-                    mtime: e.modify,
+                    mtime: e.modify_ms,
                     mode: e.mode,
                 }),
                 _ => st.other += 1,
@@ -885,7 +888,7 @@ pub async fn put_tree(
         use std::os::unix::fs::PermissionsExt;
         dir_facts.push((
             String::new(),
-            mtime_secs(&md),
+            mtime_ms(&md),
             Some(md.permissions().mode() & 0o777),
         ));
     }
@@ -931,7 +934,7 @@ pub async fn put_tree(
                 use std::os::unix::fs::PermissionsExt;
                 dir_facts.push((
                     rel.clone(),
-                    mtime_secs(&md),
+                    mtime_ms(&md),
                     Some(md.permissions().mode() & 0o777),
                 ));
                 dirs.push(rel.clone());
@@ -944,7 +947,7 @@ pub async fn put_tree(
                 jobs.push(Job {
                     rel,
                     size: md.len(),
-                    mtime: mtime_secs(&md),
+                    mtime: mtime_ms(&md),
                     mode: Some(md.permissions().mode() & 0o777),
                 });
             } else {
@@ -1020,8 +1023,11 @@ pub async fn put_tree(
         let jobs: Vec<Job> = jobs
             .into_iter()
             .filter(|j| {
+                // The server's time to its own precision (milliseconds
+                // from an xftp server, which took them by MFMT).
                 let same = there.get(&j.rel).is_some_and(|&(size, mtime)| {
-                    size == j.size && j.mtime.is_some() && mtime == j.mtime
+                    size == j.size
+                        && matches!((j.mtime, mtime), (Some(l), Some(r)) if xftp_proto::facts::same_time(l, r))
                 });
                 !same
             })
@@ -1428,7 +1434,7 @@ async fn remote_files(
                     } else {
                         format!("{d}/{}", e.name)
                     };
-                    found.push((rel, (size, e.modify)));
+                    found.push((rel, (size, e.modify_ms)));
                 }
             }
         }
@@ -1511,8 +1517,7 @@ fn complete_locally(target: &Path, job: &Job) -> bool {
         Ok(md) => {
             md.is_file()
                 && md.len() == job.size
-                && job.mtime.is_some()
-                && mtime_secs(&md) == job.mtime
+                && matches!((mtime_ms(&md), job.mtime), (Some(l), Some(r)) if xftp_proto::facts::same_time(l, r))
         }
         Err(_) => false,
     }
@@ -1524,7 +1529,7 @@ fn keep_facts(target: &Path, job: &Job) {
         let r = std::fs::File::options()
             .write(true)
             .open(target)
-            .and_then(|f| f.set_modified(xftp_proto::facts::system_time(t)));
+            .and_then(|f| f.set_modified(xftp_proto::facts::system_time_ms(t)));
         if let Err(e) = r {
             tracing::warn!(
                 "{}: cannot set the modification time: {e}",

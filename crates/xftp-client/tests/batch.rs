@@ -99,7 +99,7 @@ async fn a_batch_keeps_going_past_files_that_fail() {
             .map(|i| UploadItem {
                 local: dst.join(format!("f{i}")),
                 remote: format!("{up}/f{i}"),
-                mtime: Some(1_000_000_000 + i as i64),
+                mtime: Some((1_000_000_000 + i as i64) * 1000 + 250),
                 mode: Some(0o640),
             })
             .collect();
@@ -139,7 +139,12 @@ async fn a_batch_keeps_going_past_files_that_fail() {
                     .unwrap()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap();
-                assert_eq!(t.as_secs(), 1_000_000_000 + i as u64, "f{i} time");
+                // To the millisecond: xftp serve takes MFMT's fraction.
+                assert_eq!(
+                    t.as_millis(),
+                    (1_000_000_000 + i as u128) * 1000 + 250,
+                    "f{i} time"
+                );
                 use std::os::unix::fs::PermissionsExt;
                 assert_eq!(md.permissions().mode() & 0o777, 0o640, "f{i} mode");
             }

@@ -69,7 +69,8 @@ pub enum Command {
     /// MDTM path
     Mdtm(Vec<u8>),
     /// MFMT time path (draft-somers-ftp-mfxx): set a file's modification
-    /// time (seconds since the epoch, parsed from `YYYYMMDDHHMMSS`).
+    /// time (milliseconds since the epoch, parsed from
+    /// `YYYYMMDDHHMMSS[.sss]`).
     Mfmt(i64, Vec<u8>),
     /// RETR path
     Retr(Vec<u8>),
@@ -211,8 +212,8 @@ impl Command {
                     .iter()
                     .position(|b| *b == b' ')
                     .ok_or_else(|| bad("MFMT YYYYMMDDHHMMSS path"))?;
-                let t = crate::facts::parse_time(&String::from_utf8_lossy(&a[..sp]))
-                    .ok_or_else(|| bad("the time is not YYYYMMDDHHMMSS"))?;
+                let t = crate::facts::parse_time_ms(&String::from_utf8_lossy(&a[..sp]))
+                    .ok_or_else(|| bad("the time is not YYYYMMDDHHMMSS[.sss]"))?;
                 let p = &a[sp + 1..];
                 if p.is_empty() || p.contains(&0) {
                     return Err(bad("missing or bad path"));
@@ -563,8 +564,13 @@ mod tests {
         assert_eq!(Command::parse(b"REST 100").unwrap(), Command::Rest(100));
         assert_eq!(
             Command::parse(b"MFMT 20231114221320 a b").unwrap(),
-            Command::Mfmt(1_700_000_000, b"a b".to_vec())
+            Command::Mfmt(1_700_000_000_000, b"a b".to_vec())
         );
+        assert_eq!(
+            Command::parse(b"MFMT 20231114221320.5 a").unwrap(),
+            Command::Mfmt(1_700_000_000_500, b"a".to_vec())
+        );
+        assert!(Command::parse(b"MFMT 20231114221320.x a").is_err());
         assert!(Command::parse(b"MFMT 2023 a").is_err());
         assert!(Command::parse(b"MFMT 20231114221320").is_err());
         assert_eq!(Command::parse(b"LIST ").unwrap(), Command::List(None));

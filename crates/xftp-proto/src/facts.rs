@@ -15,25 +15,11 @@ pub fn format_time(secs: i64) -> String {
 }
 
 /// [`format_time`] of `t` with its milliseconds (`YYYYMMDDHHMMSS.sss`,
-/// RFC 3659's `time-val`) where they are not zero: MDTM's answer, so that a
-/// file rewritten within the same second reads as changed to a client
-/// that resumes it. (A time set by MFMT has none, and reads back as set.)
+/// RFC 3659's `time-val`) where they are not zero: MDTM's answer and the
+/// MLSx `modify` fact, so that a file rewritten within the same second
+/// reads as changed to a client that resumes or mirrors it.
 pub fn format_time_ms(t: std::time::SystemTime) -> String {
-    let (secs, ms) = match t.duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => (d.as_secs() as i64, d.subsec_millis()),
-        Err(e) => {
-            // Before the epoch: the whole second below, and what is above it.
-            let d = e.duration();
-            match d.subsec_millis() {
-                0 => (-(d.as_secs() as i64), 0),
-                m => (-(d.as_secs() as i64) - 1, 1000 - m),
-            }
-        }
-    };
-    match ms {
-        0 => format_time(secs),
-        ms => format!("{}.{ms:03}", format_time(secs)),
-    }
+    format_time_of_ms(epoch_ms(t))
 }
 
 /// Seconds since the epoch for `YYYYMMDDHHMMSS` (a fraction `.sss` is
@@ -62,6 +48,69 @@ pub fn parse_time(t: &str) -> Option<i64> {
         return None;
     }
     Some(days * 86_400 + h * 3600 + mi * 60 + s.min(59))
+}
+
+/// Milliseconds since the epoch for `YYYYMMDDHHMMSS[.sss]`: the
+/// fraction's first three digits count (RFC 3659's `time-val`); a
+/// fraction that is not digits is refused.
+pub fn parse_time_ms(t: &str) -> Option<i64> {
+    let t = t.trim();
+    let secs = parse_time(t)?;
+    let ms = match t.split_once('.') {
+        None => 0,
+        Some((_, f)) => {
+            if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let mut d = f.bytes().take(3).map(|b| i64::from(b - b'0'));
+            let mut ms = 0;
+            for scale in [100, 10, 1] {
+                ms += d.next().unwrap_or(0) * scale;
+            }
+            ms
+        }
+    };
+    Some(secs * 1000 + ms)
+}
+
+/// `YYYYMMDDHHMMSS` for milliseconds since the epoch, with `.sss` where
+/// they are not a whole second.
+pub fn format_time_of_ms(ms: i64) -> String {
+    let (secs, frac) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    match frac {
+        0 => format_time(secs),
+        f => format!("{}.{f:03}", format_time(secs)),
+    }
+}
+
+/// Milliseconds since the Unix epoch, rounded down (negative before it).
+pub fn epoch_ms(t: std::time::SystemTime) -> i64 {
+    let n = epoch_nanos(t);
+    n.div_euclid(1_000_000)
+}
+
+/// The instant `ms` milliseconds after the Unix epoch.
+pub fn system_time_ms(ms: i64) -> std::time::SystemTime {
+    let d = std::time::Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        std::time::UNIX_EPOCH + d
+    } else {
+        std::time::UNIX_EPOCH - d
+    }
+}
+
+/// Whether a local file's time (`local_ms`) is the remote time
+/// `remote_ms`, to the precision the remote side gave: to the millisecond
+/// where it has a fraction (`xftp serve`), to the second where it has
+/// none (a stock server, or a time set whole). A copy stamped from the
+/// remote time matches it either way; a file rewritten within the same
+/// second does not, where the server tells milliseconds.
+pub fn same_time(local_ms: i64, remote_ms: i64) -> bool {
+    if remote_ms.rem_euclid(1000) == 0 {
+        local_ms.div_euclid(1000) == remote_ms.div_euclid(1000)
+    } else {
+        local_ms == remote_ms
+    }
 }
 
 /// The instant `secs` seconds after the Unix epoch (before it if negative).
@@ -126,8 +175,9 @@ pub struct Entry {
     pub kind: Kind,
     /// `size` fact.
     pub size: Option<u64>,
-    /// `modify` fact, seconds since the epoch.
-    pub modify: Option<i64>,
+    /// `modify` fact, milliseconds since the epoch (a whole second where
+    /// the fact has no fraction).
+    pub modify_ms: Option<i64>,
     /// `UNIX.mode` fact (permission bits only).
     pub mode: Option<u32>,
     /// `unique` fact: the same for two names of one directory (a link
@@ -175,7 +225,7 @@ fn parse_facts(line: &str) -> Option<Entry> {
         name: name.to_owned(),
         kind: Kind::Other,
         size: None,
-        modify: None,
+        modify_ms: None,
         mode: None,
         unique: None,
     };
@@ -193,7 +243,7 @@ fn parse_facts(line: &str) -> Option<Entry> {
                 }
             }
             "size" => e.size = v.parse().ok(),
-            "modify" => e.modify = parse_time(v),
+            "modify" => e.modify_ms = parse_time_ms(v),
             "unix.mode" => e.mode = u32::from_str_radix(v, 8).ok().map(|m| m & 0o7777),
             "unique" if !v.is_empty() => e.unique = Some(v.to_ascii_lowercase()),
             _ => {}
@@ -252,7 +302,7 @@ pub fn parse_list_line(line: &str) -> Option<Entry> {
         name: String::new(),
         kind: Kind::Other,
         size: None,
-        modify: None,
+        modify_ms: None,
         mode: None,
         unique: None,
     };
@@ -326,6 +376,29 @@ pub fn parse_list_line(line: &str) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn milliseconds_on_the_wire() {
+        assert_eq!(parse_time_ms("20231114221320"), Some(1_700_000_000_000));
+        assert_eq!(parse_time_ms("20231114221320.1"), Some(1_700_000_000_100));
+        assert_eq!(
+            parse_time_ms("20231114221320.123456"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(parse_time_ms("20231114221320."), None);
+        assert_eq!(parse_time_ms("20231114221320.1a"), None);
+        for ms in [0, 1_700_000_000_000, 1_700_000_000_007, -1, -1001, -999] {
+            assert_eq!(parse_time_ms(&format_time_of_ms(ms)), Some(ms), "{ms}");
+            assert_eq!(epoch_ms(system_time_ms(ms)), ms);
+            assert_eq!(format_time_ms(system_time_ms(ms)), format_time_of_ms(ms));
+        }
+        // To the remote side's precision.
+        assert!(same_time(1_700_000_000_596, 1_700_000_000_000));
+        assert!(!same_time(1_700_000_001_000, 1_700_000_000_000));
+        assert!(same_time(1_700_000_000_596, 1_700_000_000_596));
+        assert!(!same_time(1_700_000_000_000, 1_700_000_000_596));
+        assert!(!same_time(1_700_000_000_900, 1_700_000_000_596));
+    }
 
     #[test]
     fn times_round_trip() {
@@ -456,8 +529,8 @@ mod tests {
         assert_eq!(e.name, "a b;c");
         assert_eq!(e.kind, Kind::File);
         assert_eq!(
-            (e.size, e.modify, e.mode),
-            (Some(10), Some(1_700_000_000), Some(0o644))
+            (e.size, e.modify_ms, e.mode),
+            (Some(10), Some(1_700_000_000_000), Some(0o644))
         );
         assert_eq!(e.unique, None);
         let d = parse_mlsx("Type=dir;Modify=20231114221320;Unique=803G1A; sub\r\n").unwrap();

@@ -350,7 +350,7 @@ pub fn mtime_secs(md: &Metadata) -> i64 {
     md.modified().map_or(0, xftp_proto::facts::epoch_secs)
 }
 
-/// `YYYYMMDDHHMMSS` in UTC (MDTM, MLSx `modify` fact; RFC 3659).
+/// `YYYYMMDDHHMMSS` in UTC (RFC 3659) of whole seconds.
 pub fn mdtm_string(secs: i64) -> String {
     xftp_proto::facts::format_time(secs)
 }
@@ -472,7 +472,10 @@ pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) ->
     format!(
         "type={kind};size={};modify={};perm={perm};UNIX.mode=0{:o};unique={:x}g{:x}; ",
         md.len(),
-        mdtm_string(mtime_secs(md)),
+        // With milliseconds, as MDTM: a client mirroring or resuming a
+        // tree tells a file rewritten within the same second.
+        md.modified()
+            .map_or_else(|_| mdtm_string(0), xftp_proto::facts::format_time_ms),
         md.permissions().mode() & 0o7777,
         md.dev(),
         md.ino()

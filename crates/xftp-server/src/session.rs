@@ -1543,7 +1543,7 @@ impl Session {
 
     /// MFMT: set a file's or a directory's modification time (a copied
     /// tree keeps its times).
-    async fn mfmt(&mut self, secs: i64, arg: &[u8]) -> std::io::Result<()> {
+    async fn mfmt(&mut self, ms: i64, arg: &[u8]) -> std::io::Result<()> {
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };
@@ -1551,7 +1551,7 @@ impl Session {
             Ok(p) => p,
             Err(e) => return self.reply_fs(&v, &e).await,
         };
-        let when = xftp_proto::facts::system_time(secs);
+        let when = xftp_proto::facts::system_time_ms(ms);
         // A directory is opened through its checked handle (opening it by
         // name again could follow a swap); a file as for reading.
         let open = || -> std::io::Result<std::fs::File> {
@@ -1570,7 +1570,9 @@ impl Session {
         });
         match r {
             Ok(md) => {
-                let t = fs::mdtm_string(fs::mtime_secs(&md));
+                let t = md
+                    .modified()
+                    .map_or_else(|_| fs::mdtm_string(0), xftp_proto::facts::format_time_ms);
                 self.reply(213, format!("Modify={t}; {}", v.display()))
                     .await
             }

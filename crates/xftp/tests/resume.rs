@@ -156,15 +156,27 @@ fn a_finished_resumable_download_is_not_fetched_again() {
         .unwrap()
         .modified()
         .unwrap();
-    let secs =
-        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    assert_eq!(secs(src), secs(copy));
+    assert_eq!(ms(src), ms(copy));
     let j = get(&[]);
     assert_eq!(
         (j["bytes"].as_u64(), j["bytes_already_present"].as_u64()),
         (Some(0), Some(3_000_017)),
         "{j}"
     );
+    // Rewritten within the same second, same size: another version, which
+    // the server's milliseconds tell; it moves again.
+    write_prng_file(&root.join("f.bin"), 3_000_017, 19);
+    set_time(&root.join("f.bin"), within_second(src));
+    let j = get(&[]);
+    assert_eq!(j["bytes"], 3_000_017, "{j}");
+    assert_eq!(
+        sha256_file(&local.join("f.bin")),
+        sha256_file(&root.join("f.bin"))
+    );
+    let src = std::fs::metadata(root.join("f.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
     // --verify still compares what is there.
     let j = get(&["--verify"]);
     assert_eq!(j["bytes"], 0, "{j}");
@@ -188,6 +200,18 @@ fn a_finished_resumable_download_is_not_fetched_again() {
         sha256_file(&root.join("f.bin"))
     );
     assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
+}
+
+/// Milliseconds since the epoch.
+fn ms(t: std::time::SystemTime) -> u128 {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// `t` moved by half a second within its own second.
+fn within_second(t: std::time::SystemTime) -> std::time::SystemTime {
+    let m = ms(t);
+    let other = m - m % 1000 + (m % 1000 + 500) % 1000;
+    std::time::UNIX_EPOCH + Duration::from_millis(other as u64)
 }
 
 fn set_time(p: &Path, t: std::time::SystemTime) {
@@ -225,19 +249,31 @@ fn a_finished_resumable_upload_is_not_sent_again() {
         .unwrap()
         .modified()
         .unwrap();
-    let secs =
-        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let there = std::fs::metadata(root.join("u.bin"))
         .unwrap()
         .modified()
         .unwrap();
-    assert_eq!(secs(t), secs(there));
+    assert_eq!(ms(t), ms(there));
     let j = put(&[]);
     assert_eq!(
         (j["bytes"].as_u64(), j["bytes_already_present"].as_u64()),
         (Some(0), Some(2_500_003)),
         "{j}"
     );
+    // The local file rewritten within the same second, same size: it goes
+    // again.
+    write_prng_file(&local.join("u.bin"), 2_500_003, 21);
+    set_time(&local.join("u.bin"), within_second(t));
+    let j = put(&[]);
+    assert_eq!(j["bytes"], 2_500_003, "{j}");
+    assert_eq!(
+        sha256_file(&root.join("u.bin")),
+        sha256_file(&local.join("u.bin"))
+    );
+    let t = std::fs::metadata(local.join("u.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
     // Other bytes there under the same size and time: --verify sends the
     // file again.
     write_prng_file(&root.join("u.bin"), 2_500_003, 12);
@@ -933,5 +969,59 @@ fn a_servers_partial_longer_than_the_file_is_cut_when_the_upload_resumes() {
     assert_eq!(
         sha256_file(&root.join("w.bin")),
         sha256_file(&local.join("w.bin"))
+    );
+}
+
+/// `get -r -c` and `put -r -c` skip a copy of the same size and time, to
+/// the millisecond `xftp serve` tells: a file rewritten within the same
+/// second, same size, moves again.
+#[test]
+fn trees_tell_a_file_rewritten_within_the_same_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    std::fs::create_dir_all(local.join("u")).unwrap();
+    write_prng_file(&root.join("t/a"), 70_001, 1);
+    write_prng_file(&root.join("t/b"), 70_001, 5);
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/t/", srv.port);
+    let get = || {
+        let out = xftp(&["get", "-r", "-c", &url, "t"], &local);
+        assert!(out.status.success(), "{out:?}");
+    };
+    get();
+    let was = std::fs::metadata(root.join("t/a"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    write_prng_file(&root.join("t/a"), 70_001, 3);
+    set_time(&root.join("t/a"), within_second(was));
+    get();
+    for f in ["a", "b"] {
+        assert_eq!(
+            sha256_file(&local.join("t").join(f)),
+            sha256_file(&root.join("t").join(f)),
+            "{f}"
+        );
+    }
+    // The other way.
+    write_prng_file(&local.join("u/c"), 70_001, 7);
+    let up = format!("ftp://127.0.0.1:{}/u/", srv.port);
+    let put = || {
+        let out = xftp(&["put", "-r", "-c", "u", &up], &local);
+        assert!(out.status.success(), "{out:?}");
+    };
+    put();
+    let was = std::fs::metadata(local.join("u/c"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    write_prng_file(&local.join("u/c"), 70_001, 9);
+    set_time(&local.join("u/c"), within_second(was));
+    put();
+    assert_eq!(
+        sha256_file(&root.join("u/c")),
+        sha256_file(&local.join("u/c"))
     );
 }

@@ -386,7 +386,8 @@ pub struct UploadItem {
     pub local: PathBuf,
     /// Where it goes on the server.
     pub remote: String,
-    /// A modification time to set after the upload (MFMT), if any.
+    /// A modification time to set after the upload (MFMT), if any, in
+    /// milliseconds since the epoch.
     pub mtime: Option<i64>,
     /// Permission bits to set after the upload (SITE CHMOD), if any.
     pub mode: Option<u32>,
@@ -432,6 +433,8 @@ impl Client {
         let [cur, up] = held;
         self.settle().await?;
         let (mut mfmt_ok, mut chmod_ok) = (true, true);
+        // Times to the millisecond for an xftp server (Client::mfmt).
+        let fraction = self.features().await?.mult;
         let mut conns: Option<Vec<Stream>> = None;
         // The STOR of `cur`, already sent over kept connections.
         let mut sent: Option<Cmd> = None;
@@ -551,7 +554,7 @@ impl Client {
                 mfmt: item
                     .mtime
                     .filter(|_| mfmt_ok)
-                    .map(|t| mfmt_cmd(&item.remote, t)),
+                    .map(|t| mfmt_cmd(&item.remote, t, fraction)),
                 chmod: item
                     .mode
                     .filter(|_| chmod_ok)
