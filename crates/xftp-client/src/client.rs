@@ -938,7 +938,20 @@ impl Client {
             }
         }
         let c_retr = Cmd::with("RETR", remote);
-        self.ctl.send(&[&c_retr]).await?;
+        // One stream from a server that does not fail a download whose file
+        // is written meanwhile (xftp serve does, 451): the file's time
+        // before and after tells a file rewritten in place, whose copy
+        // would mix two versions. Asked in RETR's round trip.
+        let watch = !self.mode_e && self.granted <= 1 && !self.features().await?.mult;
+        let before = if watch {
+            let c_mdtm = Cmd::with("MDTM", remote);
+            self.ctl.send(&[&c_mdtm, &c_retr]).await?;
+            let r = self.ctl.read_reply().await?;
+            (r.code == 213).then(|| reply_text(&r).trim().to_owned())
+        } else {
+            self.ctl.send(&[&c_retr]).await?;
+            None
+        };
         // Several connections: the transfer starts once most are open, and
         // one whose SYN was lost joins a second later.
         let early = self.granted > 1;
@@ -960,6 +973,15 @@ impl Client {
                 .recv_plain_file(&c_retr, conns, &mut file, tmp.path(), count)
                 .await?;
             self.expect_complete(&c_retr).await?;
+            if let Some(was) = before {
+                let now = self.mdtm(remote).await?;
+                if now.as_ref().is_some_and(|t| *t != was) {
+                    return Err(ClientError::ChangedDuring {
+                        was: format!("modified {was}"),
+                        now: format!("modified {}", now.unwrap_or_default()),
+                    });
+                }
+            }
             vec![got]
         } else {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;

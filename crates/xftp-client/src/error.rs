@@ -157,11 +157,12 @@ pub enum ClientError {
     /// the fix.
     #[error("TLS: {0}")]
     Tls(String),
-    /// Byte ranges fetched over several sessions (a server without MULT)
-    /// came from a file that changed meanwhile: SIZE or MDTM at the end
-    /// differ from the start. Each session sends its own REST and RETR,
-    /// so the ranges may belong to two versions.
-    #[error("the file changed on the server during the download ({was}; now {now}): its ranges, fetched by several sessions, may mix two versions; nothing was put in place")]
+    /// A download from a server without MULT came from a file that
+    /// changed meanwhile: SIZE or MDTM at the end differ from the start.
+    /// Byte ranges fetched over several sessions (each sends its own REST
+    /// and RETR) may belong to two versions, and so may the one stream of
+    /// a file rewritten in place.
+    #[error("the file changed on the server during the download ({was}; now {now}): what arrived may mix two versions; nothing was put in place")]
     ChangedDuring {
         /// SIZE and MDTM at the start.
         was: String,

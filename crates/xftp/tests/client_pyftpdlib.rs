@@ -745,6 +745,42 @@ fn a_file_replaced_during_a_ranged_download_is_refused() {
     assert!(!d.local.join("g.bin").exists(), "{err}");
 }
 
+/// A file rewritten in place (same size) while one stream downloads it:
+/// the copy would hold the old start and the new end; the time the
+/// server gives before and after tells, and nothing is put in place.
+#[test]
+fn a_file_rewritten_in_place_during_a_one_stream_download_is_refused() {
+    if !have_pyftpdlib("a_file_rewritten_in_place_during_a_one_stream_download_is_refused") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd_throttled(&d.srv, "write_limit");
+    write_prng_file(&d.srv.join("g.bin"), 8 * MIB, 7);
+    let url = format!("ftp://127.0.0.1:{}/g.bin", server.port);
+    let child = support::spawn_xftp(&["get", "-p", "1", &url, "g.bin"], &d.local);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::File::options()
+            .write(true)
+            .open(d.srv.join("g.bin"))
+            .unwrap();
+        f.seek(std::io::SeekFrom::Start(7 * MIB)).unwrap();
+        f.write_all(&vec![0x5a; MIB as usize]).unwrap();
+        // A time of another second, as a write a second later leaves.
+        f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("changed on the server during the download"),
+        "{err}"
+    );
+    assert!(!d.local.join("g.bin").exists(), "{err}");
+}
+
 /// `ftp://anonymous@host/` names the anonymous login, which needs no
 /// password (none is asked for, as with no user at all).
 #[test]

@@ -1631,7 +1631,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ),
         ClientError::DataIo(_) => Some("the data connection broke; run it again".into()),
         ClientError::ChangedDuring { .. } => Some(
-            "run it again once the file is no longer being replaced (or with -p 1: one session reads one version)"
+            "run it again once nothing writes or replaces the file on the server"
                 .into(),
         ),
         ClientError::SourceChanged { partial, .. } => Some(match op {
