@@ -941,8 +941,10 @@ impl Client {
         // One stream from a server that does not fail a download whose file
         // is written meanwhile (xftp serve does, 451): the file's time
         // before and after tells a file rewritten in place, whose copy
-        // would mix two versions. Asked in RETR's round trip.
-        let watch = !self.mode_e && self.granted <= 1 && !self.features().await?.mult;
+        // would mix two versions. Asked in RETR's round trip (FEAT is not
+        // asked for this: a server not known to be an xftp one is watched).
+        let watch =
+            !self.mode_e && self.granted <= 1 && !self.features.as_ref().is_some_and(|f| f.mult);
         let before = if watch {
             let c_mdtm = Cmd::with("MDTM", remote);
             self.ctl.send(&[&c_mdtm, &c_retr]).await?;
