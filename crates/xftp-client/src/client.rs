@@ -1805,7 +1805,7 @@ impl Client {
                     return Err(self.unless_interrupted(e));
                 }
             };
-            self.expect_complete(&c_stor).await?;
+            self.upload_answered(&c_stor, remote).await?;
             let b = v[0];
             (v, b, 0)
         } else {
@@ -1814,7 +1814,7 @@ impl Client {
                 .await
             {
                 Ok(v) => {
-                    self.expect_complete(&c_stor).await?;
+                    self.upload_answered(&c_stor, remote).await?;
                     v
                 }
                 Err((e, sent)) => {
@@ -1869,6 +1869,21 @@ impl Client {
             received_twice: 0,
             sent_twice,
         })
+    }
+
+    /// The server's final reply to an upload whose data all went out: a
+    /// refusal now (a disk full once the socket buffers had taken the
+    /// file) leaves what the server wrote, which [`Client::clear_cut_upload`]
+    /// deletes where it is in place.
+    async fn upload_answered(&mut self, c_stor: &Cmd, remote: &str) -> Result<()> {
+        match self.expect_complete(c_stor).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let answered = matches!(e, ClientError::Reply { .. });
+                self.clear_cut_upload(remote, answered).await;
+                Err(self.unless_interrupted(e))
+            }
+        }
     }
 
     /// After an upload failed once its data had begun to move: a server

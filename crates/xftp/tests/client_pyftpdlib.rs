@@ -745,6 +745,73 @@ fn a_file_replaced_during_a_ranged_download_is_refused() {
     assert!(!d.local.join("g.bin").exists(), "{err}");
 }
 
+/// pyftpdlib whose uploads of names starting `fail` run out of space
+/// after 1 MB (ENOSPC from its file's write: a 451 or 552 reply).
+fn pyftpd_disk_full_for_fail(dir: &Path) -> Pyftpd {
+    let script = r#"
+import errno, logging, os, sys
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler
+from pyftpdlib.servers import FTPServer
+from pyftpdlib.filesystems import AbstractedFS
+logging.basicConfig(level=logging.INFO)
+class Full:
+    def __init__(self, f): self._f = f; self.n = 0
+    def write(self, b):
+        if self.n + len(b) > 1000000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.n += len(b); return self._f.write(b)
+    def __getattr__(self, a): return getattr(self._f, a)
+class FS(AbstractedFS):
+    def open(self, filename, mode):
+        f = super().open(filename, mode)
+        if ('w' in mode or 'a' in mode) and os.path.basename(filename).startswith('fail'):
+            return Full(f)
+        return f
+auth = DummyAuthorizer()
+auth.add_anonymous(sys.argv[1], perm="elradfmwMT")
+FTPHandler.authorizer = auth
+FTPHandler.abstracted_fs = FS
+FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
+"#;
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg("-c").arg(script).arg(dir);
+    spawn_logging_server(cmd)
+}
+
+/// A stock server that refuses an upload once its data is all sent (a
+/// disk full after the socket buffers took a small file): what it wrote
+/// under the file's name is deleted, in a tree as for one file, and the
+/// files that went are whole.
+#[test]
+fn uploads_refused_after_their_data_leave_no_prefix_on_a_stock_server() {
+    if !have_pyftpdlib("uploads_refused_after_their_data_leave_no_prefix_on_a_stock_server") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd_disk_full_for_fail(&d.srv);
+    let tree = d.local.join("ft");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    write_prng_file(&tree.join("fail_mid.bin"), 3 * MIB, 1);
+    write_prng_file(&tree.join("ok_mid.bin"), 3 * MIB, 3);
+    write_prng_file(&tree.join("sub/fail_2m.bin"), 2 * MIB, 5);
+    let url = format!("ftp://127.0.0.1:{}/ft/", server.port);
+    let out = xftp(&["put", "-r", "ft", &url], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!d.srv.join("ft/fail_mid.bin").exists(), "{err}");
+    assert!(!d.srv.join("ft/sub/fail_2m.bin").exists(), "{err}");
+    assert_eq!(
+        std::fs::read(d.srv.join("ft/ok_mid.bin")).unwrap(),
+        std::fs::read(tree.join("ok_mid.bin")).unwrap()
+    );
+    let url = format!("ftp://127.0.0.1:{}/fail_one.bin", server.port);
+    let out = xftp(&["put", "ft/fail_mid.bin", &url], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!d.srv.join("fail_one.bin").exists(), "{err}");
+}
+
 /// A file rewritten in place (same size) while one stream downloads it:
 /// the copy would hold the old start and the new end; the time the
 /// server gives before and after tells, and nothing is put in place.
