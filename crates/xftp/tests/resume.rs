@@ -974,7 +974,8 @@ fn a_servers_partial_longer_than_the_file_is_cut_when_the_upload_resumes() {
 
 /// `get -r -c` and `put -r -c` skip a copy of the same size and time, to
 /// the millisecond `xftp serve` tells: a file rewritten within the same
-/// second, same size, moves again.
+/// second, same size, moves again; with `--verify` a copy whose bytes
+/// differ under the same size and time moves again too.
 #[test]
 fn trees_tell_a_file_rewritten_within_the_same_second() {
     let dir = tempfile::tempdir().unwrap();
@@ -1020,6 +1021,37 @@ fn trees_tell_a_file_rewritten_within_the_same_second() {
     write_prng_file(&local.join("u/c"), 70_001, 9);
     set_time(&local.join("u/c"), within_second(was));
     put();
+    assert_eq!(
+        sha256_file(&root.join("u/c")),
+        sha256_file(&local.join("u/c"))
+    );
+    // Other bytes under the same size and time: skipped by -c alone, found
+    // by -c --verify and moved again, both ways.
+    let t_b = std::fs::metadata(local.join("t/b"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    write_prng_file(&local.join("t/b"), 70_001, 11);
+    set_time(&local.join("t/b"), t_b);
+    get();
+    assert_ne!(
+        sha256_file(&local.join("t/b")),
+        sha256_file(&root.join("t/b"))
+    );
+    let out = xftp(&["get", "-r", "-c", "--verify", &url, "t"], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        sha256_file(&local.join("t/b")),
+        sha256_file(&root.join("t/b"))
+    );
+    let t_c = std::fs::metadata(root.join("u/c"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    write_prng_file(&root.join("u/c"), 70_001, 13);
+    set_time(&root.join("u/c"), t_c);
+    let out = xftp(&["put", "-r", "-c", "--verify", "u", &up], &local);
+    assert!(out.status.success(), "{out:?}");
     assert_eq!(
         sha256_file(&root.join("u/c")),
         sha256_file(&local.join("u/c"))

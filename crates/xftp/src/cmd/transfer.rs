@@ -1440,7 +1440,10 @@ fn tree_options(
 ) -> xftp_client::tree::TreeOptions {
     xftp_client::tree::TreeOptions {
         concurrency: t.concurrency.map_or(8, usize::from),
-        skip_complete: resume,
+        // With --verify a copy of the same size and time is no proof: each
+        // file goes through its own `-c`, which compares checksums and
+        // moves only a copy that differs.
+        skip_complete: resume && t.verify.is_none(),
         progress,
         ..Default::default()
     }
