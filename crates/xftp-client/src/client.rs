@@ -323,6 +323,8 @@ pub struct Client {
     /// Entries the server's listings said they left out, since the last
     /// [`Client::take_unlisted`].
     unlisted: usize,
+    /// Entries listings said the server could not read (`take_unreadable`).
+    unreadable: usize,
     /// The algorithm of the upload being verified, for `inline_digest`.
     verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
@@ -537,6 +539,7 @@ impl Client {
             out_of_step: false,
             early_final: None,
             unlisted: 0,
+            unreadable: 0,
             verify_alg: None,
             mult_refused: None,
             mult_ok: false,
@@ -2247,7 +2250,9 @@ impl Client {
         let left_out = negotiate::unlisted(&done);
         if left_out > 0 {
             tracing::info!("{}: {}", c.display(), reply_text(&done));
-            self.unlisted += left_out;
+            let faults = negotiate::unreadable(&done).min(left_out);
+            self.unlisted += left_out - faults;
+            self.unreadable += faults;
         }
         Ok(out)
     }
@@ -2257,6 +2262,13 @@ impl Client {
     /// leading outside its root): a tree copied from them lacks these.
     pub fn take_unlisted(&mut self) -> usize {
         std::mem::take(&mut self.unlisted)
+    }
+
+    /// How many entries the server's listings have said it could not read
+    /// since the last call (no permission, an I/O error): not counted by
+    /// [`Client::take_unlisted`]; a tree copied from them is incomplete.
+    pub fn take_unreadable(&mut self) -> usize {
+        std::mem::take(&mut self.unreadable)
     }
 
     /// The entries of a remote directory (MLSD, RFC 3659), without `.`

@@ -108,6 +108,21 @@ pub fn unlisted(reply: &Reply) -> usize {
         .sum()
 }
 
+/// Of [`unlisted`], how many the server says it could not read (`xftp
+/// serve`: `..., 2 the server could not read (...)`): entries a copy of
+/// the tree lacks not by the server's rule (a name with a line break, a
+/// link leading outside its root) but by a fault there, which fails it.
+pub fn unreadable(reply: &Reply) -> usize {
+    reply
+        .lines
+        .iter()
+        .filter_map(|l| {
+            let at = l.find(" the server could not read")?;
+            l[..at].rsplit([' ', '(']).next()?.parse::<usize>().ok()
+        })
+        .sum()
+}
+
 /// Where to connect for a 227 reply. Servers behind NAT often announce a
 /// private or unusable address; like most clients we then connect to the
 /// control connection's peer with the announced port. We do so whenever the
@@ -141,6 +156,10 @@ mod tests {
             12
         );
         assert_eq!(unlisted(&r("Transfer complete; entries not listed.")), 0);
+        let both = r("Directory send OK; 3 entries not listed (1 with a line break in the name, 2 the server could not read (no permission, a path too long, or an I/O error)).");
+        assert_eq!((unlisted(&both), unreadable(&both)), (3, 2));
+        let alone = r("Directory send OK; 1 entry not listed (1 the server could not read (no permission, a path too long, or an I/O error)).");
+        assert_eq!((unlisted(&alone), unreadable(&alone)), (1, 1));
     }
 
     fn r(code: u16, t: &str) -> Reply {

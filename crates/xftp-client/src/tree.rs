@@ -482,6 +482,17 @@ async fn walk(
         }
         let mut st = lock(sh);
         st.unlisted += c.take_unlisted();
+        let faults = c.take_unreadable();
+        if faults > 0 {
+            st.refused.push((
+                format!("{d}/"),
+                format!(
+                    "the server could not read {faults} of its entries (no permission, a path \
+                     too long, or an I/O error): not copied; check their permissions on the \
+                     server (-v shows its reply)"
+                ),
+            ));
+        }
         if let Some(first) = unreadable.first() {
             st.refused.push((
                 format!("{d}/"),

@@ -3223,8 +3223,9 @@ struct Unlisted {
     line_break: usize,
     /// Symbolic links leading outside the root, or to nothing.
     links: usize,
-    /// Entries the server could not read (a path too long for the
-    /// system, an I/O error): a tree copied from the listing lacks them.
+    /// Entries the server could not read (no permission, a path too long
+    /// for the system, an I/O error): a tree copied from the listing lacks
+    /// them, and an xftp client fails it.
     unreadable: usize,
 }
 
@@ -3247,7 +3248,7 @@ impl Unlisted {
         }
         if self.unreadable > 0 {
             why.push(format!(
-                "{} the server could not read (path too long, or an I/O error)",
+                "{} the server could not read (no permission, a path too long, or an I/O error)",
                 self.unreadable
             ));
         }
