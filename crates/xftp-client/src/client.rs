@@ -2735,7 +2735,12 @@ impl Client {
         self.expect_preliminary(&c_retr).await?;
         let (peer, t) = (self.ctl.peer().ip(), self.cfg.data_timeout);
         let tls = self.data_tls.clone();
-        let first = accept_from(&listener, peer, t, tls.as_ref()).await?;
+        // Watching the control connection meanwhile: a server that fails
+        // after its 150 (a directory given as the file) opens no
+        // connection, and its reply says why at once.
+        let first = self
+            .beside_control(&c_retr, accept_from(&listener, peer, t, tls.as_ref()))
+            .await??;
         self.note_buffers(std::slice::from_ref(&first));
         let dog = self.watchdog();
         let conns = vec![dog.guard(first)];
@@ -2761,10 +2766,13 @@ impl Client {
             drop(ctl);
             std::future::pending::<std::convert::Infallible>().await
         };
-        let report = tokio::select! {
-            r = rx.finish() => r.map_err(|e| stripe_err(e, self.cfg.data_timeout))?,
-            never = more => match never {},
+        let recv = async {
+            tokio::select! {
+                r = rx.finish() => r.map_err(|e| stripe_err(e, t)),
+                never = more => match never {},
+            }
         };
+        let report = self.beside_control(&c_retr, recv).await??;
         self.expect_complete(&c_retr).await?;
         self.leave_mode_e().await?;
         Ok((report, expected))

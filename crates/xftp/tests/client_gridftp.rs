@@ -283,6 +283,46 @@ fn gridftp_parallel_download_leaves_the_session_usable() {
     assert_eq!(sha256_file(&srv.join("up.bin")), want);
 }
 
+/// A parallel download the server fails after its 150 (a directory given
+/// as the file: `500 ... Is a directory`) fails at once with the server's
+/// reply, not after the data timeout for connections that never come;
+/// the session goes on.
+#[test]
+fn a_parallel_download_the_server_fails_after_150_fails_at_once() {
+    if !usable("a_parallel_download_the_server_fails_after_150_fails_at_once") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    std::fs::create_dir_all(srv.join("adir")).unwrap();
+    write_prng_file(&srv.join("b.bin"), 1024 * 1024 + 3, 92);
+    let server = start(&tmp.path().join("gridftp.log"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = xftp_client::ClientConfig {
+            streams: 4,
+            data_timeout: std::time::Duration::from_secs(30),
+            ..xftp_client::ClientConfig::default()
+        };
+        let mut c = xftp_client::Client::connect("127.0.0.1", server.port, cfg)
+            .await
+            .unwrap();
+        c.login_pipelined(None, None).await.unwrap();
+        let t0 = std::time::Instant::now();
+        let r = c
+            .download(&format!("{}/adir", srv.display()), &tmp.path().join("ad"))
+            .await;
+        let e = r.expect_err("a directory is no file").to_string();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{e}");
+        assert!(e.contains("500") || e.contains("directory"), "{e}");
+        let dst = tmp.path().join("b");
+        c.download(&format!("{}/b.bin", srv.display()), &dst)
+            .await
+            .unwrap();
+        assert_eq!(sha256_file(&dst), sha256_file(&srv.join("b.bin")));
+        c.quit().await;
+    });
+}
+
 /// The shell against globus-gridftp-server: `mult 4` connects again,
 /// and the login lands where it did (anonymous: a PWD of `/nonexistent`
 /// that CWD refuses, so no CWD back to it); get and put then go over
