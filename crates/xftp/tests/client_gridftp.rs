@@ -323,6 +323,31 @@ fn a_parallel_download_the_server_fails_after_150_fails_at_once() {
     });
 }
 
+/// A path given relative to the login directory (anonymous: one that
+/// does not exist) is refused with GridFTP's 500, which the CLI explains
+/// as it does a 550: paths on this server are absolute, `//abs/path`.
+#[test]
+fn a_relative_path_on_gridftp_gets_the_absolute_path_hint() {
+    if !usable("a_relative_path_on_gridftp_gets_the_absolute_path_hint") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    write_prng_file(&srv.join("c.bin"), 1000, 93);
+    let server = start(&tmp.path().join("gridftp.log"));
+    let url = format!(
+        "ftp://127.0.0.1:{}/{}",
+        server.port,
+        srv.join("c.bin")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    );
+    let out = xftp(&["get", &url, "c"], tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("//abs/path"), "{err}");
+}
+
 /// The shell against globus-gridftp-server: `mult 4` connects again,
 /// and the login lands where it did (anonymous: a PWD of `/nonexistent`
 /// that CWD refuses, so no CWD back to it); get and put then go over

@@ -1533,11 +1533,17 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
     }
     let fix: Option<String> = match &e {
         ClientError::Reply { code, .. } => match (code, op) {
-            (550, Op::Get) => Some(format!(
-                "check the path with `xftp ls {}/`; URL paths are relative to the login directory, an absolute server path is written {}//abs/path",
-                url.base(),
-                url.base()
-            )),
+            // GridFTP answers a missing file 500, naming the path it
+            // tried: relative to its login directory too.
+            (550, Op::Get) | (500, Op::Get)
+                if *code == 550 || e.to_string().contains("Unable to open file") =>
+            {
+                Some(format!(
+                    "check the path with `xftp ls {}/`; URL paths are relative to the login directory, an absolute server path is written {}//abs/path",
+                    url.base(),
+                    url.base()
+                ))
+            }
             (550, Op::Ls) => Some("check the directory path".into()),
             (550 | 553, Op::Put) if e.to_string().contains("Is a directory") => Some(
                 "the target is a directory: end the URL with / to upload into it under the local name"
