@@ -637,6 +637,15 @@ impl Shell {
             anyhow::bail!("unknown command {verb:?} — type `help` for the list of commands");
         };
         let name = h.names[0];
+        let words;
+        let args = match name {
+            "get" | "reget" | "put" | "reput" | "mget" | "mput" | "mkdir" | "rmdir" | "delete"
+            | "rename" => {
+                words = file_words(name, args)?;
+                &words[..]
+            }
+            _ => args,
+        };
         let want = |lo: usize, hi: usize| -> anyhow::Result<()> {
             if args.len() < lo || args.len() > hi {
                 anyhow::bail!("usage: {}", format!("{name} {}", h.args).trim_end());
@@ -1862,8 +1871,6 @@ fn base_name(path: &str) -> Option<&str> {
     (!name.is_empty() && name != "." && name != "..").then_some(name)
 }
 
-/// `mget`/`mput`'s leading `-c` (resumable, as `reget`/`reput`) and the
-/// patterns after it. A file named `-c` is `./-c`.
 /// mget's or mput's last word: the count, and an error if any failed.
 fn summary(cmd: &str, files: usize, failed: usize, bytes: u64) -> anyhow::Result<()> {
     if failed > 0 {
@@ -1875,6 +1882,36 @@ fn summary(cmd: &str, files: usize, failed: usize, bytes: u64) -> anyhow::Result
     Ok(())
 }
 
+/// The file words of a command: an option it does not take (`get -r`)
+/// is refused rather than sent as a file name (`RETR -r`), and `--` ends
+/// the options: a word after it that begins with `-` is a file, `./-x`.
+/// `mget`/`mput` take a leading `-c` ([`resume_flag`]).
+fn file_words(cmd: &str, args: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut options = true;
+    for (i, a) in args.iter().enumerate() {
+        if options && a == "--" {
+            options = false;
+            continue;
+        }
+        if a.len() > 1 && a.starts_with('-') {
+            if !options {
+                out.push(format!("./{a}"));
+                continue;
+            }
+            if !(i == 0 && a == "-c" && matches!(cmd, "mget" | "mput")) {
+                anyhow::bail!(
+                    "{cmd}: {a} is not an option of the shell's {cmd} (`help {cmd}` shows what it takes; a tree is `xftp get -r`/`xftp put -r`); a file named {a} is ./{a}, or put -- before it"
+                );
+            }
+        }
+        out.push(a.clone());
+    }
+    Ok(out)
+}
+
+/// `mget`/`mput`'s leading `-c` (resumable, as `reget`/`reput`) and the
+/// patterns after it. A file named `-c` is `./-c`.
 fn resume_flag<'a>(cmd: &str, args: &'a [String]) -> anyhow::Result<(bool, &'a [String])> {
     match args.split_first() {
         Some((flag, rest)) if flag == "-c" => {
@@ -1916,6 +1953,22 @@ fn local_glob(pat: &str) -> anyhow::Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn options_a_command_does_not_take_are_refused_not_sent_as_names() {
+        let w = |cmd: &str, a: &[&str]| {
+            let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+            file_words(cmd, &a).map_err(|e| e.to_string())
+        };
+        assert!(w("get", &["-r", "tree"])
+            .unwrap_err()
+            .contains("-r is not an option"));
+        assert!(w("get", &["-c", "f"]).unwrap_err().contains("./-c"));
+        assert_eq!(w("mget", &["-c", "*.bin"]).unwrap(), ["-c", "*.bin"]);
+        assert_eq!(w("mget", &["--", "-c"]).unwrap(), ["./-c"]);
+        assert_eq!(w("get", &["--", "-x", "y"]).unwrap(), ["./-x", "y"]);
+        assert_eq!(w("put", &["-", "x"]).unwrap(), ["-", "x"]);
+    }
 
     #[test]
     fn command_names_are_unique_and_aliases_resolve() {

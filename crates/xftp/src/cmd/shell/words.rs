@@ -33,6 +33,9 @@ fn split_with(line: &str, glob: bool) -> Result<Vec<String>, String> {
     let mut cur = String::new();
     let mut in_word = false;
     let mut quote: Option<char> = None;
+    // An unquoted `[` just opened a bracket: a `^` next negates it, as in
+    // bash (the glob crate's `!`).
+    let mut opened = false;
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         match quote {
@@ -64,12 +67,17 @@ fn split_with(line: &str, glob: bool) -> Result<Vec<String>, String> {
                         in_word = false;
                     }
                 }
+                '^' if glob && opened => {
+                    cur.push('!');
+                    in_word = true;
+                }
                 c => {
                     cur.push(c);
                     in_word = true;
                 }
             },
         }
+        opened = glob && quote.is_none() && c == '[' && !opened && !cur.ends_with("[[]");
     }
     if let Some(q) = quote {
         return Err(format!("unclosed {q} quote"));
@@ -186,6 +194,20 @@ mod tests {
         }
         assert!(!glob::Pattern::new("s[*].txt").unwrap().matches("sxyz.txt"));
         assert!(!glob::Pattern::new("[[]b].txt").unwrap().matches("b.txt"));
+    }
+
+    #[test]
+    fn a_caret_negates_a_bracket_as_in_bash() {
+        let p = |line: &str| split_patterns(line).unwrap();
+        assert_eq!(p("mget a[^1].log"), ["mget", "a[!1].log"]);
+        assert_eq!(p("mget a[!1].log"), ["mget", "a[!1].log"]);
+        // Not where `^` is a member, quoted, or outside a bracket.
+        assert_eq!(p("mget a[1^].log ^x"), ["mget", "a[1^].log", "^x"]);
+        assert_eq!(p(r"mget a[\^1]"), ["mget", "a[^1]"]);
+        assert_eq!(p("get a[^1]"), ["get", "a[!1]"]);
+        assert_eq!(split("get a[^1]").unwrap(), ["get", "a[^1]"]);
+        let g = glob::Pattern::new("a[!1].log").unwrap();
+        assert!(g.matches("a2.log") && !g.matches("a1.log"));
     }
 
     #[test]
