@@ -1391,6 +1391,19 @@ impl Client {
         if self.cfg.resume && !empty {
             return self.upload_resumable(local, remote).await;
         }
+        if self.cfg.resume && self.verify_plan().await?.is_none() {
+            // The partial an earlier `put -c` of another version left
+            // (`.NAME.xftp-part`, with its record) would stay for good:
+            // it goes once the empty file is in place.
+            let r = self.upload_as(local, remote).await?;
+            let tmp = temp_remote_name(remote);
+            let dele = Cmd::with("DELE", &tmp);
+            self.send(&[&dele]).await?;
+            if self.ctl.read_reply().await?.code == 250 {
+                tracing::info!("deleted the partial upload {tmp} of an earlier version");
+            }
+            return Ok(r);
+        }
         let Some(v) = self.verify_plan().await? else {
             return self.upload_as(local, remote).await;
         };

@@ -1057,3 +1057,27 @@ fn trees_tell_a_file_rewritten_within_the_same_second() {
         sha256_file(&local.join("u/c"))
     );
 }
+
+/// `put -c` of a file that is empty now, after a cut `put -c` of an
+/// earlier version: the empty file goes in place and the earlier
+/// version's partial (with its record) does not stay behind for good.
+#[test]
+fn an_empty_file_put_with_c_removes_an_earlier_versions_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let srv = serve(&root, &[]);
+    write_prng_file(&local.join("z.bin"), SIZE, 31);
+    let url = format!("ftp://127.0.0.1:{}/z.bin", srv.port);
+    let args = ["put", "-c", "-p", "4", "--limit-rate", "10M", "z.bin", &url];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!leftovers(&root).is_empty(), "a partial to begin with");
+    std::fs::write(local.join("z.bin"), b"").unwrap();
+    let out = xftp(&["put", "-c", "z.bin", &url], &local);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read(root.join("z.bin")).unwrap(), b"");
+    assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
+}
