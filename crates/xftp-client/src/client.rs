@@ -1449,11 +1449,25 @@ impl Client {
         let len = md.len();
         let mtime = md.modified().map_or(0, xftp_proto::facts::epoch_ms);
         // What the server's record of a partial upload names the source
-        // by: the time to the nanosecond, so that a file rewritten within
-        // the same second is another version (the server only compares
-        // it; a record of an older client, in seconds, differs, and that
-        // upload starts over once).
-        let stamp = md.modified().map_or(0, xftp_proto::facts::epoch_nanos);
+        // by (the server only compares it): the file's change time to the
+        // nanosecond, which the kernel sets at every write, `touch`,
+        // rename or chmod and nobody can set back. Its modification time
+        // could name two files: two of one size `touch`ed to one time (an
+        // archive's, `cp -p`'s) were spliced into one upload. A record of
+        // an older client (the modification time) differs, and that
+        // upload starts over once, as after a rename of the local file.
+        let stamp = {
+            use std::os::unix::fs::MetadataExt;
+            md.ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.ctime_nsec())
+        };
+        let stamp_text = |ns: i64| {
+            format!(
+                "changed at {}",
+                xftp_proto::facts::format_time_of_ms(ns.div_euclid(1_000_000))
+            )
+        };
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
         self.settle().await?;
@@ -1503,9 +1517,9 @@ impl Client {
                 // Deleted (its record with it), this upload starts over;
                 // kept, every later `put -c` would be refused for it.
                 let was = format!(
-                    "{} bytes, modified at {} (server's record)",
+                    "{} bytes, {} (server's record)",
                     size.unwrap_or(0),
-                    time.unwrap_or(0)
+                    stamp_text(time.unwrap_or(0))
                 );
                 let dele = Cmd::with("DELE", &tmp);
                 self.send(&[&dele]).await?;
@@ -1513,7 +1527,7 @@ impl Client {
                     return Err(ClientError::SourceChanged {
                         partial: PathBuf::from(&tmp),
                         was,
-                        now: format!("{len} bytes, modified at {stamp}"),
+                        now: format!("{len} bytes, {}", stamp_text(stamp)),
                     });
                 }
                 self.notices.push(format!(

@@ -1081,3 +1081,43 @@ fn an_empty_file_put_with_c_removes_an_earlier_versions_partial() {
     assert_eq!(std::fs::read(root.join("z.bin")).unwrap(), b"");
     assert!(leftovers(&root).is_empty(), "{:?}", leftovers(&root));
 }
+
+/// Two files of one size given one modification time (an archive's,
+/// `cp -p`'s): a cut `put -c` of the first, then `put -c` of the second
+/// under the same local name, is not resumed into a splice of the two.
+#[test]
+fn another_file_of_the_same_size_and_time_is_not_spliced_into_an_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    let srv = serve(&root, &[]);
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(1_577_836_800);
+    write_prng_file(&local.join("data.bin"), SIZE, 41);
+    write_prng_file(&local.join("other.bin"), SIZE, 43);
+    set_time(&local.join("data.bin"), t);
+    set_time(&local.join("other.bin"), t);
+    let url = format!("ftp://127.0.0.1:{}/data.bin", srv.port);
+    let args = [
+        "put",
+        "-c",
+        "-p",
+        "4",
+        "--limit-rate",
+        "10M",
+        "data.bin",
+        &url,
+    ];
+    assert!(xftp_killed(&args, &local, Duration::from_millis(700)));
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::rename(local.join("other.bin"), local.join("data.bin")).unwrap();
+    let out = xftp(&["put", "-c", "data.bin", &url], &local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("was of another version"), "{err}");
+    assert_eq!(
+        sha256_file(&root.join("data.bin")),
+        sha256_file(&local.join("data.bin"))
+    );
+}
