@@ -2832,6 +2832,13 @@ impl Client {
     /// With `--verify`: the algorithm and command to use, chosen before
     /// anything moves, so that a server without checksums fails the
     /// command before the transfer rather than after.
+    /// With `--verify`: whether the server offers a checksum to verify
+    /// with, asked before a batch of transfers (a tree) so that a server
+    /// without one is refused once, before anything moves.
+    pub async fn check_verify(&mut self) -> Result<()> {
+        self.verify_plan().await.map(drop)
+    }
+
     async fn verify_plan(&mut self) -> Result<Option<(Algorithm, Via)>> {
         if self.cfg.verify == Verify::Off {
             return Ok(None);

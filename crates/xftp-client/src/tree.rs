@@ -251,7 +251,10 @@ pub async fn get_tree(
     opt: &TreeOptions,
 ) -> Result<TreeReport> {
     let start = Instant::now();
-    let first = connect(Role::Small).await?;
+    let mut first = connect(Role::Small).await?;
+    // With --verify, a server without checksums is refused once, before
+    // any directory is made or file moved.
+    first.check_verify().await?;
     let mut report = TreeReport::default();
     let made = !local.exists();
     if local.exists() && !local.is_dir() {
@@ -967,6 +970,7 @@ pub async fn put_tree(
         }
     }
     let mut first = connect(Role::Small).await?;
+    first.check_verify().await?;
     // Parents before children (breadth-first order above); a directory
     // that exists already is refused and that is fine.
     // The login directory itself (an empty path) is there already.

@@ -812,6 +812,33 @@ fn uploads_refused_after_their_data_leave_no_prefix_on_a_stock_server() {
     assert!(!d.srv.join("fail_one.bin").exists(), "{err}");
 }
 
+/// `-r --verify` against a server without checksums is refused once,
+/// before anything moves: no directory made on either side.
+#[test]
+fn a_tree_with_verify_is_refused_before_anything_moves_without_checksums() {
+    if !have_pyftpdlib("a_tree_with_verify_is_refused_before_anything_moves_without_checksums") {
+        return;
+    }
+    let d = dirs();
+    std::fs::create_dir_all(d.srv.join("t/sub")).unwrap();
+    std::fs::write(d.srv.join("t/sub/a"), b"a").unwrap();
+    std::fs::write(d.srv.join("t/b"), b"b").unwrap();
+    let server = pyftpd(&d.srv);
+    let url = format!("ftp://127.0.0.1:{}/t/", server.port);
+    let out = xftp(&["get", "-r", "--verify", &url, "copy"], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.matches("--verify:").count(), 1, "{err}");
+    assert!(!d.local.join("copy").exists(), "{err}");
+    std::fs::create_dir_all(d.local.join("up/sub")).unwrap();
+    std::fs::write(d.local.join("up/sub/c"), b"c").unwrap();
+    let url = format!("ftp://127.0.0.1:{}/up/", server.port);
+    let out = xftp(&["put", "-r", "--verify", "up", &url], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!d.srv.join("up").exists(), "{err}");
+}
+
 /// A file rewritten in place (same size) while one stream downloads it:
 /// the copy would hold the old start and the new end; the time the
 /// server gives before and after tells, and nothing is put in place.
