@@ -325,6 +325,8 @@ pub struct Client {
     unlisted: usize,
     /// Entries listings said the server could not read (`take_unreadable`).
     unreadable: usize,
+    /// `OPTS MLST` considered ([`Client::ask_unix_mode`]).
+    mlst_chosen: bool,
     /// The algorithm of the upload being verified, for `inline_digest`.
     verify_alg: Option<Algorithm>,
     /// The connections asked for when the server refused MULT.
@@ -540,6 +542,7 @@ impl Client {
             early_final: None,
             unlisted: 0,
             unreadable: 0,
+            mlst_chosen: false,
             verify_alg: None,
             mult_refused: None,
             mult_ok: false,
@@ -2313,6 +2316,10 @@ impl Client {
         path: &str,
     ) -> Result<(Vec<xftp_proto::facts::Entry>, Vec<String>)> {
         use xftp_proto::facts::{parse_mlst, parse_mlsx, Kind};
+        if !self.mlst_chosen {
+            self.mlst_chosen = true;
+            self.ask_unix_mode().await?;
+        }
         let out = self.listing(Cmd::with("MLSD", path)).await?;
         let text = xftp_proto::name::decode(&out);
         let mut entries = Vec::new();
@@ -2330,6 +2337,38 @@ impl Client {
             }
         }
         Ok((entries, unreadable))
+    }
+
+    /// A server that offers the `UNIX.mode` fact without sending it
+    /// (pyftpdlib) is asked for it (`OPTS MLST`, with the facts it sends
+    /// already), so that a tree copied from its listings keeps its
+    /// permission bits. A refusal changes nothing.
+    async fn ask_unix_mode(&mut self) -> Result<()> {
+        let Some(f) = self.features.as_ref() else {
+            return Ok(());
+        };
+        let offered = |name: &str| {
+            f.mlst_facts
+                .iter()
+                .any(|(n, on)| !on && n.eq_ignore_ascii_case(name))
+        };
+        if !offered("unix.mode") {
+            return Ok(());
+        }
+        let mut facts: String = f
+            .mlst_facts
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(n, _)| format!("{n};"))
+            .collect();
+        facts.push_str("unix.mode;");
+        let c = Cmd::with("OPTS", format!("MLST {facts}"));
+        self.send(&[&c]).await?;
+        let r = self.ctl.read_reply().await?;
+        if r.code != 200 {
+            tracing::debug!("{}: {} {}", c.display(), r.code, reply_text(&r));
+        }
+        Ok(())
     }
 
     /// The entries of a remote directory, without `.` and `..`: from MLSD

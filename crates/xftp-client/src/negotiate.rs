@@ -34,6 +34,9 @@ pub struct Features {
     pub gridftp: bool,
     /// `MLST` (RFC 3659): MLSD lists a directory with exact facts.
     pub mlst: bool,
+    /// The facts the `MLST` line lists, each with whether it is sent now
+    /// (`*`); `OPTS MLST` chooses others.
+    pub mlst_facts: Vec<(String, bool)>,
     /// `REST STREAM` (RFC 3659): RETR can start at an offset.
     pub rest_stream: bool,
     /// `CKSM` (GridFTP): the algorithms listed.
@@ -61,7 +64,18 @@ pub fn features(reply: &Reply) -> Features {
             (Some("MULT"), _) => f.mult = true,
             (Some("MPRT"), _) => f.mprt = true,
             (Some("CACHE"), _) => f.cache = true,
-            (Some("MLST"), _) => f.mlst = true,
+            (Some("MLST"), _) => {
+                f.mlst = true;
+                let facts = t.split_ascii_whitespace().nth(1).unwrap_or("");
+                f.mlst_facts = facts
+                    .split(';')
+                    .filter(|x| !x.is_empty())
+                    .map(|x| match x.strip_suffix('*') {
+                        Some(name) => (name.to_owned(), true),
+                        None => (x.to_owned(), false),
+                    })
+                    .collect();
+            }
             (Some("REST"), Some("STREAM")) => f.rest_stream = true,
             (Some("SPAS" | "SPOR"), _) => f.gridftp = true,
             (Some("MODE"), Some(m)) if m.split(';').any(|x| x == "E") => f.mode_e = true,

@@ -244,7 +244,11 @@ fn parse_facts(line: &str) -> Option<Entry> {
             }
             "size" => e.size = v.parse().ok(),
             "modify" => e.modify_ms = parse_time_ms(v),
-            "unix.mode" => e.mode = u32::from_str_radix(v, 8).ok().map(|m| m & 0o7777),
+            // pyftpdlib writes Python's `0o755`.
+            "unix.mode" => {
+                let v = v.strip_prefix("0o").or(v.strip_prefix("0O")).unwrap_or(v);
+                e.mode = u32::from_str_radix(v, 8).ok().map(|m| m & 0o7777)
+            }
             "unique" if !v.is_empty() => e.unique = Some(v.to_ascii_lowercase()),
             _ => {}
         }
@@ -533,6 +537,8 @@ mod tests {
             (Some(10), Some(1_700_000_000_000), Some(0o644))
         );
         assert_eq!(e.unique, None);
+        let p = parse_mlsx("modify=20261130025100;size=2;type=file;unix.mode=0o755; run").unwrap();
+        assert_eq!(p.mode, Some(0o755));
         let d = parse_mlsx("Type=dir;Modify=20231114221320;Unique=803G1A; sub\r\n").unwrap();
         assert_eq!(d.kind, Kind::Dir);
         assert_eq!(d.unique.as_deref(), Some("803g1a"));

@@ -812,6 +812,36 @@ fn uploads_refused_after_their_data_leave_no_prefix_on_a_stock_server() {
     assert!(!d.srv.join("fail_one.bin").exists(), "{err}");
 }
 
+/// pyftpdlib offers the `unix.mode` fact without sending it: `get -r`
+/// asks for it (OPTS MLST), and the copies keep their permission bits.
+#[test]
+fn get_r_keeps_modes_from_a_server_that_offers_them_unasked() {
+    if !have_pyftpdlib("get_r_keeps_modes_from_a_server_that_offers_them_unasked") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    std::fs::create_dir_all(d.srv.join("m")).unwrap();
+    for (name, mode) in [("run", 0o755), ("private", 0o640)] {
+        std::fs::write(d.srv.join("m").join(name), name).unwrap();
+        std::fs::set_permissions(
+            d.srv.join("m").join(name),
+            std::fs::Permissions::from_mode(mode),
+        )
+        .unwrap();
+    }
+    let server = pyftpd(&d.srv);
+    let url = format!("ftp://127.0.0.1:{}/m/", server.port);
+    assert_ok(&xftp(&["get", "-r", &url, "m"], &d.local), "get -r");
+    for (name, mode) in [("run", 0o755), ("private", 0o640)] {
+        let m = std::fs::metadata(d.local.join("m").join(name))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(m & 0o777, mode, "{name}");
+    }
+}
+
 /// `-r --verify` against a server without checksums is refused once,
 /// before anything moves: no directory made on either side.
 #[test]
