@@ -530,6 +530,29 @@ fn a_full_disk_on_either_side() {
         err.contains("partial download is kept") && !err.contains("nothing was kept"),
         "{err}"
     );
+    // A tree's small files (pipelined over kept connections): the full
+    // disk here is what fails them, not the server's 426 that follows
+    // the connections this end reset, and they are not fetched again.
+    for e in std::fs::read_dir(&local.0).unwrap() {
+        let _ = std::fs::remove_file(e.unwrap().path());
+    }
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    for i in 0..6 {
+        write_prng_file(&root.join(format!("t/f{i}")), 500_000, 20 + i);
+    }
+    let out = xftp(
+        &[
+            "get",
+            "-r",
+            &format!("ftp://127.0.0.1:{}/t/", srv.port),
+            "t",
+        ],
+        &local.0,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("No space left"), "{err}");
+    assert!(!err.contains("426"), "{err}");
 }
 
 #[test]

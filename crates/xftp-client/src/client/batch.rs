@@ -82,6 +82,17 @@ pub struct BatchItem {
     pub size: Option<u64>,
 }
 
+/// A download's failure that is this end's (the local file: a full disk,
+/// a refused path), which no server reply explains better and no retry
+/// mends: the engine's faults that may not pass (`StripeFault`) are of
+/// storage, or of data no server of ours sends.
+fn local_fault(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Local { .. } | ClientError::Usage(_) | ClientError::StripeFault(_)
+    )
+}
+
 impl Client {
     /// Whether [`download_batch`](Self::download_batch) can run on this
     /// session: the server keeps MODE E connections (FEAT `CACHE`), and
@@ -253,7 +264,9 @@ impl Client {
                     // connections, and this file too, once: a second
                     // failure of its own is the file's.
                     let back = self.drain(&mut sent).await?;
-                    if retried.insert(i) {
+                    // A fault here (a full local disk) would only happen
+                    // again: the file fails now, as a single download does.
+                    if !local_fault(&e) && retried.insert(i) {
                         requeue(i, back, &mut queue);
                     } else {
                         report(items, i, Err(e));
@@ -308,7 +321,7 @@ impl Client {
                 // better when it failed on its side (not when the cause
                 // is here: its failure then only follows ours).
                 let r = self.final_reply().await?;
-                let ours = matches!(e, ClientError::Local { .. } | ClientError::Usage(_));
+                let ours = local_fault(&e);
                 return Err(if r.is_failure() && !ours {
                     unexpected(c, &r)
                 } else {
