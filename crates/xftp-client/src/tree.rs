@@ -670,16 +670,24 @@ async fn walk(
         own,
     });
     // The top's own `unique`, so that a link back to it is told at once
-    // (else its first step is copied once more). Best effort: a server
-    // without MLST gives none.
-    if let Ok(Some(u)) = first.mlst(remote).await.map(|e| e.and_then(|e| e.unique)) {
-        if sh.own.as_ref() == Some(&u) {
-            return Err(ClientError::Usage(format!(
-                "{} is the very directory {remote} names (the server serves the disk it is on): there is nothing to copy; download into another directory",
-                local.display()
-            )));
+    // (else its first step is copied once more), and its time and mode,
+    // which the local top takes as the directories below take theirs.
+    // Best effort: a server without MLST gives none.
+    if let Ok(Some(e)) = first.mlst(remote).await {
+        if let Some(u) = e.unique {
+            if sh.own.as_ref() == Some(&u) {
+                return Err(ClientError::Usage(format!(
+                    "{} is the very directory {remote} names (the server serves the disk it is on): there is nothing to copy; download into another directory",
+                    local.display()
+                )));
+            }
+            lock(&sh).uniques.insert(String::new(), u);
         }
-        lock(&sh).uniques.insert(String::new(), u);
+        if e.kind == Kind::Dir {
+            lock(&sh)
+                .dir_facts
+                .push((String::new(), e.modify_ms, e.mode));
+        }
     }
     list_one(&mut first, &sh, remote, local, "").await?;
     let subdirs = lock(&sh).dirs.len();

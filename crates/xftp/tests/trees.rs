@@ -809,7 +809,12 @@ fn get_r_keeps_directory_times_and_modes_and_leaves_nothing_for_a_missing_tree()
     std::fs::write(root.join("t/a/b/f"), b"f").unwrap();
     std::fs::write(root.join("t/ro/g"), b"g").unwrap();
     let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_577_934_245);
-    for (d, mode) in [("t/a", 0o750), ("t/a/b", 0o711), ("t/ro", 0o555)] {
+    for (d, mode) in [
+        ("t/a", 0o750),
+        ("t/a/b", 0o711),
+        ("t/ro", 0o555),
+        ("t", 0o751),
+    ] {
         std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
         std::fs::File::open(root.join(d))
             .unwrap()
@@ -824,8 +829,9 @@ fn get_r_keeps_directory_times_and_modes_and_leaves_nothing_for_a_missing_tree()
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The owner keeps full rights: a remote 555 comes back 755.
-    for (d, mode) in [("a", 0o750), ("a/b", 0o711), ("ro", 0o755)] {
+    // The owner keeps full rights: a remote 555 comes back 755. The top
+    // takes its time and mode as the others do.
+    for (d, mode) in [("a", 0o750), ("a/b", 0o711), ("ro", 0o755), ("", 0o751)] {
         let md = std::fs::metadata(work.join("copy").join(d)).unwrap();
         assert_eq!(md.mode() & 0o777, mode, "{d}");
         assert_eq!(md.modified().unwrap(), old, "{d}");
