@@ -127,6 +127,9 @@ pub struct Writer {
     /// Cancelled to ask the upload to stop (a newer one takes over, or
     /// its session ends): it records what arrived, then lets go.
     pub stop: CancellationToken,
+    /// Set before `stop` when the reason is a newer upload of the same
+    /// partial (its reply says so: no network fault).
+    pub taken_over: std::sync::atomic::AtomicBool,
     /// Cancelled once the upload let go: it writes its record no more.
     done: CancellationToken,
     /// Set under the lock when the upload let go; every record write
@@ -196,6 +199,9 @@ impl Writers {
                 }
             };
             tracing::info!(partial = %partial.display(), "a newer upload takes over this partial: the older one stops");
+            older
+                .taken_over
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             older.stop.cancel();
             if tokio::time::timeout_at(deadline, older.done.cancelled())
                 .await

@@ -2968,7 +2968,11 @@ impl Session {
             let r = tokio::select! {
                 r = receiver.finish() => r,
                 () = stop.cancelled() => Err(xftp_stripe::StripeError::Aborted(
-                    "the upload was stopped".into(),
+                    if writer.taken_over.load(std::sync::atomic::Ordering::SeqCst) {
+                        "a newer upload of this file took over".into()
+                    } else {
+                        "the upload was stopped".into()
+                    },
                 )),
             };
             drop(checkpoints);

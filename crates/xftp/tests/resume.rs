@@ -686,7 +686,10 @@ fn a_newer_upload_of_a_partial_takes_over_from_an_older_one() {
     let mut db = stor_on(&mut b, "p");
     // The older one was stopped, and says so.
     let r = a.reply();
-    assert!(r.starts_with("426") && r.contains("stopped"), "{r}");
+    assert!(
+        r.starts_with("426") && r.contains("a newer upload of this file took over"),
+        "{r}"
+    );
     db.write_all(&mode_e_block(0, 100_000, &data[100_000..]))
         .unwrap();
     db.write_all(&eof_and_eod()).unwrap();
