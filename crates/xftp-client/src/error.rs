@@ -223,7 +223,7 @@ pub enum ClientError {
     /// An upload with resume (`-c`) to a server that cannot resume one:
     /// it lacks MULT and MODE E (SITE RESUMABLE). Sending the file whole,
     /// without `-c`, works.
-    #[error("-c for uploads needs an xftp server (SITE RESUMABLE with MODE E); this one does not list MULT and MODE E. Run without -c")]
+    #[error("-c for uploads needs an xftp server (SITE RESUMABLE with MODE E); this one does not list both MULT and MODE E. Run without -c")]
     UploadResumeUnsupported,
 }
 

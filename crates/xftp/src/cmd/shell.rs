@@ -1664,7 +1664,7 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
     }
     if let (ClientError::UploadResumeUnsupported, Op::Reput) = (&e, op) {
         return anyhow::anyhow!(
-            "reput needs an xftp server (SITE RESUMABLE with MODE E), and this one does not list MULT and MODE E — use `put`, which sends the file whole"
+            "reput needs an xftp server (SITE RESUMABLE with MODE E), and this one does not list both MULT and MODE E — use `put`, which sends the file whole"
         );
     }
     // A transfer cut on the way, which running it again may complete.
