@@ -869,6 +869,35 @@ fn a_tree_with_verify_is_refused_before_anything_moves_without_checksums() {
     assert!(!d.srv.join("up").exists(), "{err}");
 }
 
+/// A stock server that stops answering (SIGSTOP) during a ranged
+/// download: the sessions find the stall, wait a moment (not another
+/// whole --timeout) for the server to answer their ABOR, take no other
+/// range, and the error names the stall, not a reply timeout.
+#[test]
+fn a_server_that_stops_during_a_ranged_download_is_reported_as_the_stall() {
+    if !have_pyftpdlib("a_server_that_stops_during_a_ranged_download_is_reported_as_the_stall") {
+        return;
+    }
+    let d = dirs();
+    let server = pyftpd_throttled(&d.srv, "write_limit");
+    write_prng_file(&d.srv.join("s.bin"), 64 * MIB, 9);
+    let url = format!("ftp://127.0.0.1:{}/s.bin", server.port);
+    let child = support::spawn_xftp(
+        &["get", "-p", "4", "--timeout", "3", &url, "s.bin"],
+        &d.local,
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = server.child.id().to_string();
+    let stopped = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(stopped.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("no data moved"), "{err}");
+    assert!(!d.local.join("s.bin").exists(), "{err}");
+}
+
 /// A file rewritten in place (same size) while one stream downloads it:
 /// the copy would hold the old start and the new end; the time the
 /// server gives before and after tells, and nothing is put in place.

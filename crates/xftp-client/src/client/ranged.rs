@@ -331,7 +331,10 @@ impl Client {
         });
         // What failed sessions left: this session fetches it, if it can.
         let mut main_error = main_error;
-        if lock(&plan).left() > 0 && main_error.as_ref().map_or(true, |e| !e.session_broken()) {
+        if lock(&plan).left() > 0
+            && !self.out_of_step
+            && main_error.as_ref().map_or(true, |e| !e.session_broken())
+        {
             let again = self.fetch_share(remote, &dst, &plan, 0, size, None).await;
             per[0] += again.bytes;
             main_error = again.error.or(main_error);
@@ -513,7 +516,10 @@ impl Client {
                 // its own reply, here or wherever the session goes on.
                 drop(conn);
                 if let Err(r) = self.resync().await {
+                    // Not answering (a server stopped, a path cut): this
+                    // session takes no other range.
                     tracing::debug!("ranged download: session {i} not resynchronised: {r}");
+                    self.out_of_step = true;
                 }
                 return Err(e);
             }
@@ -579,8 +585,15 @@ impl Client {
     async fn resync(&mut self) -> Result<()> {
         let (abor, pwd) = (Cmd::bare("ABOR"), Cmd::bare("PWD"));
         self.ctl.send(&[&abor, &pwd]).await?;
+        // A server that answers does so within round trips; one that
+        // does not (stopped, its path cut) is not waited for a whole
+        // --timeout more after the data already stalled that long.
+        let grace = (std::time::Duration::from_secs(2) + self.ctl.rtt().unwrap_or_default() * 4)
+            .min(self.cfg.reply_timeout);
+        let until = tokio::time::Instant::now() + grace;
         loop {
-            let r = self.ctl.read_reply().await?;
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let r = self.ctl.read_reply_within(left).await?;
             match r.code {
                 257 => return Ok(()),
                 421 => return Err(unexpected(&abor, &r)),
