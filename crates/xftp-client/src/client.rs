@@ -4107,8 +4107,9 @@ impl Drop for KeepPartial<'_> {
 }
 
 /// `local` is a regular file (not followed through a link) of `size`
-/// bytes modified at `mtime` (seconds), with no partial download beside
-/// it: a copy a finished `-c` run left.
+/// bytes modified at `mtime_ms` (to the server's precision,
+/// [`xftp_proto::facts::same_time`]), with no partial download beside it:
+/// a copy a finished `-c` run left.
 fn complete_copy(local: &Path, size: u64, mtime_ms: i64) -> bool {
     if resume::partial_path(local).exists() {
         return false;
