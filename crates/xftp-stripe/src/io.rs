@@ -275,7 +275,7 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
 /// [`write_atomic`], the file created with `mode` (less the umask) from
 /// the start: 0o600 keeps it from ever being readable by others.
 pub fn write_atomic_mode(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    write_atomic_with(path, bytes, mode, |_| Ok(()))
+    write_atomic_inner(path, bytes, mode, None)
 }
 
 /// [`write_atomic_mode`], with `prepare` run on the temporary once it is
@@ -286,6 +286,19 @@ pub fn write_atomic_with(
     bytes: &[u8],
     mode: u32,
     prepare: impl FnOnce(&std::fs::File) -> io::Result<()>,
+) -> io::Result<()> {
+    write_atomic_inner(path, bytes, mode, Some(Box::new(prepare)))
+}
+
+/// The prepared file's metadata is synced with its data (`sync_all`);
+/// otherwise the data alone (`sync_data`: records rewritten every half
+/// second need no more).
+#[allow(clippy::type_complexity)]
+fn write_atomic_inner<'a>(
+    path: &std::path::Path,
+    bytes: &[u8],
+    mode: u32,
+    prepare: Option<Box<dyn FnOnce(&std::fs::File) -> io::Result<()> + 'a>>,
 ) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -304,8 +317,13 @@ pub fn write_atomic_with(
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        prepare(&f)?;
-        f.sync_all()?;
+        match prepare {
+            Some(p) => {
+                p(&f)?;
+                f.sync_all()?;
+            }
+            None => f.sync_data()?,
+        }
         std::fs::rename(&tmp, path)
     })();
     if written.is_err() {
