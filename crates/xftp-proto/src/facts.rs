@@ -113,16 +113,6 @@ pub fn same_time(local_ms: i64, remote_ms: i64) -> bool {
     }
 }
 
-/// The instant `secs` seconds after the Unix epoch (before it if negative).
-pub fn system_time(secs: i64) -> std::time::SystemTime {
-    let d = std::time::Duration::from_secs(secs.unsigned_abs());
-    if secs >= 0 {
-        std::time::UNIX_EPOCH + d
-    } else {
-        std::time::UNIX_EPOCH - d
-    }
-}
-
 /// Whole seconds since the Unix epoch (negative before it).
 pub fn epoch_secs(t: std::time::SystemTime) -> i64 {
     match t.duration_since(std::time::UNIX_EPOCH) {
@@ -425,14 +415,14 @@ mod tests {
     #[test]
     fn epoch_seconds_both_ways() {
         for secs in [0i64, 1_700_000_000, -86_400] {
-            assert_eq!(epoch_secs(system_time(secs)), secs);
+            assert_eq!(epoch_secs(system_time_ms(secs * 1000)), secs);
         }
     }
 
     #[test]
     fn milliseconds_where_there_are_some() {
         use std::time::Duration;
-        let at = |secs: i64, ms: u64| system_time(secs) + Duration::from_millis(ms);
+        let at = |secs: i64, ms: u64| system_time_ms(secs * 1000) + Duration::from_millis(ms);
         assert_eq!(format_time_ms(at(1_700_000_000, 0)), "20231114221320");
         assert_eq!(format_time_ms(at(1_700_000_000, 7)), "20231114221320.007");
         assert_eq!(format_time_ms(at(1_700_000_000, 900)), "20231114221320.900");
