@@ -2747,9 +2747,22 @@ impl Client {
     ) -> Result<TransferReport> {
         let c_size = Cmd::with("SIZE", remote);
         let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
+        // A GridFTP server sends what the file holds as it reads it: one
+        // rewritten meanwhile arrives mixed. Its time before and after
+        // tells (as for one stream from a stock server).
+        let was = self.mdtm(remote).await?;
         let (report, expected) = self
             .recv_gridftp(remote, Arc::new(file), None, Some(&c_size), None, n)
             .await?;
+        if let Some(was) = was {
+            let now = self.mdtm(remote).await?;
+            if now.as_ref().is_some_and(|t| *t != was) {
+                return Err(ClientError::ChangedDuring {
+                    was: format!("modified {was}"),
+                    now: format!("modified {}", now.unwrap_or_default()),
+                });
+            }
+        }
         let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
         let timeline = adaptive::timeline(
             n,

@@ -348,6 +348,42 @@ fn a_relative_path_on_gridftp_gets_the_absolute_path_hint() {
     assert!(err.contains("//abs/path"), "{err}");
 }
 
+/// A file rewritten in place while a GridFTP server sends it over four
+/// connections (it sends what it reads): the file's time before and
+/// after tells, and nothing is put in place.
+#[test]
+fn a_file_rewritten_during_a_gridftp_download_is_refused() {
+    if !usable("a_file_rewritten_during_a_gridftp_download_is_refused") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    let f = srv.join("r.bin");
+    write_prng_file(&f, 16 << 20, 94);
+    let server = start(&tmp.path().join("gridftp.log"));
+    let url = format!("ftp://127.0.0.1:{}/{}", server.port, f.display());
+    let child = support::spawn_xftp(
+        &["get", "-p", "4", "--limit-rate", "8M", &url, "r.bin"],
+        tmp.path(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    {
+        use std::io::{Seek, Write};
+        let mut w = std::fs::File::options().write(true).open(&f).unwrap();
+        w.seek(std::io::SeekFrom::Start(12 << 20)).unwrap();
+        w.write_all(&vec![0x5a; 1 << 20]).unwrap();
+        w.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("changed on the server during the download"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("r.bin").exists(), "{err}");
+}
+
 /// The shell against globus-gridftp-server: `mult 4` connects again,
 /// and the login lands where it did (anonymous: a PWD of `/nonexistent`
 /// that CWD refuses, so no CWD back to it); get and put then go over
