@@ -83,10 +83,30 @@ pub fn format_time_of_ms(ms: i64) -> String {
     }
 }
 
-/// Milliseconds since the Unix epoch, rounded down (negative before it).
+/// Milliseconds since the Unix epoch, rounded down (negative before it);
+/// from seconds and the fraction, so that times past 2262 (where
+/// nanoseconds overflow 64 bits, and ext4 goes on to 2446) stay exact.
 pub fn epoch_ms(t: std::time::SystemTime) -> i64 {
-    let n = epoch_nanos(t);
-    n.div_euclid(1_000_000)
+    let ms = |d: std::time::Duration| {
+        i64::try_from(d.as_secs())
+            .unwrap_or(i64::MAX / 1000)
+            .min(i64::MAX / 1000)
+            * 1000
+            + i64::from(d.subsec_millis())
+    };
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => ms(d),
+        // Before the epoch: rounded down, toward the past.
+        Err(e) => {
+            let d = e.duration();
+            let whole = ms(d);
+            if d.subsec_nanos() % 1_000_000 == 0 {
+                -whole
+            } else {
+                -whole - 1
+            }
+        }
+    }
 }
 
 /// The instant `ms` milliseconds after the Unix epoch.
@@ -386,6 +406,14 @@ mod tests {
             assert_eq!(epoch_ms(system_time_ms(ms)), ms);
             assert_eq!(format_time_ms(system_time_ms(ms)), format_time_of_ms(ms));
         }
+        // Past 2262 (ext4 holds times to 2446): exact, not saturated.
+        use std::time::Duration;
+        let far = std::time::UNIX_EPOCH + Duration::from_secs(15_032_385_535);
+        assert_eq!(epoch_ms(far), 15_032_385_535_000);
+        assert_eq!(format_time_ms(far), "24460510223855");
+        // Before the epoch, rounded toward the past.
+        let before = std::time::UNIX_EPOCH - Duration::from_micros(1500);
+        assert_eq!(epoch_ms(before), -2);
         // To the remote side's precision.
         assert!(same_time(1_700_000_000_596, 1_700_000_000_000));
         assert!(!same_time(1_700_000_001_000, 1_700_000_000_000));
