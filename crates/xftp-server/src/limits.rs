@@ -14,20 +14,82 @@ const PRUNE_AT: usize = 10_000;
 /// Failed logins per client address: after `max` failures within
 /// `window`, the address waits out the rest of `window` from its last
 /// failure before it may log in again.
+///
+/// Failures are kept per login name: a successful login clears its own
+/// name's, not those of other names from the address (one account's
+/// login must not reset the count of guesses at another's). Passwords
+/// being checked count against the limit while they are checked, so that
+/// guesses sent at once cannot all be checked before the first failure
+/// is counted; an attempt past the limit *waits* for one to settle rather
+/// than being refused, so that correct logins sent at once (a tree's
+/// sessions) are never taken for guesses.
 #[derive(Debug)]
 pub struct LoginThrottle {
     max: u32,
     window: Duration,
     map: Mutex<HashMap<IpAddr, Failures>>,
-    /// Serializes [`LoginThrottle::attempt`]'s check and count.
-    gate: Mutex<()>,
+    /// An attempt settled: waiting ones look again.
+    settled: tokio::sync::Notify,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Failures {
-    count: u32,
+    /// Failures per login name.
+    names: HashMap<String, u32>,
+    /// Passwords being checked now.
+    pending: u32,
     first: Instant,
     last: Instant,
+}
+
+impl Failures {
+    fn new(now: Instant) -> Failures {
+        Failures {
+            names: HashMap::new(),
+            pending: 0,
+            first: now,
+            last: now,
+        }
+    }
+
+    fn count(&self) -> u32 {
+        self.names.values().sum()
+    }
+}
+
+/// A password being checked ([`LoginThrottle::attempt`]): settled with
+/// [`Pending::failed`] or [`Pending::succeeded`]; dropped unsettled (the
+/// session ended during the check), it counts as a failure.
+#[derive(Debug)]
+pub struct Pending<'a> {
+    t: &'a LoginThrottle,
+    ip: IpAddr,
+    name: String,
+    done: bool,
+}
+
+impl Pending<'_> {
+    /// The password was wrong; returns the wait if the address is now
+    /// locked out.
+    pub fn failed(mut self, now: Instant) -> Option<Duration> {
+        self.done = true;
+        self.t.settle(self.ip, &self.name, now, false);
+        self.t.locked(self.ip, now)
+    }
+
+    /// The password was right: this name's failures are cleared.
+    pub fn succeeded(mut self) {
+        self.done = true;
+        self.t.settle(self.ip, &self.name, Instant::now(), true);
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.t.settle(self.ip, &self.name, Instant::now(), false);
+        }
+    }
 }
 
 impl LoginThrottle {
@@ -37,22 +99,93 @@ impl LoginThrottle {
             max,
             window,
             map: Mutex::new(HashMap::new()),
-            gate: Mutex::new(()),
+            settled: tokio::sync::Notify::new(),
         }
     }
 
-    /// A password about to be checked: refused (the wait) if `ip` is
-    /// locked out, else counted as a failure now, before the check, so
-    /// that guesses sent at once cannot all be checked before the first
-    /// failure is counted. A login that succeeds clears the count
-    /// ([`LoginThrottle::succeeded`]).
-    pub fn attempt(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
-        let _g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(wait) = self.locked(ip, now) {
-            return Err(wait);
+    /// A password for `name` about to be checked: refused (the wait) if
+    /// `ip` is locked out; waits while the failures and the checks in
+    /// flight already reach the limit.
+    pub async fn attempt(&self, ip: IpAddr, name: &str) -> Result<Pending<'_>, Duration> {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if let Some(p) = self.try_attempt(ip, name, Instant::now())? {
+                return Ok(p);
+            }
+            settled.await;
         }
-        self.failed(ip, now);
-        Ok(())
+    }
+
+    /// [`LoginThrottle::attempt`] without waiting: `Ok(None)` where it
+    /// would wait.
+    pub fn try_attempt(
+        &self,
+        ip: IpAddr,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<Pending<'_>>, Duration> {
+        let ip = ip.to_canonical();
+        let mut m = self.lock();
+        if m.len() >= PRUNE_AT {
+            let w = self.window;
+            m.retain(|_, f| f.pending > 0 || now.saturating_duration_since(f.last) < w);
+        }
+        let f = m.entry(ip).or_insert_with(|| Failures::new(now));
+        self.forget_old(f, now);
+        if self.max > 0 {
+            let until = f.last + self.window;
+            if f.count() >= self.max && now < until {
+                return Err(until - now);
+            }
+            if f.pending > 0 && f.count() + f.pending >= self.max {
+                return Ok(None);
+            }
+        }
+        f.pending += 1;
+        Ok(Some(Pending {
+            t: self,
+            ip,
+            name: name.to_owned(),
+            done: false,
+        }))
+    }
+
+    /// Failures older than the window are forgotten, and so is a lockout
+    /// once waited out: one mistyped password after it is one failure,
+    /// not another lockout.
+    fn forget_old(&self, f: &mut Failures, now: Instant) {
+        let locked = f.count() >= self.max.max(1);
+        let since = if locked { f.last } else { f.first };
+        if now.saturating_duration_since(since) >= self.window {
+            f.names.clear();
+            f.first = now;
+            f.last = now;
+        }
+    }
+
+    fn settle(&self, ip: IpAddr, name: &str, now: Instant, ok: bool) {
+        {
+            let mut m = self.lock();
+            if let Some(f) = m.get_mut(&ip) {
+                f.pending = f.pending.saturating_sub(1);
+                if ok {
+                    f.names.remove(name);
+                } else {
+                    self.forget_old(f, now);
+                    if f.names.is_empty() {
+                        f.first = now;
+                    }
+                    *f.names.entry(name.to_owned()).or_insert(0) += 1;
+                    f.last = now;
+                }
+                if f.names.is_empty() && f.pending == 0 {
+                    m.remove(&ip);
+                }
+            }
+        }
+        self.settled.notify_waiters();
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, Failures>> {
@@ -64,46 +197,24 @@ impl LoginThrottle {
         if self.max == 0 {
             return None;
         }
-        let f = *self.lock().get(&ip.to_canonical())?;
+        let m = self.lock();
+        let f = m.get(&ip.to_canonical())?;
         let until = f.last + self.window;
-        (f.count >= self.max && now < until).then(|| until - now)
+        (f.count() >= self.max && now < until).then(|| until - now)
     }
 
-    /// Count a failure; returns the wait if `ip` is now locked out.
-    pub fn failed(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+    /// Count a failure for `name` at once (no check in flight); returns
+    /// the wait if `ip` is now locked out.
+    #[cfg(test)]
+    pub fn failed(&self, ip: IpAddr, name: &str, now: Instant) -> Option<Duration> {
         let ip = ip.to_canonical();
         {
             let mut m = self.lock();
-            if m.len() >= PRUNE_AT {
-                let w = self.window;
-                m.retain(|_, f| now.saturating_duration_since(f.last) < w);
-            }
-            let f = m.entry(ip).or_insert(Failures {
-                count: 0,
-                first: now,
-                last: now,
-            });
-            // Failures older than the window are forgotten, and so is a
-            // lockout once waited out: one mistyped password after it is
-            // one failure, not another lockout.
-            let locked = f.count >= self.max.max(1);
-            let since = if locked { f.last } else { f.first };
-            if now.saturating_duration_since(since) >= self.window {
-                *f = Failures {
-                    count: 0,
-                    first: now,
-                    last: now,
-                };
-            }
-            f.count += 1;
-            f.last = now;
+            let f = m.entry(ip).or_insert_with(|| Failures::new(now));
+            f.pending += 1;
         }
+        self.settle(ip, name, now, false);
         self.locked(ip, now)
-    }
-
-    /// A successful login clears the address's failures.
-    pub fn succeeded(&self, ip: IpAddr) {
-        self.lock().remove(&ip.to_canonical());
     }
 }
 
@@ -226,9 +337,9 @@ mod tests {
         let t = LoginThrottle::new(3, Duration::from_secs(60));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let t0 = Instant::now();
-        assert_eq!(t.failed(a, t0), None);
-        assert_eq!(t.failed(a, t0 + Duration::from_secs(1)), None);
-        let w = t.failed(a, t0 + Duration::from_secs(2)).unwrap();
+        assert_eq!(t.failed(a, "u", t0), None);
+        assert_eq!(t.failed(a, "u", t0 + Duration::from_secs(1)), None);
+        let w = t.failed(a, "u", t0 + Duration::from_secs(2)).unwrap();
         assert_eq!(w, Duration::from_secs(60));
         // Another address is not affected.
         assert_eq!(t.locked(b, t0 + Duration::from_secs(3)), None);
@@ -236,22 +347,84 @@ mod tests {
         assert_eq!(t.locked(a, t0 + Duration::from_secs(62)), None);
         // A lockout waited out is forgotten: the next failure is one of
         // three again, not a new lockout.
-        assert_eq!(t.failed(a, t0 + Duration::from_secs(63)), None);
-        assert_eq!(t.failed(a, t0 + Duration::from_secs(64)), None);
-        assert!(t.failed(a, t0 + Duration::from_secs(65)).is_some());
+        assert_eq!(t.failed(a, "u", t0 + Duration::from_secs(63)), None);
+        assert_eq!(t.failed(a, "u", t0 + Duration::from_secs(64)), None);
+        assert!(t.failed(a, "u", t0 + Duration::from_secs(65)).is_some());
         // An IPv4-mapped IPv6 address is the same client.
-        t.failed(b, t0);
-        t.failed(b, t0);
+        t.failed(b, "u", t0);
+        t.failed(b, "u", t0);
         let mapped: IpAddr = "::ffff:10.0.0.2".parse().unwrap();
-        assert!(t.failed(mapped, t0).is_some());
+        assert!(t.failed(mapped, "u", t0).is_some());
         // Failures spread wider than the window never lock.
         let c: IpAddr = "10.0.0.3".parse().unwrap();
         for i in 0..10 {
-            assert_eq!(t.failed(c, t0 + Duration::from_secs(40 * i)), None, "{i}");
+            assert_eq!(
+                t.failed(c, "u", t0 + Duration::from_secs(40 * i)),
+                None,
+                "{i}"
+            );
         }
-        // A success clears.
-        t.succeeded(a);
-        assert_eq!(t.locked(a, t0 + Duration::from_secs(3)), None);
+    }
+
+    #[test]
+    fn guesses_sent_at_once_are_counted_before_they_are_checked() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60));
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        let now = Instant::now();
+        // Three in flight at once, none checked yet: the fourth waits
+        // (it is not refused: they may all be right).
+        let p: Vec<_> = (0..3)
+            .map(|_| t.try_attempt(ip, "u", now).unwrap().unwrap())
+            .collect();
+        assert!(t.try_attempt(ip, "u", now).unwrap().is_none());
+        // All three wrong: locked.
+        for x in p {
+            x.failed(now);
+        }
+        assert!(t.try_attempt(ip, "u", now).is_err());
+    }
+
+    #[test]
+    fn correct_logins_sent_at_once_are_never_locked_out() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60));
+        let ip: IpAddr = "192.0.2.10".parse().unwrap();
+        let now = Instant::now();
+        let mut held: Vec<_> = (0..3)
+            .map(|_| t.try_attempt(ip, "alice", now).unwrap().unwrap())
+            .collect();
+        // The fourth waits, then goes once one is found right.
+        assert!(t.try_attempt(ip, "alice", now).unwrap().is_none());
+        held.pop().unwrap().succeeded();
+        let p = t.try_attempt(ip, "alice", now).unwrap().unwrap();
+        p.succeeded();
+        for x in held {
+            x.succeeded();
+        }
+        assert_eq!(t.locked(ip, now), None);
+    }
+
+    #[test]
+    fn one_accounts_login_does_not_clear_guesses_at_another() {
+        let t = LoginThrottle::new(3, Duration::from_secs(60));
+        let ip: IpAddr = "192.0.2.11".parse().unwrap();
+        let now = Instant::now();
+        t.failed(ip, "alice", now);
+        t.failed(ip, "alice", now);
+        // bob (the guesser's own account) logs in: alice's two stay.
+        t.try_attempt(ip, "bob", now).unwrap().unwrap().succeeded();
+        assert!(t.failed(ip, "alice", now).is_some());
+        // A name's own success clears its own failures.
+        let u: IpAddr = "192.0.2.12".parse().unwrap();
+        t.failed(u, "carol", now);
+        t.failed(u, "carol", now);
+        t.try_attempt(u, "carol", now).unwrap().unwrap().succeeded();
+        assert_eq!(t.failed(u, "carol", now), None);
+        // A check dropped unsettled (the session gone) counts as failed.
+        let v: IpAddr = "192.0.2.13".parse().unwrap();
+        for _ in 0..3 {
+            drop(t.try_attempt(v, "dave", now).unwrap().unwrap());
+        }
+        assert!(t.locked(v, now).is_some());
     }
 
     #[test]
@@ -272,21 +445,6 @@ mod tests {
         // Always at least one.
         let mut s3 = b.claim(a);
         assert_eq!(s3.set(4, 12), 1);
-    }
-
-    #[test]
-    fn guesses_sent_at_once_are_counted_before_they_are_checked() {
-        let t = LoginThrottle::new(3, Duration::from_secs(60));
-        let ip: IpAddr = "192.0.2.9".parse().unwrap();
-        let now = Instant::now();
-        // Three in flight at once, none checked yet: the fourth waits.
-        for _ in 0..3 {
-            assert!(t.attempt(ip, now).is_ok());
-        }
-        assert!(t.attempt(ip, now).is_err());
-        // One of the three was right: the count is cleared.
-        t.succeeded(ip);
-        assert!(t.attempt(ip, now).is_ok());
     }
 
     #[test]

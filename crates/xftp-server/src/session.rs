@@ -805,26 +805,32 @@ impl Session {
             }
         };
         let ip = self.peer_ip();
-        // A named user's password is counted as a failure before it is
-        // checked (see `LoginThrottle::attempt`); an anonymous login is
-        // neither counted nor, when it succeeds, clears the count.
-        let now = std::time::Instant::now();
+        // A named user's password counts against the address's limit
+        // while it is checked (see `LoginThrottle::attempt`); an anonymous
+        // login is neither counted nor, when it succeeds, clears a count.
+        let shared = self.shared.clone();
         let gate = if anonymous {
-            self.shared.throttle.locked(ip, now).map_or(Ok(()), Err)
+            shared
+                .throttle
+                .locked(ip, std::time::Instant::now())
+                .map_or(Ok(None), Err)
         } else {
-            self.shared.throttle.attempt(ip, now)
+            shared.throttle.attempt(ip, &user).await.map(Some)
         };
-        if let Err(wait) = gate {
-            self.reply(
-                421,
-                format!(
-                    "Too many failed logins from your address; try again in {} s.",
-                    wait.as_secs().max(1)
-                ),
-            )
-            .await?;
-            return Ok(Flow::Quit);
-        }
+        let pending = match gate {
+            Ok(p) => p,
+            Err(wait) => {
+                self.reply(
+                    421,
+                    format!(
+                        "Too many failed logins from your address; try again in {} s.",
+                        wait.as_secs().max(1)
+                    ),
+                )
+                .await?;
+                return Ok(Flow::Quit);
+            }
+        };
         let grant = if anonymous {
             Some(crate::auth::Grant {
                 access: if self.cfg.anonymous_write {
@@ -848,6 +854,15 @@ impl Session {
         // A user with a home is confined to it: it becomes the session's
         // root. A home that is missing (or leads out of the served root)
         // refuses the login rather than serving the whole root.
+        // The password's verdict, for the address's count: right clears
+        // this name's failures (a missing home below is no guess).
+        if let Some(p) = pending {
+            if grant.is_some() {
+                p.succeeded();
+            } else if let Some(wait) = p.failed(std::time::Instant::now()) {
+                tracing::warn!(peer = %self.peer, "address locked out for {} s after repeated failed logins", wait.as_secs());
+            }
+        }
         let grant = match grant {
             Some(g) => match &g.home {
                 None => Some((g.access, self.cfg.root.clone())),
@@ -867,9 +882,6 @@ impl Session {
             Some((access, root)) => {
                 self.root = root;
                 self.cwd = VPath::root();
-                if !anonymous {
-                    self.shared.throttle.succeeded(ip);
-                }
                 let mode = match access {
                     Access::ReadOnly => "read-only",
                     Access::ReadWrite => "read-write",
@@ -887,7 +899,6 @@ impl Session {
                 // Slow down password guessing.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 if let Some(wait) = self.shared.throttle.locked(ip, std::time::Instant::now()) {
-                    tracing::warn!(peer = %self.peer, "address locked out for {} s after repeated failed logins", wait.as_secs());
                     self.reply(
                         421,
                         format!(

@@ -254,6 +254,52 @@ fn failed_logins_lock_the_address_out_for_the_window() {
     assert!(c.login("alice", "right").starts_with("230"));
 }
 
+/// Correct logins sent at once (a tree's sessions, a mirror's) are never
+/// taken for guesses, however many; and one account's login does not
+/// clear the failures counted against another's name from the address.
+#[test]
+fn logins_at_once_pass_and_one_accounts_login_does_not_clear_guesses_at_another() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = tempfile::tempdir().unwrap();
+    let users = cfg.path().join("users.txt");
+    useradd(&users, "alice", "alicepw", &[]);
+    useradd(&users, "bob", "bobpw", &["--read-only"]);
+    let srv = serve(
+        root.path(),
+        &[
+            "--users",
+            users.to_str().unwrap(),
+            "--login-failures",
+            "3",
+            "--login-window",
+            "30",
+        ],
+        None,
+    );
+    let port = srv.port;
+    let at_once: Vec<_> = (0..10)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut c, _) = Ctl::open(port);
+                c.login("alice", "alicepw")
+            })
+        })
+        .collect();
+    for t in at_once {
+        let r = t.join().unwrap();
+        assert!(r.starts_with("230"), "{r}");
+    }
+    // Two guesses at alice, bob's own login, a third guess: locked.
+    let (mut c, _) = Ctl::open(port);
+    assert!(c.login("alice", "guess1").starts_with("530"));
+    assert!(c.login("alice", "guess2").starts_with("530"));
+    let (mut b, _) = Ctl::open(port);
+    assert!(b.login("bob", "bobpw").starts_with("230"));
+    let (mut c, _) = Ctl::open(port);
+    let r = c.login("alice", "guess3");
+    assert!(r.starts_with("421") && r.contains("failed logins"), "{r}");
+}
+
 #[test]
 fn no_password_reaches_the_log_at_trace_level() {
     let root = tempfile::tempdir().unwrap();
