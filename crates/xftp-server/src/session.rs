@@ -1014,10 +1014,13 @@ impl Session {
     /// unread tickets make its kernel reset the connection at close).
     fn data_tls(&self, sending: bool) -> Option<DataTls> {
         use xftp_tls::server::Proof;
-        let proof = match (self.cfg.tls_require_reuse, self.bind_token) {
-            (false, _) => Proof::None,
-            (true, Some(t)) => Proof::Token(t),
-            (true, None) => Proof::Resume,
+        // A client that negotiated OPTS TLS BIND sends its token first on
+        // every data connection, also where no proof is required
+        // (--tls-allow-fresh-data): read, or it would be taken for data.
+        let proof = match (self.bind_token, self.cfg.tls_require_reuse) {
+            (Some(t), _) => Proof::Token(t),
+            (None, true) => Proof::Resume,
+            (None, false) => Proof::None,
         };
         match (&self.tls, self.prot_private) {
             (Some(tls), true) => Some(DataTls {

@@ -452,6 +452,20 @@ fn python_ftplib_prot_p_with_and_without_session_reuse() {
         );
         assert_eq!(sha256_file(&root.path().join("py.bin")), sha256_file(&src));
     }
+    // xftp's own client binds its data connections with a token (OPTS TLS
+    // BIND): the lax server reads it too, not as the upload's first bytes.
+    for n in ["1", "4"] {
+        let up = format!("ftpes://localhost:{}/lax{n}.bin", lax.port);
+        ok(
+            xftp(&["put", "--cacert", s(&pki.cert), "-p", n, s(&src), &up]),
+            "put to a lax server",
+        );
+        assert_eq!(
+            sha256_file(&root.path().join(format!("lax{n}.bin"))),
+            sha256_file(&src),
+            "-p {n}"
+        );
+    }
 }
 
 #[test]
