@@ -407,6 +407,26 @@ fn cache_is_written_and_the_next_transfer_starts_from_it() {
         (&0.into(), &0.0.into()),
         "{cached}"
     );
+    // So does one too small to tell (its rate is the handshakes', its
+    // count whatever it started with): several of them must not outvote
+    // the transfer that measured the path.
+    std::fs::write(d.srv.join("tiny.txt"), b"hello\n").unwrap();
+    let tiny = format!("ftp://127.0.0.1:{}/tiny.txt", srv.port);
+    for i in 0..3 {
+        let name = format!("t{i}.txt");
+        json_ok(
+            &xftp(&d, &["get", &tiny, &name, "-p", "1", "--json"]),
+            "get tiny",
+        );
+    }
+    let cached: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let recs = cached[&key].as_array().unwrap();
+    assert!(
+        recs[2..]
+            .iter()
+            .all(|r| r["streams"] == 0 && r["throughput_bps"] == 0.0),
+        "{cached}"
+    );
     let j = json_ok(&xftp(&d, &["get", &url, "c2.bin", "--json"]), "get auto");
     let t = &j["streams_timeline"];
     assert_eq!(t["start"], 3, "{t}");

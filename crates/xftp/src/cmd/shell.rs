@@ -45,9 +45,6 @@ const MAX_MULT: u32 = 64;
 /// How long cached path records seed the automatic mode (as get and put).
 const CACHE_AGE: Duration = Duration::from_secs(24 * 3600);
 
-/// Smallest transfer the shell adds to the path cache.
-const RECORD_MIN_BYTES: u64 = 1 << 20;
-
 /// What a command says when there is no session.
 const NOT_CONNECTED: &str = "not connected — open a server first: open ftp://host/";
 
@@ -1418,7 +1415,11 @@ impl Shell {
         // Not for the small files of an mget or mput: their rate and
         // count say little of the path, and each record rewrites the
         // cache file.
-        if let Some(t) = r.timeline.as_ref().filter(|_| r.bytes >= RECORD_MIN_BYTES) {
+        if let Some(t) = r
+            .timeline
+            .as_ref()
+            .filter(|_| r.bytes >= super::transfer::RECORD_MIN_BYTES)
+        {
             let rec = PathRecord {
                 when: xftp_tune::cache::now_secs(),
                 rtt_us: t.rtt_floor_us.unwrap_or(0),

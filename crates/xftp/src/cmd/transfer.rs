@@ -1100,6 +1100,13 @@ pub fn load_cache() -> Option<Cache> {
     Cache::default_path().map(|p| Cache::load(&p))
 }
 
+/// Smallest transfer whose count and rate go into the path cache: a
+/// smaller one is over in a few round trips, its rate is the handshakes'
+/// and its count whatever it started with (five gets of a 6-byte file at
+/// one connection outvoted two of 5 MB at one and one at eight). Its RTT
+/// is kept.
+pub const RECORD_MIN_BYTES: u64 = 1 << 20;
+
 /// Add a transfer's record to the parameter cache (a failure to save is
 /// a warning; no cache directory known, nothing).
 pub fn record_path(dest: &str, rec: PathRecord) {
@@ -1127,10 +1134,10 @@ fn conclude(
     }
     if let Some(t) = &r.timeline {
         let secs = r.elapsed.as_secs_f64();
-        // Held back by --limit-rate: the RTT only, as `xftp probe` records
-        // (no count, no rate), so that no later `-p auto` starts from a
-        // count chosen under a limit.
-        let limited = client.rate_limited();
+        // Held back by --limit-rate, or too small to tell: the RTT only,
+        // as `xftp probe` records (no count, no rate), so that no later
+        // `-p auto` starts from a count chosen under a limit or by chance.
+        let limited = client.rate_limited() || r.bytes < RECORD_MIN_BYTES;
         let rec = PathRecord {
             when: xftp_tune::cache::now_secs(),
             rtt_us: t.rtt_floor_us.unwrap_or(0),
