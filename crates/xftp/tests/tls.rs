@@ -226,6 +226,13 @@ fn required_tls_refuses_clear_text_with_reasons() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ftpes://"), "{err}");
     assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+    // So is `xftp probe`.
+    let out = xftp(&["probe", &format!("ftp://127.0.0.1:{}/", srv.port)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("use ftpes://"),
+        "{err}"
+    );
     // PROT C under TLS is refused (534), and a transfer before PROT P gets
     // 521 (Python's ftplib: AUTH TLS, login, no prot_p()).
     if !have("python3") {

@@ -105,10 +105,12 @@ pub async fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
 async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
     let url = FtpUrl::parse(&a.url)?;
     let mut client = session(&url, &a.common, None, None, None).await?;
-    let feat = client
-        .features()
-        .await
-        .with_context(|| format!("logging in to {}", url.authority()))?;
+    // The login's refusal in the words `get` gives it (a server that
+    // requires TLS: use ftpes://).
+    let feat = client.features().await.map_err(|e| {
+        super::transfer::explain(e, super::transfer::Op::Ls, &url)
+            .context(format!("logging in to {}", url.authority()))
+    })?;
     print_notices(&mut client);
     let mut noops = Vec::with_capacity(NOOPS);
     for _ in 0..NOOPS {

@@ -729,7 +729,7 @@ fn explain_resumable(
 
 /// Which command failed: the hint depends on it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Get,
     Put,
     Ls,
@@ -1509,7 +1509,7 @@ fn login_hint(e: &ClientError, url: &FtpUrl) -> Option<&'static str> {
 }
 
 /// Attach the likely fix to an error.
-fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
+pub(crate) fn explain(e: ClientError, op: Op, url: &FtpUrl) -> anyhow::Error {
     let short = short_if_transient(&e);
     mark(explain_noting(e, op, url, true), short)
 }
