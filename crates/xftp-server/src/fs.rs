@@ -18,7 +18,7 @@ pub enum FsError {
     #[error("No such file or directory")]
     NotFound,
     /// The path resolves outside the root through a symbolic link (550).
-    #[error("Permission denied (outside the served root)")]
+    #[error("Permission denied (outside the served root, or the login's home)")]
     Outside,
     /// A symbolic link to nothing where a file would be written through
     /// it (553): where it leads cannot be checked before it exists.
