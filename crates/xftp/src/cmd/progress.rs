@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{DecimalBytes, HumanDuration, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -181,15 +181,16 @@ async fn run(p: Arc<Progress>, mode: Mode, seen: u64, mut stop: oneshot::Receive
 
 fn style(total: Option<u64>) -> ProgressStyle {
     let t = match total {
-        Some(_) => "{bytes}/{total_bytes} [{bar:30}] {percent:>3}% {msg}",
-        None => "{spinner} {bytes} {msg}",
+        Some(_) => "{decimal_bytes}/{decimal_total_bytes} [{bar:30}] {percent:>3}% {msg}",
+        None => "{spinner} {decimal_bytes} {msg}",
     };
     ProgressStyle::with_template(t)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ")
 }
 
-/// "12.3 MiB/s, ETA 0:42, 4 streams", with `-v` each stream's rate; rates
+/// "12.3 MB/s, ETA 0:42, 4 streams" (decimal units, as the summary line),
+/// with `-v` each stream's rate; rates
 /// over the last second (indicatif's own estimate starts from the bar's
 /// creation, before the first byte, and overshoots).
 fn message(s: &Snapshot, per_stream: bool, window: &[(Instant, Vec<u64>)]) -> String {
@@ -207,7 +208,7 @@ fn message(s: &Snapshot, per_stream: bool, window: &[(Instant, Vec<u64>)]) -> St
                 .sum()
         };
         let rate = moved(first, last) as f64 / dt;
-        m.push_str(&format!("{}/s", HumanBytes(rate as u64)));
+        m.push_str(&format!("{}/s", DecimalBytes(rate as u64)));
         if let Some(total) = s.total {
             if rate > 0.0 {
                 let left = total.saturating_sub(s.bytes) as f64 / rate;
@@ -224,14 +225,11 @@ fn message(s: &Snapshot, per_stream: bool, window: &[(Instant, Vec<u64>)]) -> St
                 .enumerate()
                 .map(|(i, b)| {
                     let a = first.get(i).copied().unwrap_or(0);
-                    format!(
-                        "{:.1}",
-                        b.saturating_sub(a) as f64 / dt / (1u64 << 20) as f64
-                    )
+                    format!("{:.1}", b.saturating_sub(a) as f64 / dt / 1e6)
                 })
                 .collect();
             m.push_str(&format!(
-                "{} stream{} [MiB/s: {}]",
+                "{} stream{} [MB/s: {}]",
                 s.active,
                 if s.active == 1 { "" } else { "s" },
                 rates.join(" ")
