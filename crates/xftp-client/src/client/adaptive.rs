@@ -490,7 +490,13 @@ impl Client {
                     if let Some((p, at)) = pending.front() {
                         if at.elapsed() > reply_timeout {
                             return Err(ClientError::Timeout {
-                                what: format!("a reply to {p:?} during the transfer"),
+                                what: format!(
+                                    "a reply to {} during the transfer",
+                                    match p {
+                                        Pending::Stat => "STAT".to_owned(),
+                                        Pending::Mult(n) => format!("MULT {n}"),
+                                    }
+                                ),
                                 after: reply_timeout,
                             });
                         }

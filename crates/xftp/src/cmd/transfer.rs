@@ -1615,6 +1615,12 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
                 if matches!(op, Op::Get | Op::Put) { " with -c" } else { "" }
             ))
         }
+        // The server stopped answering mid-transfer (the path or the host
+        // went away): no data-connection mode would help.
+        ClientError::Timeout { what, .. } if what.contains("during the transfer") => Some(format!(
+            "the server stopped answering during the transfer (the path or the host went away){nk}; raise --timeout, or run it again{}",
+            if matches!(op, Op::Get | Op::Put) { " with -c" } else { "" }
+        )),
         ClientError::Timeout { .. } if e.at_login() => Some(
             "the server greeted, then stopped answering at the login: it may be overloaded, or the path stalled; raise --timeout, or try again later"
                 .into(),
@@ -1784,6 +1790,22 @@ mod tests {
         let m = format!("{:#}", explain(e, Op::Put, &url));
         assert!(
             m.contains("another upload of the same file") && !m.contains("--active"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_server_silent_mid_transfer_is_not_told_to_try_active() {
+        let url = FtpUrl::parse("ftp://h:2121/f").unwrap();
+        let e = ClientError::Timeout {
+            what: "a reply to STAT during the transfer".into(),
+            after: Duration::from_secs(8),
+        };
+        let m = format!("{:#}", explain(e, Op::Get, &url));
+        assert!(
+            m.contains("stopped answering during the transfer")
+                && m.contains("with -c")
+                && !m.contains("--active"),
             "{m}"
         );
     }
