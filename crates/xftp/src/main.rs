@@ -128,8 +128,12 @@ fn main() -> ExitCode {
         Command::Put(a) => a.json(),
         Command::Ls(a) => a.json(),
         Command::Probe(a) => a.json(),
+        Command::Send(a) => a.ep.json,
+        Command::Recv(a) => a.ep.json,
         _ => false,
     };
+    // The pipe's summary goes to stderr, with its own fields.
+    let pipe = matches!(&cli.command, Command::Send(_) | Command::Recv(_));
     // An upload stopped by a signal first cleans up on the server: a stock
     // server keeps what came of a cut upload under the file's name.
     let graceful = matches!(&cli.command, Command::Put(_));
@@ -175,7 +179,9 @@ fn main() -> ExitCode {
                     None if graceful => {}
                     None => eprintln!("xftp: interrupted ({name})"),
                 }
-                if json {
+                if json && pipe {
+                    cmd::pipe::print_interrupted(name, start.elapsed());
+                } else if json {
                     cmd::transfer::print_interrupted(name, start.elapsed());
                 }
                 (Ok(ExitCode::from(code)), true)

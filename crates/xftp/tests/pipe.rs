@@ -160,6 +160,42 @@ fn killed_sender_makes_recv_fail() {
     assert_eq!(json_of(&t)["status"], "error");
 }
 
+/// A receiver stopped by a signal mid-stream still prints its `--json`
+/// summary (status error, the bytes written out until then), as get and
+/// put do, and exits 128 + the signal.
+#[test]
+fn a_signal_still_gets_the_json_summary() {
+    let (mut recv, addr, mut rerr) = listen("recv", &[], Stdio::null());
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut sin = send.stdin.take().unwrap();
+    sin.write_all(&data(1024 * 1024)).unwrap();
+    let mut out = recv.stdout.take().unwrap();
+    let mut first = vec![0u8; 1024 * 1024];
+    out.read_exact(&mut first).unwrap();
+    let st = Command::new("kill")
+        .args(["-INT", &recv.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = recv.wait().unwrap().code();
+    let mut t = String::new();
+    rerr.read_to_string(&mut t).unwrap();
+    drop(sin);
+    let _ = send.kill();
+    let _ = send.wait();
+    assert_eq!(code, Some(130), "{t}");
+    let j = json_of(&t);
+    assert_eq!(j["status"], "error", "{t}");
+    assert_eq!(j["error"], "interrupted (SIGINT)", "{t}");
+    assert_eq!(j["bytes"], 1024 * 1024, "{t}");
+}
+
 #[test]
 fn nobody_listening_is_an_error() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -155,6 +155,32 @@ async fn open(ep: &Endpoint) -> anyhow::Result<PsockStream> {
     }
 }
 
+/// Bytes this run has moved so far, for the summary of a run a signal
+/// stops ([`print_interrupted`]).
+static MOVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// With `--json`, the summary of a run a signal stopped (SIGINT,
+/// SIGTERM): status `error`, the bytes moved until then.
+pub fn print_interrupted(why: &str, total: std::time::Duration) {
+    let bytes = MOVED.load(std::sync::atomic::Ordering::Relaxed);
+    let seconds = total.as_secs_f64();
+    let s = Summary {
+        status: "error",
+        bytes,
+        seconds,
+        throughput_bps: if seconds > 0.0 {
+            bytes as f64 / seconds
+        } else {
+            0.0
+        },
+        error: Some(format!("interrupted ({why})")),
+        ..Summary::default()
+    };
+    if let Ok(line) = serde_json::to_string(&s) {
+        eprintln!("{line}");
+    }
+}
+
 /// Copy `r` to `w` until end of input, counting bytes.
 async fn pump<R, W>(r: &mut R, w: &mut W, count: &mut u64) -> std::io::Result<()>
 where
@@ -183,6 +209,7 @@ where
         w.write_all(&buf[..n]).await?;
         unflushed = true;
         *count += n as u64;
+        MOVED.store(*count, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -354,6 +381,7 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
                 .await
                 .context("writing stdout")?;
             bytes += n as u64;
+            MOVED.store(bytes, std::sync::atomic::Ordering::Relaxed);
             pump(s, &mut stdout, &mut bytes)
                 .await
                 .map_err(peer_error)
