@@ -819,17 +819,7 @@ impl Session {
         };
         let pending = match gate {
             Ok(p) => p,
-            Err(wait) => {
-                self.reply(
-                    421,
-                    format!(
-                        "Too many failed logins from your address; try again in {} s.",
-                        wait.as_secs().max(1)
-                    ),
-                )
-                .await?;
-                return Ok(Flow::Quit);
-            }
+            Err(wait) => return self.locked_out(wait).await,
         };
         let grant = if anonymous {
             Some(crate::auth::Grant {
@@ -899,15 +889,7 @@ impl Session {
                 // Slow down password guessing.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 if let Some(wait) = self.shared.throttle.locked(ip, std::time::Instant::now()) {
-                    self.reply(
-                        421,
-                        format!(
-                            "Too many failed logins from your address; try again in {} s.",
-                            wait.as_secs().max(1)
-                        ),
-                    )
-                    .await?;
-                    return Ok(Flow::Quit);
+                    return self.locked_out(wait).await;
                 }
                 if self.failures >= MAX_LOGIN_FAILURES {
                     self.reply(421, "Too many failed logins, closing connection.")
@@ -1553,6 +1535,20 @@ impl Session {
             Ok(Err(e)) => Err((550, io_said(v, &e))),
             Err(e) => Err((451, format!("checksum failed: {e}."))),
         }
+    }
+
+    /// The address is locked out for `wait` more: 421, and the session
+    /// ends.
+    async fn locked_out(&mut self, wait: Duration) -> std::io::Result<Flow> {
+        self.reply(
+            421,
+            format!(
+                "Too many failed logins from your address; try again in {} s.",
+                wait.as_secs().max(1)
+            ),
+        )
+        .await?;
+        Ok(Flow::Quit)
     }
 
     /// MFMT: set a file's or a directory's modification time (a copied
