@@ -981,15 +981,7 @@ impl Client {
                 .recv_plain_file(&c_retr, conns, &mut file, tmp.path(), count)
                 .await?;
             self.expect_complete(&c_retr).await?;
-            if let Some(was) = before {
-                let now = self.mdtm(remote).await?;
-                if now.as_ref().is_some_and(|t| *t != was) {
-                    return Err(ClientError::ChangedDuring {
-                        was: format!("modified {was}"),
-                        now: format!("modified {}", now.unwrap_or_default()),
-                    });
-                }
-            }
+            self.unchanged_since(remote, before).await?;
             vec![got]
         } else {
             let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
@@ -1371,6 +1363,29 @@ impl Client {
         self.send(&[&c]).await?;
         let r = self.ctl.read_reply().await?;
         Ok((r.code == 213).then(|| reply_text(&r).trim().to_owned()))
+    }
+
+    /// After a download from a server that does not fail one whose file is
+    /// written meanwhile: the file's time now against `was` (its MDTM
+    /// before, if it gave one). A file rewritten during the transfer gave
+    /// a copy of two versions: [`ClientError::ChangedDuring`].
+    async fn unchanged_since(&mut self, remote: &str, was: Option<String>) -> Result<()> {
+        let Some(was) = was else {
+            return Ok(());
+        };
+        match self.mdtm(remote).await? {
+            Some(now) if now != was => Err(ClientError::ChangedDuring {
+                was: format!("modified {was}"),
+                now: format!("modified {now}"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether MFMT may carry milliseconds: an xftp server (it lists MULT)
+    /// takes them; a stock server may refuse a fraction (pyftpdlib does).
+    pub(crate) async fn mfmt_fraction(&mut self) -> Result<bool> {
+        Ok(self.features().await?.mult)
     }
 
     /// Upload `local` to `remote`. The bytes sent must equal the local
@@ -2537,7 +2552,7 @@ impl Client {
     /// MULT, else to the second); `Ok(false)` when the server refuses or
     /// does not know MFMT.
     pub async fn mfmt(&mut self, path: &str, ms: i64) -> Result<bool> {
-        let fraction = self.features().await?.mult;
+        let fraction = self.mfmt_fraction().await?;
         self.accepted(mfmt_cmd(path, ms, fraction), 213).await
     }
 
@@ -2553,7 +2568,7 @@ impl Client {
         items: &[(String, Option<i64>, Option<u32>)],
     ) -> Result<()> {
         let (mut mfmt, mut chmod) = (true, true);
-        let fraction = self.features().await?.mult;
+        let fraction = self.mfmt_fraction().await?;
         for chunk in items.chunks(32) {
             let mut cmds = Vec::with_capacity(2 * chunk.len());
             for (path, t, m) in chunk {
@@ -2754,15 +2769,7 @@ impl Client {
         let (report, expected) = self
             .recv_gridftp(remote, Arc::new(file), None, Some(&c_size), None, n)
             .await?;
-        if let Some(was) = was {
-            let now = self.mdtm(remote).await?;
-            if now.as_ref().is_some_and(|t| *t != was) {
-                return Err(ClientError::ChangedDuring {
-                    was: format!("modified {was}"),
-                    now: format!("modified {}", now.unwrap_or_default()),
-                });
-            }
-        }
+        self.unchanged_since(remote, was).await?;
         let per_stream: Vec<u64> = report.streams.iter().map(|s| s.bytes).collect();
         let timeline = adaptive::timeline(
             n,

@@ -5,7 +5,7 @@
 //! on the server. Kill times come from a seed printed at the start
 //! (`XFTP_RESUME_SEED=N` repeats a run).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -98,11 +98,7 @@ fn resumed_less_than_all(out: &Output, p: &str) {
 #[test]
 fn killed_downloads_resume_to_the_whole_file() {
     let mut rng = seed() | 1;
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&root.join("f.bin"), SIZE, 42);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
@@ -129,11 +125,7 @@ fn killed_downloads_resume_to_the_whole_file() {
 
 #[test]
 fn a_finished_resumable_download_is_not_fetched_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&root.join("f.bin"), 3_000_017, 9);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/f.bin", srv.port);
@@ -202,6 +194,17 @@ fn a_finished_resumable_download_is_not_fetched_again() {
     assert!(leftovers(&local).is_empty(), "{:?}", leftovers(&local));
 }
 
+/// A test's directory, with `root` (served) and `local` (the client's)
+/// made in it.
+fn root_and_local() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let local = dir.path().join("local");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&local).unwrap();
+    (dir, root, local)
+}
+
 /// Milliseconds since the epoch.
 fn ms(t: std::time::SystemTime) -> u128 {
     t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
@@ -225,11 +228,7 @@ fn old_time() -> std::time::SystemTime {
 
 #[test]
 fn a_finished_resumable_upload_is_not_sent_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&local.join("u.bin"), 2_500_003, 11);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/u.bin", srv.port);
@@ -297,11 +296,7 @@ fn a_finished_resumable_upload_is_not_sent_again() {
 
 #[test]
 fn a_changed_source_is_refused_and_the_partial_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&root.join("g.bin"), SIZE, 7);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/g.bin", srv.port);
@@ -360,11 +355,7 @@ fn a_changed_source_is_refused_and_the_partial_kept() {
 
 #[test]
 fn a_server_killed_mid_transfer_is_resumed_after_its_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&root.join("h.bin"), SIZE, 9);
     let mut srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/h.bin", srv.port);
@@ -439,11 +430,7 @@ fn rest_with_ranges_on_the_server() {
 #[test]
 fn killed_uploads_resume_to_the_whole_file() {
     let mut rng = seed() | 1;
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&local.join("u.bin"), SIZE, 43);
     let srv = serve(&root, &[]);
     for p in ["4", "1", "auto"] {
@@ -471,11 +458,7 @@ fn killed_uploads_resume_to_the_whole_file() {
 
 #[test]
 fn a_changed_local_file_is_not_spliced_into_an_upload() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&local.join("v.bin"), SIZE, 44);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/v.bin", srv.port);
@@ -526,11 +509,7 @@ fn a_source_rewritten_within_the_same_second_is_not_spliced() {
     // Size and time to the second are the same before and after; the
     // milliseconds differ (the server's MDTM has them, the upload's
     // record has the local file's nanoseconds).
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     let srv = serve(&root, &[]);
     // A download.
     write_prng_file(&root.join("g.bin"), SIZE, 7);
@@ -899,11 +878,7 @@ fn a_refused_resumable_transfer_does_not_promise_a_partial() {
 
 #[test]
 fn a_partial_that_is_too_long_or_wrong_never_goes_into_place() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     let len: u64 = 1_000_003;
     write_prng_file(&root.join("f.bin"), len, 21);
     set_time(&root.join("f.bin"), old_time());
@@ -950,11 +925,7 @@ fn a_partial_that_is_too_long_or_wrong_never_goes_into_place() {
 
 #[test]
 fn a_servers_partial_longer_than_the_file_is_cut_when_the_upload_resumes() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     write_prng_file(&local.join("w.bin"), SIZE, 46);
     let srv = serve(&root, &[]);
     let url = format!("ftp://127.0.0.1:{}/w.bin", srv.port);
@@ -1066,11 +1037,7 @@ fn trees_tell_a_file_rewritten_within_the_same_second() {
 /// version's partial (with its record) does not stay behind for good.
 #[test]
 fn an_empty_file_put_with_c_removes_an_earlier_versions_partial() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     let srv = serve(&root, &[]);
     write_prng_file(&local.join("z.bin"), SIZE, 31);
     let url = format!("ftp://127.0.0.1:{}/z.bin", srv.port);
@@ -1090,11 +1057,7 @@ fn an_empty_file_put_with_c_removes_an_earlier_versions_partial() {
 /// under the same local name, is not resumed into a splice of the two.
 #[test]
 fn another_file_of_the_same_size_and_time_is_not_spliced_into_an_upload() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let local = dir.path().join("local");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&local).unwrap();
+    let (_dir, root, local) = root_and_local();
     let srv = serve(&root, &[]);
     let t = std::time::UNIX_EPOCH + Duration::from_secs(1_577_836_800);
     write_prng_file(&local.join("data.bin"), SIZE, 41);

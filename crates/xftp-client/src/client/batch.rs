@@ -446,8 +446,7 @@ impl Client {
         let [cur, up] = held;
         self.settle().await?;
         let (mut mfmt_ok, mut chmod_ok) = (true, true);
-        // Times to the millisecond for an xftp server (Client::mfmt).
-        let fraction = self.features().await?.mult;
+        let fraction = self.mfmt_fraction().await?;
         let mut conns: Option<Vec<Stream>> = None;
         // The STOR of `cur`, already sent over kept connections.
         let mut sent: Option<Cmd> = None;
