@@ -97,6 +97,13 @@ pub struct Observed {
     /// it held, and what its peer acknowledged but may not have read, is
     /// to be sent again ([`Books::lost`]).
     pub closed: bool,
+    /// Bytes wait to be sent and none are in flight: the peer's receive
+    /// window is closed (its reader is slow: a `--limit-rate`, a slow
+    /// disk). The connection waits for its receiver, not for the network,
+    /// so copies on other connections would only take the receiver's
+    /// reads from the records it still needs (the kernel's zero-window
+    /// probes back off as a timeout does).
+    pub held: bool,
 }
 
 impl Observed {
@@ -105,7 +112,9 @@ impl Observed {
     /// timeout or without an acknowledgement for longer than
     /// [`silence_limit`].
     pub fn waiting(&self) -> bool {
-        self.outq > 0 && (self.timed_out || self.since_ack.is_some_and(|a| a > silence_limit(self)))
+        self.outq > 0
+            && !self.held
+            && (self.timed_out || self.since_ack.is_some_and(|a| a > silence_limit(self)))
     }
 }
 
@@ -225,6 +234,10 @@ impl Books {
             b.acked = acked;
             b.progress_at = now;
         }
+        // Time held by the receiver is no silence of the network's.
+        if o.held {
+            b.progress_at = now;
+        }
         // The first count seen is a base, not progress.
         if let Some(p) = o.progress {
             if b.progress.is_some_and(|seen| p > seen) {
@@ -245,7 +258,7 @@ impl Books {
         b.pending
             .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
         let silent = now.saturating_sub(b.progress_at) > silence_limit(&o);
-        b.stuck = !b.pending.is_empty() && (o.timed_out || silent);
+        b.stuck = !b.pending.is_empty() && !o.held && (o.timed_out || silent);
     }
 
     /// Connection `idx` is gone (reset): nothing it carried counts as
@@ -359,6 +372,7 @@ mod tests {
             lossy: timed_out,
             progress: None,
             closed: false,
+            held: false,
         }
     }
 
@@ -410,6 +424,30 @@ mod tests {
         // And conn 0's records count as delivered by the other copy.
         b.observe(0, obs(2 * (H + 100), true), 80 * MS);
         assert!(!b.holds_undelivered(0));
+    }
+
+    /// A receiver that reads slowly (`--limit-rate`) closes its window:
+    /// the kernel probes it with a backoff, and nothing is acknowledged
+    /// for seconds. Copies elsewhere would only take its reads from the
+    /// records it still needs.
+    #[test]
+    fn a_connection_held_by_its_receivers_window_is_not_stuck() {
+        let mut b = Books::new(200, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        send(&mut b, 1, 100, 100, MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        let held = Observed {
+            held: true,
+            ..obs(H + 100, true)
+        };
+        assert!(!held.waiting());
+        b.observe(0, held, 5000 * MS);
+        assert_eq!(b.claim(1), None);
+        // The window opens: silence counts from then, not from the start.
+        b.observe(0, obs(H + 100, false), 5000 * MS + RTO / 2);
+        assert_eq!(b.claim(1), None);
+        b.observe(0, obs(H + 100, false), 5000 * MS + RTO + MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
     }
 
     #[test]

@@ -408,8 +408,16 @@ fn delivery(fd: std::os::fd::BorrowedFd<'_>) -> Option<Delivery> {
             .and_then(|b| b.try_into().ok())
             .map(u32::from_ne_bytes)
             .map(|ms| std::time::Duration::from_millis(u64::from(ms)));
+        // u32 tcpi_unacked (segments in flight) at byte 24: none while
+        // bytes wait means a closed receive window, as a timeout would
+        // have segments in flight to retransmit.
+        let unacked = info
+            .get(24..28)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes);
         Some(Delivery {
             outq,
+            held: outq > 0 && unacked == Some(0),
             timed_out: info[1] == TCP_CA_LOSS || info[4] > 0,
             rto: std::time::Duration::from_micros(u64::from(rto)),
             min_rtt,

@@ -1170,6 +1170,7 @@ impl xftp_stripe::Probe for WireProbe {
             lossy: stalled,
             progress: None,
             closed: self.0.closed.load(SeqCst),
+            held: false,
         })
     }
 }

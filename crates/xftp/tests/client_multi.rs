@@ -670,6 +670,41 @@ fn a_closed_stdout_does_not_stop_a_download() {
     );
 }
 
+/// `--limit-rate` on N connections: the client reads slowly, so the
+/// server's sockets wait on closed receive windows. That is no stuck
+/// connection: the endgame must not send their records again (the
+/// copies took the rate's budget: at 1 MB/s, 8 connections, 5 MB, 0.3 MB
+/// came twice and a 500 kB/s limit gave 84 % of it on 16), and the rate
+/// holds.
+#[test]
+fn a_rate_limited_download_gets_no_copies() {
+    let d = dirs();
+    write_prng_file(&d.srv.join("r.bin"), 4_000_000, 36);
+    let srv = serve(&d.srv, 16);
+    let url = format!("ftp://127.0.0.1:{}/r.bin", srv.port);
+    let j = json_ok(
+        &xftp(
+            &[
+                "get",
+                "-p",
+                "8",
+                "--limit-rate",
+                "1M",
+                "--json",
+                &url,
+                "r.bin",
+            ],
+            &d.local,
+        ),
+        "rate-limited get",
+    );
+    assert_eq!(j["bytes_received_twice"].as_u64().unwrap_or(0), 0, "{j}");
+    assert_eq!(
+        sha256_file(&d.local.join("r.bin")),
+        sha256_file(&d.srv.join("r.bin"))
+    );
+}
+
 /// `--json` gives one object on stdout also for a wrong command line.
 #[test]
 fn a_wrong_command_line_with_json_still_prints_one_object() {
