@@ -234,8 +234,11 @@ impl Books {
             b.acked = acked;
             b.progress_at = now;
         }
-        // Time held by the receiver is no silence of the network's.
-        if o.held {
+        // Time held by the receiver, or with nothing in the kernel (the
+        // record's write waits on our own side: `--limit-rate`, a slow
+        // read of the file), is no silence of the network's.
+        let network = !o.held && o.outq > 0;
+        if !network {
             b.progress_at = now;
         }
         // The first count seen is a base, not progress.
@@ -258,7 +261,7 @@ impl Books {
         b.pending
             .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
         let silent = now.saturating_sub(b.progress_at) > silence_limit(&o);
-        b.stuck = !b.pending.is_empty() && !o.held && (o.timed_out || silent);
+        b.stuck = !b.pending.is_empty() && network && (o.timed_out || silent);
     }
 
     /// Connection `idx` is gone (reset): nothing it carried counts as
@@ -448,6 +451,15 @@ mod tests {
         assert_eq!(b.claim(1), None);
         b.observe(0, obs(H + 100, false), 5000 * MS + RTO + MS);
         assert_eq!(b.claim(1), Some((0, 100)));
+        // A record whose write waits on the sender's own side (its rate
+        // limit): nothing is in the kernel, nothing for the network to
+        // deliver, however long.
+        let mut b = Books::new(200, &RangeSet::new());
+        b.queued(0, H + 100, Some((0, 100)), MS);
+        send(&mut b, 1, 100, 100, MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        b.observe(0, obs(0, false), 5000 * MS);
+        assert_eq!(b.claim(1), None);
     }
 
     #[test]
