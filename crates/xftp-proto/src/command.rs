@@ -421,7 +421,9 @@ fn one_letter(verb: &'static str, arg: &str) -> Result<char, ProtoError> {
 /// Splits the control stream into command lines, sans-IO.
 ///
 /// Handles CRLF and bare LF, strips Telnet IAC sequences (clients send
-/// `IAC IP IAC DM` before ABOR, RFC 959 section 4.1.3), and bounds the line
+/// `IAC IP IAC DM` before ABOR, RFC 959 section 4.1.3), keeps a 0xFF that
+/// starts no Telnet command (a name's byte its client did not double,
+/// RFC 2640 section 3.1), and bounds the line
 /// length: an over-long line yields one `LineTooLong` error and is then
 /// skipped up to its end, so the session stays usable.
 #[derive(Debug, Default)]
@@ -457,7 +459,17 @@ impl LineReader {
                         }
                         // WILL WONT DO DONT carry one option byte.
                         0xfb..=0xfe => IacState::Option,
-                        _ => IacState::Data,
+                        // A Telnet command (IP and DM before ABOR, NOP...).
+                        0xf0..=0xfa => IacState::Data,
+                        // No command: a 0xFF in a name that the client did
+                        // not double (curl, ftplib with Latin-1 names).
+                        // Dropping it with the next byte made `DELE ÿes.txt`
+                        // delete `s.txt`.
+                        _ => {
+                            self.push(0xff, out);
+                            self.push(b, out);
+                            IacState::Data
+                        }
                     };
                     continue;
                 }
@@ -719,6 +731,22 @@ mod tests {
         assert_eq!(out, vec![Ok(b"ABOR".to_vec())]);
         let out = lines(b"\xff\xfd\x01NOOP\r\n");
         assert_eq!(out, vec![Ok(b"NOOP".to_vec())]);
+    }
+
+    /// A 0xFF the client did not double (curl, ftplib with Latin-1 names)
+    /// and no Telnet command after it is part of the name: `ÿes.txt` is not
+    /// `s.txt`. Doubled, it is one 0xFF.
+    #[test]
+    fn line_reader_keeps_a_bare_ff_in_a_name() {
+        let out = lines(b"DELE \xffes.txt\r\nDELE \xff\xffes.txt\r\nSIZE a\xff\r\n");
+        assert_eq!(
+            out,
+            vec![
+                Ok(b"DELE \xffes.txt".to_vec()),
+                Ok(b"DELE \xffes.txt".to_vec()),
+                Ok(b"SIZE a\xff".to_vec()),
+            ]
+        );
     }
 
     #[test]

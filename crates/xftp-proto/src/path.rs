@@ -86,10 +86,13 @@ impl VPath {
         out
     }
 
-    /// The wire form as text for replies; invalid UTF-8 is shown lossily
-    /// (replies are text, the file system keeps the real bytes).
+    /// The wire form as text for replies: a byte that is not UTF-8 is
+    /// carried as its private-use escape ([`crate::name`]), which
+    /// [`crate::Reply::encode`] turns back into the byte. A lossy form
+    /// (U+FFFD) sent `257 "/l\u{FFFD}d"` for `/l\xe9d`, and a client
+    /// building paths from it reached another directory.
     pub fn display(&self) -> String {
-        String::from_utf8_lossy(&self.to_bytes()).into_owned()
+        crate::name::decode(&self.to_bytes())
     }
 }
 

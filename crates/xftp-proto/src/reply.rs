@@ -73,21 +73,30 @@ impl Reply {
     /// Wire form. Multi-line replies use `ddd-` on the first line, a leading
     /// space on inner lines (so an inner line can never look like the end
     /// line), and `ddd ` on the last. CR and LF inside text are removed so a
-    /// file name can never inject a reply line.
+    /// file name can never inject a reply line. A name's bytes that are not
+    /// UTF-8, carried as escapes ([`crate::name`]), go out as the bytes
+    /// they were, and a 0xFF is doubled (Telnet's IAC, RFC 2640 section
+    /// 3.1), as [`ReplyParser`] reads it.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let n = self.lines.len();
         for (i, line) in self.lines.iter().enumerate() {
             let clean: String = line.chars().filter(|c| *c != '\r' && *c != '\n').collect();
-            if n == 1 {
-                out.extend_from_slice(format!("{:03} {}\r\n", self.code, clean).as_bytes());
+            let head = if n == 1 || i + 1 == n {
+                format!("{:03} ", self.code)
             } else if i == 0 {
-                out.extend_from_slice(format!("{:03}-{}\r\n", self.code, clean).as_bytes());
-            } else if i + 1 == n {
-                out.extend_from_slice(format!("{:03} {}\r\n", self.code, clean).as_bytes());
+                format!("{:03}-", self.code)
             } else {
-                out.extend_from_slice(format!(" {}\r\n", clean).as_bytes());
+                " ".to_owned()
+            };
+            out.extend_from_slice(head.as_bytes());
+            for b in crate::name::encode(&clean) {
+                out.push(b);
+                if b == 0xff {
+                    out.push(0xff);
+                }
             }
+            out.extend_from_slice(b"\r\n");
         }
         out
     }
@@ -367,6 +376,22 @@ mod tests {
             crate::name::encode(text),
             b"\"/x\xffy/caf\xe9\" is the current directory"
         );
+    }
+
+    /// A path that is not UTF-8 leaves the server as its bytes (0xFF
+    /// doubled) and comes back to the same text.
+    #[test]
+    fn a_name_that_is_not_utf8_goes_out_as_its_bytes() {
+        let text = format!(
+            "\"{}\" is the current directory",
+            crate::name::decode(b"/l\xe9d/\xff")
+        );
+        let wire = Reply::new(257, text.clone()).encode();
+        assert_eq!(
+            wire,
+            b"257 \"/l\xe9d/\xff\xff\" is the current directory\r\n"
+        );
+        assert_eq!(parse_all(&wire)[0].lines[0], text);
     }
 
     #[test]

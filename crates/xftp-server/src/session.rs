@@ -1214,9 +1214,9 @@ impl Session {
     async fn stat_path(&mut self, arg: &[u8]) -> std::io::Result<()> {
         match self.build_listing(ListKind::List, Some(arg.to_vec())).await {
             Ok((bytes, unlisted)) => {
-                let mut lines = vec![format!("Status of {}:", String::from_utf8_lossy(arg))];
+                let mut lines = vec![format!("Status of {}:", xftp_proto::name::decode(arg))];
                 for l in bytes.split(|b| *b == b'\n') {
-                    let l = String::from_utf8_lossy(l)
+                    let l = xftp_proto::name::decode(l)
                         .trim_end_matches('\r')
                         .to_string();
                     if !l.is_empty() {
@@ -1497,7 +1497,7 @@ impl Session {
                 let last = n.saturating_sub(1);
                 self.reply(
                     213,
-                    format!("{name} 0-{last} {hex} {}", String::from_utf8_lossy(arg)),
+                    format!("{name} 0-{last} {hex} {}", xftp_proto::name::decode(arg)),
                 )
                 .await
             }

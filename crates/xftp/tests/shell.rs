@@ -245,6 +245,45 @@ fn quoted_wildcards_are_literal_and_star_skips_dot_files() {
     assert!(!root.join("all/.hid.txt").exists(), "{se}");
 }
 
+/// Names that are not UTF-8. The server's PWD reply carries the
+/// directory's bytes (it sent U+FFFD, and `get` then fetched the file of a
+/// look-alike directory named with U+FFFD itself), and `mput` matches a
+/// local directory holding such a name (the glob crate's walk panicked).
+#[test]
+fn names_that_are_not_utf8_reach_the_right_files() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, local, cache) = (
+        dir.path().join("root"),
+        dir.path().join("local"),
+        dir.path().join("cache"),
+    );
+    let latin1 = root
+        .join("mix")
+        .join(std::ffi::OsStr::from_bytes(b"l\xe9d"));
+    let lookalike = root.join("mix/l\u{FFFD}d");
+    for d in [&latin1, &lookalike, &local.join("MG")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(latin1.join("f"), "RIGHT").unwrap();
+    std::fs::write(lookalike.join("f"), "WRONG").unwrap();
+    let b_e9 = std::ffi::OsStr::from_bytes(b"b\xe9");
+    std::fs::write(local.join("MG").join(b_e9), "a").unwrap();
+    std::fs::write(local.join("MG/ok.txt"), "b").unwrap();
+    let srv = serve(&root, &[]);
+    let script = format!(
+        "open ftp://127.0.0.1:{}/\ncd mix/l\u{F7E9}d\nget f\nlcd MG\nmput *.txt\nmput b*\n",
+        srv.port
+    );
+    let out = run_script(&[], &script, &local, &cache);
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(!se.contains("panicked"), "{se}");
+    assert_eq!(std::fs::read(local.join("f")).unwrap(), b"RIGHT", "{se}");
+    assert_eq!(std::fs::read(latin1.join("ok.txt")).unwrap(), b"b", "{se}");
+    assert_eq!(std::fs::read(latin1.join(b_e9)).unwrap(), b"a", "{se}");
+}
+
 /// A file of mget's that fails (here: its local name leads to a device)
 /// does not keep the others from coming; the command fails at the end,
 /// naming the count.

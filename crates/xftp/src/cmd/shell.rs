@@ -1217,7 +1217,7 @@ impl Shell {
         }
         let name = local
             .file_name()
-            .and_then(|n| n.to_str())
+            .map(xftp_proto::name::from_os)
             .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", local.display()))?;
         let remote = match remote {
             None => name.to_string(),
@@ -1929,12 +1929,13 @@ fn has_wildcard(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// The regular files a local pattern matches, in order.
+/// The regular files a local pattern matches, in order. Names are matched
+/// in their escaped form ([`xftp_proto::name`]), as remote ones are: the
+/// glob crate's own walk panicked on a name that is not UTF-8.
 fn local_glob(pat: &str) -> anyhow::Result<Vec<PathBuf>> {
     if !has_wildcard(pat) {
         return Ok(vec![PathBuf::from(pat)]);
     }
-    let mut out = Vec::new();
     // As a shell: `*` does not match a leading dot (`mput *` in a home
     // directory must not send .netrc), nor `/`.
     let opts = glob::MatchOptions {
@@ -1942,13 +1943,42 @@ fn local_glob(pat: &str) -> anyhow::Result<Vec<PathBuf>> {
         require_literal_separator: true,
         require_literal_leading_dot: true,
     };
-    for entry in glob::glob_with(pat, opts).with_context(|| format!("bad pattern {pat:?}"))? {
-        let p = entry.with_context(|| format!("while matching {pat:?}"))?;
-        if p.is_file() {
-            out.push(p);
+    let start = if pat.starts_with('/') { "/" } else { "" };
+    let mut paths = vec![PathBuf::from(start)];
+    for part in pat.split('/').filter(|c| !c.is_empty()) {
+        if !has_wildcard(part) {
+            for p in &mut paths {
+                p.push(xftp_proto::name::to_path(part));
+            }
+            continue;
         }
+        let pattern = glob::Pattern::new(part).with_context(|| format!("bad pattern {pat:?}"))?;
+        let mut next = Vec::new();
+        for p in &paths {
+            let dir = if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p.as_path()
+            };
+            // As a shell: a directory that cannot be read matches nothing.
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            let mut names: Vec<std::ffi::OsString> = entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name())
+                .collect();
+            names.sort();
+            for n in names {
+                if pattern.matches_with(&xftp_proto::name::from_os(&n), opts) {
+                    next.push(p.join(n));
+                }
+            }
+        }
+        paths = next;
     }
-    Ok(out)
+    paths.retain(|p| p.is_file());
+    Ok(paths)
 }
 
 #[cfg(test)]
