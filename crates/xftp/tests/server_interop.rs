@@ -535,3 +535,49 @@ fn python_with_ftplib() -> Option<&'static str> {
     }
     Some(py)
 }
+
+/// Run as root, the server warns that file modes do not hold for its
+/// logins; run as another user (setpriv, as docs/security.md advises), it
+/// does not.
+#[test]
+fn serving_as_root_is_warned_about() {
+    let root = tempfile::tempdir().unwrap();
+    let start = |cmd: &mut Command| {
+        let mut child = cmd
+            .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("listening on"), "{line}");
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let xftp = env!("CARGO_BIN_EXE_xftp");
+    // SAFETY: geteuid has no preconditions.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let err = start(&mut Command::new(xftp));
+    assert_eq!(err.contains("running as root"), is_root, "{err}");
+    if !is_root {
+        eprintln!("serving_as_root_is_warned_about: not root, the unprivileged half only");
+        return;
+    }
+    std::fs::set_permissions(
+        root.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let err = start(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        xftp,
+    ]));
+    assert!(!err.contains("running as root"), "{err}");
+}

@@ -215,6 +215,14 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.implicit_listen.is_some() && config.tls_mode == xftp_server::TlsMode::Off {
         bail!("--implicit-listen needs TLS on: drop --tls off");
     }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        tracing::warn!(
+            "running as root: the modes of the files under --root do not hold for the \
+             logins (root reads and writes every file); run as an unprivileged user \
+             (setpriv --reuid=USER --regid=GROUP --init-groups xftp serve ..., docs/security.md)"
+        );
+    }
     config.tls = server_tls.clone();
     config.max_sessions_per_ip = a.max_sessions_per_ip;
     config.max_streams_per_ip = a.max_streams_per_ip;
