@@ -4108,11 +4108,18 @@ impl Drop for AbortOnDrop {
 
 /// Until disarmed, writes the partial's last record when dropped: on an
 /// error or an interrupt, the next `-c` loses at most what was in flight.
+/// A partial that holds no byte is removed instead: there is nothing to
+/// resume (a RETR refused with 550 left an empty one, and the advice to
+/// run again with -c).
 struct KeepPartial<'a>(Option<&'a resume::Partial>);
 
 impl Drop for KeepPartial<'_> {
     fn drop(&mut self) {
         if let Some(p) = self.0 {
+            if p.rec.ranges().covered() == 0 {
+                p.discard();
+                return;
+            }
             match p.checkpoint() {
                 Ok(()) => tracing::info!(
                     "partial download kept in {} ({} of {} bytes); run again with -c to fetch the rest",

@@ -259,6 +259,40 @@ fn missing_remote_file_fails_and_leaves_nothing() {
     }
 }
 
+/// `get -c` of a file the server lists but will not send (pyftpdlib's
+/// anonymous user without the retrieve permission: SIZE answers, RETR is
+/// refused with 550): no empty partial is left behind, and the message
+/// does not advise a run with -c that cannot help.
+#[test]
+fn get_c_of_a_file_the_server_refuses_leaves_no_empty_partial() {
+    if !have_pyftpdlib("get_c_of_a_file_the_server_refuses_leaves_no_empty_partial") {
+        return;
+    }
+    let d = dirs();
+    std::fs::write(d.srv.join("noread.bin"), b"secret").unwrap();
+    let script = r#"
+import logging, sys
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler
+from pyftpdlib.servers import FTPServer
+logging.basicConfig(level=logging.INFO)
+auth = DummyAuthorizer()
+auth.add_anonymous(sys.argv[1], perm="el")
+FTPHandler.authorizer = auth
+FTPServer(("127.0.0.1", 0), FTPHandler).serve_forever()
+"#;
+    let mut cmd = Command::new(PYTHON);
+    cmd.arg("-c").arg(script).arg(&d.srv);
+    let server = spawn_logging_server(cmd);
+    let url = format!("ftp://127.0.0.1:{}/noread.bin", server.port);
+    let out = xftp(&["get", "-c", &url], &d.local);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("550"), "{err}");
+    assert!(!err.contains("run the same command again"), "{err}");
+    assert_eq!(entries(&d.local), Vec::<String>::new(), "{err}");
+}
+
 #[test]
 fn upload_into_missing_directory_fails() {
     if !have_pyftpdlib("upload_into_missing_directory_fails") {
