@@ -942,6 +942,16 @@ pub async fn put_tree(
             } else {
                 format!("{d}/{name}")
             };
+            // No FTP command can carry a line break: one file's name must
+            // not break the session that would send it (and every next
+            // one), nor the report's lines.
+            if rel.contains(['\r', '\n']) {
+                report.failed.push((
+                    rel.replace('\r', "\\r").replace('\n', "\\n"),
+                    "its name holds a line break (CR or LF), which no FTP command can carry — rename it".into(),
+                ));
+                continue;
+            }
             // Not followed: a link may point anywhere (a loop, outside).
             let md = match std::fs::symlink_metadata(e.path()) {
                 Ok(md) => md,

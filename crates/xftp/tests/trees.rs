@@ -577,6 +577,42 @@ fn a_mode_e_download_keeps_its_data_connection_for_the_next() {
     drop(d2);
 }
 
+/// Local names with a line break cannot be sent (no FTP command carries
+/// one): `put -r` reports each as failed, with the fix, before anything
+/// is sent. It used to break and reopen its session for each, with a
+/// warning every time, and printed the raw line break in its report.
+#[test]
+fn put_r_reports_names_with_line_breaks_without_breaking_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(src.join("d\nir")).unwrap();
+    for i in 0..20 {
+        std::fs::write(src.join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    std::fs::write(src.join("a\nb"), b"x").unwrap();
+    std::fs::write(src.join("c\rd"), b"y").unwrap();
+    std::fs::write(src.join("d\nir/in"), b"z").unwrap();
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/up/", srv.port);
+    let out = xftp(&["put", "-r", "src", &url], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("session broke"), "{err}");
+    assert!(
+        err.contains("a\\nb") && err.contains("c\\rd") && err.contains("d\\nir"),
+        "{err}"
+    );
+    assert!(err.contains("rename it"), "{err}");
+    for i in 0..20 {
+        assert_eq!(
+            std::fs::read(root.join(format!("up/f{i}"))).unwrap(),
+            format!("{i}").as_bytes()
+        );
+    }
+}
+
 #[test]
 fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
     use std::os::unix::ffi::OsStrExt;
