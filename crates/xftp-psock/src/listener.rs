@@ -89,7 +89,15 @@ impl PsockListener {
         let (tx, rx) = mpsc::channel(BACKLOG);
         let tls = match &cfg.tls {
             Some(crate::PsockTls::Server(t)) => Some(t.session(2).map_err(std::io::Error::other)?),
-            _ => None,
+            // A client's TLS config on the listening side: accepting in
+            // clear would betray who asked for TLS.
+            Some(crate::PsockTls::Client(_)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "a client TLS config is for the connecting side; listen with a server certificate (PsockTls::Server)",
+                ))
+            }
+            None => None,
         };
         let inner = Arc::new(Inner {
             tls,

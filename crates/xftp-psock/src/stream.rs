@@ -93,7 +93,14 @@ impl PsockStream {
             let timeout = cfg.handshake_timeout;
             let tls = match &cfg.tls {
                 Some(PsockTls::Client(t)) => Some(t.clone()),
-                _ => None,
+                // A listener's certificate on the connecting side: going
+                // on in clear would betray who asked for TLS.
+                Some(PsockTls::Server(_)) => {
+                    return Err(PsockError::Tls(
+                        "a server certificate is for the listening side; connect with a client TLS config (PsockTls::Client)".into(),
+                    ))
+                }
+                None => None,
             };
             set.spawn(async move {
                 let r = tokio::time::timeout(timeout, open_one(addr, hello, tls)).await;

@@ -333,3 +333,22 @@ async fn stalled_connection_bounds_the_reorder_buffer_and_resumes() {
     let per = s.received_stats();
     assert!(per.iter().all(|p| p.bytes > 0));
 }
+
+/// A TLS config of the wrong side is refused, never a group in clear: a
+/// listener given a client's config does not bind.
+#[tokio::test]
+async fn a_tls_config_of_the_wrong_side_is_refused() {
+    let verify = xftp_tls::client::ClientTlsConfig {
+        cacert: None,
+        insecure: true,
+    };
+    let tls = xftp_tls::client::ClientTls::new(&verify, "localhost").unwrap();
+    let cfg = PsockConfig {
+        tls: Some(xftp_psock::PsockTls::Client(tls)),
+        ..PsockConfig::default()
+    };
+    let r = PsockListener::bind("127.0.0.1:0", cfg).await;
+    let e = r.err().expect("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("connecting side"), "{e}");
+}

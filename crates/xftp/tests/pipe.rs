@@ -264,6 +264,17 @@ fn pipe_over_tls_and_refused_without_it() {
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("TLS"), "{e}");
+    // The listener's flags on the connecting side are a mistake, not a
+    // stream in clear (it went in clear, exit 0).
+    let out = Command::new(XFTP)
+        .args(["send", &format!("localhost:{port}"), "-p", "2"])
+        .args(tls)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("listening side") && e.contains("--tls"), "{e}");
     // With --cacert: every connection TLS, the bytes in order.
     let mut send = Command::new(XFTP)
         .args(["send", &format!("localhost:{port}"), "-p", "4"])

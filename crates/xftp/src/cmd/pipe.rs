@@ -92,6 +92,10 @@ struct Summary {
 }
 
 fn config(ep: &Endpoint) -> anyhow::Result<PsockConfig> {
+    if ep.listen.is_none() && (ep.tls_cert.is_some() || ep.tls_key.is_some()) {
+        // clap's `requires` does not hold once both are given.
+        anyhow::bail!("--tls-cert and --tls-key are for the listening side (--listen); the connecting side asks for TLS with --tls (and --cacert FILE for a private CA)");
+    }
     let tls = if let (Some(c), Some(k)) = (&ep.tls_cert, &ep.tls_key) {
         Some(PsockTls::Server(std::sync::Arc::new(
             xftp_tls::server::ServerTls::load(c, k).context("loading --tls-cert/--tls-key")?,
