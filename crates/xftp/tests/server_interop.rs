@@ -581,3 +581,42 @@ fn serving_as_root_is_warned_about() {
     ]));
     assert!(!err.contains("running as root"), "{err}");
 }
+
+/// Waits far past any use ("never") are taken as a century, not an
+/// overflow: `serve --idle-timeout 18446744073709551615` panicked in
+/// every session, `get --timeout 1e19` at its first wait.
+#[test]
+fn absurdly_long_waits_are_taken_as_long_ones() {
+    let max = u64::MAX.to_string();
+    let mut args = vec!["--anonymous"];
+    for f in [
+        "--idle-timeout",
+        "--data-timeout",
+        "--stall-timeout",
+        "--login-window",
+        "--shutdown-grace",
+    ] {
+        args.extend([f, max.as_str()]);
+    }
+    let srv = serve(&args);
+    std::fs::write(srv.root.path().join("f"), b"hello").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{}/f", srv.port);
+    let out = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .current_dir(work.path())
+        .env("XDG_CACHE_HOME", work.path())
+        .args([
+            "get",
+            &url,
+            "f",
+            "--timeout",
+            "1e19",
+            "--connect-timeout",
+            "1e300",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(std::fs::read(work.path().join("f")).unwrap(), b"hello");
+}

@@ -185,12 +185,15 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     config.default_streams = a.default_streams.min(a.max_streams);
-    config.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
-    config.data_timeout = Duration::from_secs(a.data_timeout.max(1));
-    config.shutdown_grace = Duration::from_secs(a.shutdown_grace);
+    // Seconds as a wait, at most a century (an Instant plus u64::MAX
+    // seconds overflows: every session's task panicked).
+    let wait = |secs: u64| Duration::from_secs(secs).min(super::transfer::LONGEST_WAIT);
+    config.idle_timeout = wait(a.idle_timeout.max(1));
+    config.data_timeout = wait(a.data_timeout.max(1));
+    config.shutdown_grace = wait(a.shutdown_grace);
     config.max_sessions = a.max_sessions;
     config.record_size = a.record_size;
-    config.stall_timeout = Duration::from_secs(a.stall_timeout.max(1));
+    config.stall_timeout = wait(a.stall_timeout.max(1));
     let server_tls = match (&a.tls_cert, &a.tls_key) {
         (Some(c), Some(k)) => Some(Arc::new(
             xftp_tls::server::ServerTls::load(c, k).context("loading --tls-cert/--tls-key")?,
@@ -227,7 +230,7 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
     config.max_sessions_per_ip = a.max_sessions_per_ip;
     config.max_streams_per_ip = a.max_streams_per_ip;
     config.login_max_failures = a.login_failures;
-    config.login_window = Duration::from_secs(a.login_window);
+    config.login_window = wait(a.login_window);
     config.max_upload_size = a.max_upload_size;
     config.passive_ports = a.passive_ports;
     config.public_address = match &a.public_address {

@@ -426,12 +426,7 @@ struct Shell {
 
 /// Run the shell; exits with 0 after `quit` or the end of the input.
 pub async fn run(a: ShellArgs, verbose: u8) -> anyhow::Result<ExitCode> {
-    let secs = |s: f64, what: &str| -> anyhow::Result<Duration> {
-        Duration::try_from_secs_f64(s)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .with_context(|| format!("--{what} must be a positive number of seconds"))
-    };
+    let secs = super::transfer::positive_secs;
     let set = Settings {
         mult: a.parallel,
         bufsize: a.bufsize.0,

@@ -930,6 +930,22 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
+/// The longest wait a flag sets: longer is taken as this (a century).
+/// An `Instant` plus 1e19 s overflows, and a panic is no answer to
+/// `--timeout 1e19`.
+pub(crate) const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// `--WHAT SECS` as a wait: positive, at most [`LONGEST_WAIT`] (`inf`
+/// too).
+pub(crate) fn positive_secs(s: f64, what: &str) -> anyhow::Result<Duration> {
+    // (`min` would take NaN for the century.)
+    Some(s)
+        .filter(|s| !s.is_nan())
+        .and_then(|s| Duration::try_from_secs_f64(s.min(LONGEST_WAIT.as_secs_f64())).ok())
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("--{what} must be a positive number of seconds"))
+}
+
 /// A local error whose text already says what to do (a resume lock held
 /// by another run, a partial that is no plain file).
 fn says_its_fix(e: &ClientError) -> bool {
@@ -1194,12 +1210,7 @@ pub(crate) fn client_config(
     if static_split && auto.is_some() {
         anyhow::bail!("--static needs a fixed number of connections: add -p N");
     }
-    let secs = |s: f64, what: &str| -> anyhow::Result<Duration> {
-        Duration::try_from_secs_f64(s)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .with_context(|| format!("--{what} must be a positive number of seconds"))
-    };
+    let secs = positive_secs;
     let cfg = ClientConfig {
         connect_timeout: secs(c.connect_timeout, "connect-timeout")?,
         reply_timeout: secs(c.timeout, "timeout")?,
