@@ -368,29 +368,59 @@ pub enum BufSize {
 }
 
 /// Parse a buffer size as people type it: `65536`, `64k`, `64K`, `4M`,
-/// `1g`, or `auto`/`off`/`default`/`0` for kernel autotuning.
+/// `4MiB`, `1g`, or `auto`/`off`/`default`/`0` for kernel autotuning.
 pub fn parse_bufsize(verb: &'static str, arg: &str) -> Result<BufSize, ProtoError> {
     let t = arg.trim();
-    let lower = t.to_ascii_lowercase();
-    if matches!(lower.as_str(), "auto" | "off" | "default" | "0") {
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "auto" | "off" | "default" | "0"
+    ) {
         return Ok(BufSize::Auto);
     }
-    let (digits, mult) = match lower.as_bytes().last() {
-        Some(b'k') => (&lower[..lower.len() - 1], 1u64 << 10),
-        Some(b'm') => (&lower[..lower.len() - 1], 1u64 << 20),
-        Some(b'g') => (&lower[..lower.len() - 1], 1u64 << 30),
-        _ => (lower.as_str(), 1),
-    };
-    let n: u64 = digits.parse().map_err(|_| ProtoError::BadArgument {
-        verb,
-        reason: format!("{t:?} is not a buffer size (bytes, or with k/M/G, or auto)"),
-    })?;
-    n.checked_mul(mult)
-        .map(BufSize::Bytes)
-        .ok_or_else(|| ProtoError::BadArgument {
+    match parse_bytes(t) {
+        Ok(n) => Ok(BufSize::Bytes(n)),
+        Err(BytesError::NotANumber) => Err(ProtoError::BadArgument {
+            verb,
+            reason: format!("{t:?} is not a buffer size (bytes, or with k/M/G, or auto)"),
+        }),
+        Err(BytesError::TooLarge) => Err(ProtoError::BadArgument {
             verb,
             reason: format!("{t:?} is too large"),
-        })
+        }),
+    }
+}
+
+/// Why [`parse_bytes`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BytesError {
+    /// Not digits with an optional suffix.
+    NotANumber,
+    /// Past `u64`.
+    TooLarge,
+}
+
+/// A count of bytes as people type it: digits, then optionally `k`, `M` or
+/// `G` (any case; powers of 1024, as curl's `--limit-rate` and `dd`'s
+/// `bs=` take them), optionally followed by `iB` or `B` (`4MiB`, `4MB`).
+pub fn parse_bytes(arg: &str) -> Result<u64, BytesError> {
+    let lower = arg.trim().to_ascii_lowercase();
+    let unit = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, mult) = match unit.as_bytes().last() {
+        Some(b'k') => (&unit[..unit.len() - 1], 1u64 << 10),
+        Some(b'm') => (&unit[..unit.len() - 1], 1u64 << 20),
+        Some(b'g') => (&unit[..unit.len() - 1], 1u64 << 30),
+        // `iB` alone is no unit.
+        _ if unit.len() + 2 == lower.len() => return Err(BytesError::NotANumber),
+        _ => (unit, 1),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(BytesError::NotANumber);
+    }
+    let n: u64 = digits.parse().map_err(|_| BytesError::TooLarge)?;
+    n.checked_mul(mult).ok_or(BytesError::TooLarge)
 }
 
 fn parse_type(arg: &str) -> Result<TransferType, ProtoError> {
@@ -721,6 +751,28 @@ mod tests {
         assert_eq!(
             got,
             vec![b"NOOP".to_vec(), b"SYST".to_vec(), b"QUIT".to_vec()]
+        );
+    }
+
+    #[test]
+    fn byte_counts_take_k_m_g_with_or_without_ib() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("64k"), Ok(64 << 10));
+        assert_eq!(parse_bytes("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_bytes("4mb"), Ok(4 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("100B"), Ok(100));
+        for bad in ["", "k", "4iB", "-1", "1.5M", "4 M", "4T", "iB", "+5"] {
+            assert_eq!(parse_bytes(bad), Err(BytesError::NotANumber), "{bad:?}");
+        }
+        assert_eq!(
+            parse_bytes("99999999999999999999"),
+            Err(BytesError::TooLarge)
+        );
+        assert_eq!(parse_bytes("17179869184G"), Err(BytesError::TooLarge));
+        assert_eq!(
+            parse_bufsize("SITE BUFSIZE", "4MiB"),
+            Ok(BufSize::Bytes(4 << 20))
         );
     }
 

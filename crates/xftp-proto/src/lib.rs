@@ -22,6 +22,6 @@ pub mod reply;
 
 mod error;
 
-pub use command::{parse_bufsize, BufSize, Command, LineReader, MAX_LINE};
+pub use command::{parse_bufsize, parse_bytes, BufSize, BytesError, Command, LineReader, MAX_LINE};
 pub use error::ProtoError;
 pub use reply::{Reply, ReplyParser};

@@ -36,8 +36,7 @@ pub struct Endpoint {
     /// Record size in bytes sent on the connections (default: 1 MiB on
     /// one connection, 128 KiB on more; 4 KiB to 8 MiB, as each record
     /// costs a header and a reorder step).
-    #[arg(long, value_name = "BYTES",
-          value_parser = clap::value_parser!(u32).range(4096..=(8 << 20)))]
+    #[arg(long, value_name = "BYTES", value_parser = parse_record_size)]
     pub record_size: Option<u32>,
     /// Write a JSON summary to stderr at the end.
     #[arg(long)]
@@ -61,6 +60,15 @@ pub struct Endpoint {
     /// (implies --tls; anyone on the path can pose as the listener).
     #[arg(long, conflicts_with = "listen")]
     pub insecure: bool,
+}
+
+/// `--record-size`: 4 KiB to 8 MiB, with k/M suffixes as the other sizes.
+fn parse_record_size(s: &str) -> Result<u32, String> {
+    let n = super::transfer::parse_byte_count(s)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (4096..=8 << 20).contains(n))
+        .ok_or_else(|| format!("{s:?} is outside 4k to 8M"))
 }
 
 /// `xftp send`: stdin to the peer.

@@ -42,7 +42,7 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub data_timeout: u64,
     /// Bytes per block of the multi-stream transfers the server sends.
-    #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024, value_parser = clap::value_parser!(u32).range(4096..=64 * 1024 * 1024))]
+    #[arg(long, value_name = "BYTES", default_value = "256k", value_parser = parse_record_size)]
     pub record_size: u32,
     /// Abort a transfer whose data connections move nothing for SECS (426).
     #[arg(long, value_name = "SECS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
@@ -101,10 +101,16 @@ pub struct Args {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    match xftp_proto::parse_bufsize("--max-upload-size", s) {
-        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(n),
-        _ => Err(format!("{s:?} is not a size (e.g. 500M, 2G)")),
-    }
+    super::transfer::parse_byte_count(s)
+}
+
+/// `--record-size`: 4 KiB to 64 MiB, with k/M suffixes as the other sizes.
+fn parse_record_size(s: &str) -> Result<u32, String> {
+    let n = super::transfer::parse_byte_count(s)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (4096..=64 << 20).contains(n))
+        .ok_or_else(|| format!("{s:?} is outside 4k to 64M"))
 }
 
 fn parse_port_range(s: &str) -> Result<(u16, u16), String> {

@@ -301,13 +301,24 @@ fn fill_counted(s: &mut Summary) {
     }
 }
 
+/// A number of bytes on the command line (`--limit-rate`,
+/// `--max-upload-size`, `--record-size`): digits with k, M or G (powers of
+/// 1024; `MiB` and `MB` too).
+pub(crate) fn parse_byte_count(s: &str) -> Result<u64, String> {
+    xftp_proto::parse_bytes(s).map_err(|e| match e {
+        xftp_proto::BytesError::NotANumber => {
+            format!("{s:?} is not a number of bytes (e.g. 64k, 4M, 2G: powers of 1024)")
+        }
+        xftp_proto::BytesError::TooLarge => format!("{s:?} is too large"),
+    })
+}
+
 fn parse_rate(s: &str) -> Result<u64, String> {
-    match xftp_proto::parse_bufsize("--limit-rate", s) {
-        Ok(xftp_proto::BufSize::Bytes(n)) => Ok(n),
-        Ok(xftp_proto::BufSize::Auto) => Err(format!(
+    match parse_byte_count(s)? {
+        0 => Err(format!(
             "{s:?}: give a rate in bytes per second, e.g. 10M (leave the option out for no limit)"
         )),
-        Err(e) => Err(e.to_string()),
+        n => Ok(n),
     }
 }
 
@@ -509,6 +520,13 @@ pub(crate) fn parse_bufsize_arg(s: &str) -> Result<BufArg, String> {
 /// (`None`: kernel autotuning); the error says why, without naming the
 /// option (each caller does).
 pub(crate) fn bufsize_checked(s: &str) -> Result<Option<u64>, String> {
+    // The protocol's SITE BUFSIZE 0 means autotuning; typed here it is
+    // more likely a slip than a wish.
+    if s.trim() == "0" {
+        return Err(
+            "0 is no buffer size: give bytes (64k, 4M), or auto for the kernel's autotuning".into(),
+        );
+    }
     match xftp_proto::parse_bufsize("--bufsize", s) {
         Ok(xftp_proto::BufSize::Auto) => Ok(None),
         // What a socket can be given at all (Linux keeps at least about
@@ -1888,6 +1906,23 @@ mod tests {
         assert!(parse_bufsize_arg("1").unwrap_err().contains("2 KiB"));
         assert!(parse_bufsize_arg("5G").unwrap_err().contains("1 GiB"));
         assert_eq!(parse_bufsize_arg("2k"), Ok(BufArg(Some(2048))));
+        assert_eq!(parse_bufsize_arg("4MiB"), Ok(BufArg(Some(4 << 20))));
+        assert!(parse_bufsize_arg("0").unwrap_err().contains("auto"));
+    }
+
+    #[test]
+    fn byte_counts_and_rates() {
+        assert_eq!(parse_rate("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_rate("500k"), Ok(500 << 10));
+        let e = parse_rate("fast").unwrap_err();
+        assert!(
+            e.contains("not a number of bytes") && !e.contains("auto"),
+            "{e}"
+        );
+        assert!(parse_rate("0")
+            .unwrap_err()
+            .contains("leave the option out"));
+        assert_eq!(parse_byte_count("2G"), Ok(2 << 30));
     }
 
     #[test]
