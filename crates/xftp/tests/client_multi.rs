@@ -705,6 +705,25 @@ fn a_rate_limited_download_gets_no_copies() {
     );
 }
 
+/// A local target in a directory that does not exist (or under a file) is
+/// refused before connecting, naming the directory, not the partial's
+/// temporary file found missing after the login.
+#[test]
+fn a_target_in_a_missing_directory_is_refused_before_connecting() {
+    let d = dirs();
+    std::fs::write(d.local.join("file"), b"x").unwrap();
+    for (target, says) in [
+        ("nodir/sub/x", "mkdir -p nodir/sub"),
+        ("file/x", "file is not a directory"),
+    ] {
+        let out = xftp(&["get", "ftp://127.0.0.1:1/x", target], &d.local);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(says) && !err.contains("connect"), "{err}");
+    }
+    assert!(!d.local.join("nodir").exists());
+}
+
 /// `--json` gives one object on stdout also for a wrong command line.
 #[test]
 fn a_wrong_command_line_with_json_still_prints_one_object() {

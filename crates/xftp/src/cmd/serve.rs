@@ -18,7 +18,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub root: PathBuf,
     /// Address to listen on (port 0 picks a free port). IPv6: [::1]:2121.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:2121")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:2121", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Allow anonymous login (USER anonymous or ftp, any password), read-only.
     #[arg(long)]
@@ -66,7 +66,7 @@ pub struct Args {
     #[arg(long, value_name = "MODE", value_enum)]
     pub tls: Option<TlsArg>,
     /// Also listen for implicit TLS (ftps://: the handshake first) on ADDR.
-    #[arg(long, value_name = "ADDR", requires = "tls_cert")]
+    #[arg(long, value_name = "ADDR", requires = "tls_cert", value_parser = parse_listen)]
     pub implicit_listen: Option<SocketAddr>,
     /// Accept TLS data connections that do not resume their control
     /// session's TLS session (clients that never reuse sessions, such as
@@ -98,6 +98,20 @@ pub struct Args {
     /// behind NAT.
     #[arg(long, value_name = "HOST")]
     pub public_address: Option<String>,
+}
+
+/// An address to listen on, IP:PORT; the error says what form it takes.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        let hint = if s.matches(':').count() > 1 && !s.starts_with('[') {
+            " (an IPv6 address goes in brackets: [::1]:2121)"
+        } else if s.parse::<u16>().is_ok() {
+            " (give the address too: 127.0.0.1:PORT, or 0.0.0.0:PORT for every interface)"
+        } else {
+            " (an IP address and a port, e.g. 127.0.0.1:2121 or [::]:2121; a host name is not taken: give its address)"
+        };
+        format!("{s:?} is not an IP:PORT address{hint}")
+    })
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -523,4 +537,24 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_and_their_hints() {
+        assert_eq!(
+            parse_listen("[::1]:2121"),
+            Ok("[::1]:2121".parse().unwrap())
+        );
+        assert!(parse_listen("::1:2121").unwrap_err().contains("brackets"));
+        assert!(parse_listen("2121").unwrap_err().contains("127.0.0.1:PORT"));
+        assert!(parse_listen("localhost:21")
+            .unwrap_err()
+            .contains("host name"));
+        assert_eq!(parse_record_size("4M"), Ok(4 << 20));
+        assert!(parse_record_size("1k").unwrap_err().contains("4k to 64M"));
+    }
 }

@@ -915,7 +915,22 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
             "{} does not exist as a directory — make it first (mkdir -p), or drop the trailing / to name the file",
             p.display()
         ),
-        Some(p) => p.clone(),
+        Some(p) => match p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // Said before connecting, and of the directory: found later,
+            // the error named the partial's temporary file.
+            Some(d) if d.exists() && !d.is_dir() => anyhow::bail!(
+                "{} is not a directory, so {} cannot be written there — name another target",
+                d.display(),
+                p.display()
+            ),
+            Some(d) if !d.exists() => anyhow::bail!(
+                "{} does not exist, so {} cannot be written there — make it first (mkdir -p {})",
+                d.display(),
+                p.display(),
+                d.display()
+            ),
+            _ => p.clone(),
+        },
     };
     let (progress, mode) = progress_for(&a.t, json, xftp_client::Progress::new);
     let (cfg, password) =
