@@ -95,6 +95,19 @@ pub struct UserDb {
     users: std::sync::Arc<std::sync::RwLock<HashMap<String, Entry>>>,
 }
 
+/// Whether `name` (and `home`) can be stored in a users file: checked by
+/// [`UserDb::set_with_home`], and by a caller before it asks for a
+/// password that would then be refused.
+pub fn check_entry(name: &str, home: Option<&str>) -> Result<(), AuthError> {
+    if !valid_name(name) {
+        return Err(AuthError::BadName(name.to_owned()));
+    }
+    if let Some(h) = home.filter(|h| !valid_home(h)) {
+        return Err(AuthError::BadHome(h.to_owned()));
+    }
+    Ok(())
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
@@ -216,12 +229,7 @@ impl UserDb {
         access: Access,
         home: Option<&str>,
     ) -> Result<(), AuthError> {
-        if !valid_name(name) {
-            return Err(AuthError::BadName(name.to_owned()));
-        }
-        if let Some(h) = home.filter(|h| !valid_home(h)) {
-            return Err(AuthError::BadHome(h.to_owned()));
-        }
+        check_entry(name, home)?;
         let hash = hash_password(password)?;
         let home = home.map(|h| h.trim_end_matches('/').to_owned());
         write(&self.users).insert(name.to_owned(), Entry { hash, access, home });

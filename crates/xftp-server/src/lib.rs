@@ -37,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use auth::{Access, UserDb};
+pub use auth::{check_entry, Access, UserDb};
 pub use fs::Root;
 
 /// Server settings. Build with [`Config::new`] and adjust the fields.

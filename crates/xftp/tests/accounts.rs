@@ -746,3 +746,38 @@ fn useradd_keeps_the_file_its_server_reads() {
     }
     assert!(text.contains("alice:") && text.contains("carol:"), "{text}");
 }
+
+/// A name the users file cannot hold is refused before the password is
+/// asked for; an empty password file is said to be empty, not sent as an
+/// empty password to be refused with 530.
+#[test]
+fn useradd_checks_the_name_first_and_an_empty_password_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(XFTP)
+        .args(["useradd", "--users"])
+        .arg(dir.path().join("users.txt"))
+        .arg("bad:name")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("invalid user name") && !err.contains("password for"),
+        "{err}"
+    );
+    let pw = dir.path().join("empty.pw");
+    std::fs::write(&pw, b"\n").unwrap();
+    let out = Command::new(XFTP)
+        .current_dir(dir.path())
+        .env("XDG_CACHE_HOME", dir.path())
+        .args(["get", "ftp://bob@127.0.0.1:1/x", "--password-file"])
+        .arg(&pw)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is empty") && !err.contains("connect"),
+        "{err}"
+    );
+}

@@ -384,6 +384,8 @@ pub fn useradd(a: UseraddArgs) -> anyhow::Result<ExitCode> {
             a.name
         );
     }
+    // Before the password is asked for: a name it would be refused with.
+    xftp_server::check_entry(&a.name, a.home.as_deref())?;
     let password = match &a.password_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading password file {}", f.display()))?

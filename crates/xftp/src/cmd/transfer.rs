@@ -1453,27 +1453,54 @@ fn tree_finish(
         runs,
         error: None,
     };
+    // Each failure on stderr, with --json too (as a single transfer's
+    // error is).
+    for (p, why) in &s.failed {
+        eprintln!("xftp {what}: {p}: {why}");
+    }
     if json {
         out!("{}", serde_json::to_string(&s).context("formatting JSON")?);
     } else {
-        for (p, why) in &s.failed {
-            eprintln!("xftp {what}: {p}: {why}");
-        }
         // Entries the server did not list are not copied: said even with
         // -q, as a failure is.
         if !quiet || !s.failed.is_empty() || s.unlisted > 0 {
+            let count =
+                |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
             eprintln!(
-                "xftp {what}: {} files ({} bytes) and {} directories in {secs:.3} s ({:.1} MB/s, {} sessions){}{}{}{}{}",
-                s.files,
+                "xftp {what}: {} ({} bytes) and {} in {secs:.3} s ({:.1} MB/s, {}){}{}{}{}{}",
+                count(s.files as u64, "file", "files"),
                 s.bytes,
-                s.dirs,
+                count(s.dirs as u64, "directory", "directories"),
                 s.throughput_bps / 1e6,
-                s.sessions,
-                if s.skipped > 0 { format!(", {} already complete", s.skipped) } else { String::new() },
-                if s.other > 0 { format!(", {} links or special files left out", s.other) } else { String::new() },
-                if s.partials > 0 { format!(", {} partials of cut transfers (.NAME.xftp-part) left out", s.partials) } else { String::new() },
-                if s.unlisted > 0 { format!(", {} entries the server did not list (names with a line break, links outside its root: not copied; -v shows the server's reply)", s.unlisted) } else { String::new() },
-                if s.failed.is_empty() { String::new() } else { format!(", {} FAILED", s.failed.len()) },
+                count(s.sessions as u64, "session", "sessions"),
+                if s.skipped > 0 {
+                    format!(", {} already complete", s.skipped)
+                } else {
+                    String::new()
+                },
+                if s.other > 0 {
+                    format!(", {} links or special files left out", s.other)
+                } else {
+                    String::new()
+                },
+                if s.partials > 0 {
+                    format!(
+                        ", {} partials of cut transfers (.NAME.xftp-part) left out",
+                        s.partials
+                    )
+                } else {
+                    String::new()
+                },
+                if s.unlisted > 0 {
+                    format!(", {} entries the server did not list (names with a line break, links outside its root: not copied; -v shows the server's reply)", s.unlisted)
+                } else {
+                    String::new()
+                },
+                if s.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} FAILED", s.failed.len())
+                },
             );
         }
     }
@@ -1529,6 +1556,12 @@ fn password_for(url: &FtpUrl, c: &CommonArgs) -> anyhow::Result<Option<String>> 
         let text = std::fs::read_to_string(f)
             .with_context(|| format!("cannot read the password file {}", f.display()))?;
         let line = text.lines().next().unwrap_or("").to_owned();
+        if line.is_empty() {
+            anyhow::bail!(
+                "the password file {} is empty (or its first line is): put the password on its first line",
+                f.display()
+            );
+        }
         return Ok(Some(line));
     }
     if let Ok(p) = std::env::var("XFTP_PASSWORD") {
