@@ -63,6 +63,8 @@ struct Book {
     acked_ranges: RangeSet,
     /// Lost ([`Books::lost`]): its books no longer count.
     dead: bool,
+    /// Held by its peer's closed window at the last observation.
+    held: bool,
 }
 
 /// What the kernel says of one sending connection: what it has
@@ -98,11 +100,13 @@ pub struct Observed {
     /// to be sent again ([`Books::lost`]).
     pub closed: bool,
     /// Bytes wait to be sent and none are in flight: the peer's receive
-    /// window is closed (its reader is slow: a `--limit-rate`, a slow
-    /// disk). The connection waits for its receiver, not for the network,
-    /// so copies on other connections would only take the receiver's
-    /// reads from the records it still needs (the kernel's zero-window
-    /// probes back off as a timeout does).
+    /// window is closed. A receiver that reads slowly (a `--limit-rate`,
+    /// a slow disk) opens it again within seconds, and copies on other
+    /// connections would only take its reads from the records it still
+    /// needs; one that does not read this connection at all is helped by
+    /// them. So a held connection is stuck only after a silence of
+    /// [`HELD_SILENCE_MIN`] or more (the kernel's zero-window probes back
+    /// off as a timeout does: that is no sign here).
     pub held: bool,
 }
 
@@ -135,6 +139,19 @@ const SILENCE_CAP_RTTS: u32 = 8;
 /// timeout of the connection's own (200 ms and up, doubling) is the
 /// likelier reason, and will end soon.
 const SILENCE_CAP_MIN: Duration = Duration::from_secs(1);
+
+/// The least silence after which a connection held by its peer's closed
+/// window ([`Observed::held`]) counts as stuck. A rate-limited reader of
+/// 16 connections at 500 kB/s opens each window every 2 s on loopback,
+/// whose 64 KiB segments are what a window must open by.
+pub const HELD_SILENCE_MIN: Duration = Duration::from_secs(5);
+
+/// How long a held connection may go without an acknowledgement before it
+/// counts as stuck: [`HELD_SILENCE_MIN`], or four times what an unheld
+/// one may ([`silence_limit`]) where that is longer.
+fn held_silence_limit(o: &Observed) -> Duration {
+    (silence_limit(o) * 4).max(HELD_SILENCE_MIN)
+}
 
 /// How long a connection holding undelivered records may go without an
 /// acknowledgement before it counts as stuck: its own RTO, but no more
@@ -234,13 +251,14 @@ impl Books {
             b.acked = acked;
             b.progress_at = now;
         }
-        // Time held by the receiver, or with nothing in the kernel (the
-        // record's write waits on our own side: `--limit-rate`, a slow
-        // read of the file), is no silence of the network's.
-        let network = !o.held && o.outq > 0;
-        if !network {
+        // Time with nothing in the kernel (the record's write waits on our
+        // own side: `--limit-rate`, a slow read of the file) is no
+        // silence; nor is a window that opens again after it was closed
+        // (what is sent then needs a round trip to be acknowledged).
+        if o.outq == 0 || (b.held && !o.held) {
             b.progress_at = now;
         }
+        b.held = o.held;
         // The first count seen is a base, not progress.
         if let Some(p) = o.progress {
             if b.progress.is_some_and(|seen| p > seen) {
@@ -260,8 +278,13 @@ impl Books {
         let delivered = &self.delivered;
         b.pending
             .retain(|s| !delivered.covers(s.offset, s.offset + s.len));
-        let silent = now.saturating_sub(b.progress_at) > silence_limit(&o);
-        b.stuck = !b.pending.is_empty() && network && (o.timed_out || silent);
+        let silence = now.saturating_sub(b.progress_at);
+        let stuck = if o.held {
+            silence > held_silence_limit(&o)
+        } else {
+            o.outq > 0 && (o.timed_out || silence > silence_limit(&o))
+        };
+        b.stuck = !b.pending.is_empty() && stuck;
     }
 
     /// Connection `idx` is gone (reset): nothing it carried counts as
@@ -444,12 +467,25 @@ mod tests {
             ..obs(H + 100, true)
         };
         assert!(!held.waiting());
-        b.observe(0, held, 5000 * MS);
+        b.observe(0, held, HELD_SILENCE_MIN);
         assert_eq!(b.claim(1), None);
         // The window opens: silence counts from then, not from the start.
-        b.observe(0, obs(H + 100, false), 5000 * MS + RTO / 2);
+        let opened = HELD_SILENCE_MIN + MS;
+        b.observe(0, obs(H + 100, false), opened);
         assert_eq!(b.claim(1), None);
-        b.observe(0, obs(H + 100, false), 5000 * MS + RTO + MS);
+        b.observe(0, obs(H + 100, false), opened + RTO / 2);
+        assert_eq!(b.claim(1), None);
+        b.observe(0, obs(H + 100, false), opened + RTO + MS);
+        assert_eq!(b.claim(1), Some((0, 100)));
+        // A window that stays closed, past any slow reader's: this
+        // connection is not read at all, and copies help.
+        let mut b = Books::new(200, &RangeSet::new());
+        send(&mut b, 0, 0, 100, MS);
+        send(&mut b, 1, 100, 100, MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        b.observe(0, held, HELD_SILENCE_MIN);
+        assert_eq!(b.claim(1), None);
+        b.observe(0, held, HELD_SILENCE_MIN + 2 * MS);
         assert_eq!(b.claim(1), Some((0, 100)));
         // A record whose write waits on the sender's own side (its rate
         // limit): nothing is in the kernel, nothing for the network to
