@@ -723,13 +723,27 @@ impl Session {
             Command::Epsv(arg) => self.epsv(arg).await?,
             Command::Mult(n) => {
                 self.mult_set = true;
-                let want = n
+                let asked = n
                     .unwrap_or(self.cfg.default_streams)
                     .clamp(1, self.cfg.max_streams.max(1));
+                let room = crate::limits::connection_room()
+                    .map(|r| u32::try_from(r).unwrap_or(u32::MAX).max(1));
+                let want = room.map_or(asked, |r| asked.min(r));
                 let g = self.streams_claim.set(want, self.cfg.max_streams_per_ip);
                 self.streams = g;
                 let max = self.cfg.max_streams;
-                if g < want {
+                if want < asked && g == want {
+                    tracing::warn!(
+                        asked,
+                        granted = g,
+                        "MULT held down by the open-file limit (ulimit -n)"
+                    );
+                    self.reply(
+                        200,
+                        format!("MULT {g} granted (server maximum {max}; its open-file limit has room for {g} more now)."),
+                    )
+                    .await?
+                } else if g < want {
                     self.reply(
                         200,
                         format!("MULT {g} granted (server maximum {max}; your address holds the rest of its {} connections).", self.cfg.max_streams_per_ip),

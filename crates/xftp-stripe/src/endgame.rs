@@ -65,6 +65,9 @@ struct Book {
     dead: bool,
     /// Held by its peer's closed window at the last observation.
     held: bool,
+    /// The kernel cannot be asked about it ([`Books::blind`]): what it
+    /// wrote counts as delivered, as without the endgame.
+    blind: bool,
 }
 
 /// What the kernel says of one sending connection: what it has
@@ -229,6 +232,33 @@ impl Books {
     pub fn written(&mut self, idx: usize, bytes: u64) {
         self.add_conn(idx);
         self.books[idx].written += bytes;
+        if self.books[idx].blind {
+            self.trust_written(idx);
+        }
+    }
+
+    /// Connection `idx` cannot be observed (no probe: the descriptor a
+    /// probe keeps could not be had, EMFILE). Its records count as
+    /// delivered once written, as they do without the endgame: its books
+    /// would otherwise never be settled, and every other connection would
+    /// wait on them for good. (It cannot be helped if it gets stuck.)
+    pub fn blind(&mut self, idx: usize) {
+        self.add_conn(idx);
+        self.books[idx].blind = true;
+        self.trust_written(idx);
+    }
+
+    fn trust_written(&mut self, idx: usize) {
+        let b = &mut self.books[idx];
+        b.acked = b.written;
+        while let Some(s) = b.pending.front() {
+            if s.end > b.acked {
+                break;
+            }
+            self.delivered.union(s.offset, s.offset + s.len);
+            b.acked_ranges.union(s.offset, s.offset + s.len);
+            b.pending.pop_front();
+        }
     }
 
     /// What the kernel says of connection `idx` at `now`: its records up
@@ -495,6 +525,21 @@ mod tests {
         send(&mut b, 1, 100, 100, MS);
         b.observe(1, obs(0, false), 2 * MS);
         b.observe(0, obs(0, false), 5000 * MS);
+        assert_eq!(b.claim(1), None);
+    }
+
+    /// A connection the kernel cannot be asked about (no probe): what it
+    /// writes counts as delivered, so the others do not wait on it.
+    #[test]
+    fn a_blind_connections_writes_count_as_delivered() {
+        let mut b = Books::new(200, &RangeSet::new());
+        b.blind(0);
+        b.queued(0, H + 100, Some((0, 100)), MS);
+        assert!(!b.all_delivered());
+        b.written(0, H + 100);
+        send(&mut b, 1, 100, 100, MS);
+        b.observe(1, obs(0, false), 2 * MS);
+        assert!(b.all_delivered());
         assert_eq!(b.claim(1), None);
     }
 

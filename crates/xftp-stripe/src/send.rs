@@ -684,6 +684,13 @@ async fn conn_task<S: AsyncWrite + DataSocket + Unpin>(
         if let Some(e) = st.endgame.as_mut() {
             e.grow(idx);
             e.probes[idx] = s.probe();
+            if e.probes[idx].is_none() {
+                tracing::debug!(
+                    conn = idx,
+                    "no probe of this connection: the endgame trusts what it writes"
+                );
+                e.books.blind(idx);
+            }
         }
     }
     let outcome = {

@@ -724,6 +724,67 @@ fn a_target_in_a_missing_directory_is_refused_before_connecting() {
     assert!(!d.local.join("nodir").exists());
 }
 
+/// A server short of file descriptors (`ulimit -n 64`) and a client asking
+/// for 32 connections: the server grants what its limit has room for, the
+/// transfers complete, and no descriptor is kept after them. Before, a
+/// transfer either waited 120 s on connections whose probe it could not
+/// open, or completed and kept 30 sockets in CLOSE-WAIT, after which every
+/// transfer (a stock client's too) was reset.
+#[test]
+fn a_server_short_of_descriptors_grants_fewer_connections_and_keeps_none() {
+    let d = dirs();
+    write_prng_file(&d.srv.join("big.bin"), 24 << 20, 37);
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -n 64 && exec \"$0\" serve --root \"$1\" --listen 127.0.0.1:0 --anonymous-write")
+        .arg(env!("CARGO_BIN_EXE_xftp"))
+        .arg(&d.srv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    let srv = Server { child, port };
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", srv.child.id()))
+            .unwrap()
+            .count()
+    };
+    let idle = fds();
+    let url = format!("ftp://127.0.0.1:{port}/big.bin");
+    for _ in 0..3 {
+        let out = xftp(
+            &[
+                "get",
+                "-p",
+                "32",
+                "--json",
+                "--timeout",
+                "30",
+                &url,
+                "big.bin",
+            ],
+            &d.local,
+        );
+        let j = json_ok(&out, "get from a server short of descriptors");
+        assert!(j["streams"].as_u64().unwrap_or(0) < 32, "{j}");
+        assert_eq!(
+            sha256_file(&d.local.join("big.bin")),
+            sha256_file(&d.srv.join("big.bin"))
+        );
+        // Its connections are closed once the client has closed its ends.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while fds() > idle && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_eq!(fds(), idle, "descriptors kept after the transfer");
+    }
+}
+
 /// `--json` gives one object on stdout also for a wrong command line.
 #[test]
 fn a_wrong_command_line_with_json_still_prints_one_object() {
