@@ -328,6 +328,33 @@ impl Drop for StreamClaim {
     }
 }
 
+/// Descriptors one data connection costs: its socket, and the duplicate
+/// the endgame's probe keeps (a closing connection's meter takes one more
+/// for a moment).
+const FDS_PER_CONNECTION: u64 = 3;
+
+/// Descriptors kept free for everything else a transfer opens (the file,
+/// a pipe for splice, the passive listener, the next session).
+const FDS_SPARE: u64 = 16;
+
+/// How many data connections the process's open-file limit
+/// (`RLIMIT_NOFILE`) leaves room for now, if it can tell. Granting more
+/// made a transfer fail with EMFILE half-way (or, before the endgame took
+/// connections it cannot observe, wait 120 s on them).
+pub fn connection_room() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    let soft: u64 = lim.rlim_cur;
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(soft.saturating_sub(open).saturating_sub(FDS_SPARE) / FDS_PER_CONNECTION)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,31 +488,4 @@ mod tests {
         drop(g2);
         assert_eq!(p.count(a), 1);
     }
-}
-
-/// Descriptors one data connection costs: its socket, and the duplicate
-/// the endgame's probe keeps (a closing connection's meter takes one more
-/// for a moment).
-const FDS_PER_CONNECTION: u64 = 3;
-
-/// Descriptors kept free for everything else a transfer opens (the file,
-/// a pipe for splice, the passive listener, the next session).
-const FDS_SPARE: u64 = 16;
-
-/// How many data connections the process's open-file limit
-/// (`RLIMIT_NOFILE`) leaves room for now, if it can tell. Granting more
-/// made a transfer fail with EMFILE half-way (or, before the endgame took
-/// connections it cannot observe, wait 120 s on them).
-pub fn connection_room() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid rlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return None;
-    }
-    let soft = u64::try_from(lim.rlim_cur).ok()?;
-    let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
-    Some(soft.saturating_sub(open).saturating_sub(FDS_SPARE) / FDS_PER_CONNECTION)
 }
