@@ -1858,7 +1858,7 @@ impl Client {
             (v, b, 0)
         } else {
             match self
-                .send_striped(conns, late, file, len, have, endgame)
+                .send_striped(&c_stor, conns, late, file, len, have, endgame)
                 .await
             {
                 Ok(v) => {
@@ -3837,8 +3837,10 @@ impl Client {
     /// end (with `endgame`, once every byte is delivered). The bytes sent
     /// on each connection (the endgame's copies included), the payload
     /// (each byte once), and the copies.
+    #[allow(clippy::too_many_arguments)]
     async fn send_striped(
         &mut self,
+        c_stor: &Cmd,
         conns: Vec<Stream>,
         late: Late,
         file: std::fs::File,
@@ -3876,9 +3878,25 @@ impl Client {
         // What each connection sent, for a failure that may be a success
         // after all (`after_failure`).
         let sent = || stats.stats().iter().map(|s| s.bytes).collect();
-        let report = match interruptible(&self.cfg.interrupt, run).await {
-            Ok(r) => r.map_err(|e| (stripe_err(e, self.cfg.data_timeout), sent()))?,
-            Err(e) => return Err((e, sent())),
+        // The control connection is watched meanwhile: a server that ends
+        // the upload (426: a newer upload of the file took over) may
+        // never take the data connections, and the sender would wait on
+        // them for the whole --timeout, then blame the path.
+        let stop = self.cfg.interrupt.clone();
+        let run = async move { interruptible(&stop, run).await };
+        let r = self.beside_control(c_stor, run).await;
+        // The server's refusal, read during the transfer, is the cause
+        // (the data connections it closed on that account are not), and
+        // is not to be read again.
+        // (After a success it stays, for `upload_answered` to read.)
+        if !matches!(r, Ok(Ok(Ok(_)))) {
+            if let Some(f) = self.early_final.take_if(|r| r.code >= 400) {
+                return Err((unexpected(c_stor, &f), sent()));
+            }
+        }
+        let report = match r {
+            Ok(Ok(r)) => r.map_err(|e| (stripe_err(e, self.cfg.data_timeout), sent()))?,
+            Ok(Err(e)) | Err(e) => return Err((e, sent())),
         };
         Ok((
             report.streams.iter().map(|s| s.bytes).collect(),

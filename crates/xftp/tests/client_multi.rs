@@ -785,6 +785,48 @@ fn a_server_short_of_descriptors_grants_fewer_connections_and_keeps_none() {
     }
 }
 
+/// Three `put -c` of different files to one name at once: the server lets
+/// the newest take over and ends the others with 426. Each of those
+/// reads it at once (a sender with data connections the server never
+/// took waited for the whole --timeout, then blamed the path), and the
+/// file is one of the uploads, whole.
+#[test]
+fn uploads_taken_over_by_a_newer_one_end_at_once() {
+    let d = dirs();
+    let srv = serve(&d.srv, 16);
+    for i in 0..3 {
+        write_prng_file(&d.local.join(format!("u{i}")), 12 << 20, 40 + 2 * i);
+    }
+    let url = format!("ftp://127.0.0.1:{}/same", srv.port);
+    for round in 0..3 {
+        let _ = std::fs::remove_file(d.srv.join("same"));
+        let start = std::time::Instant::now();
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let f = format!("u{i}");
+                support::spawn_xftp(
+                    &["put", "-c", "-p", "4", "--timeout", "30", &f, &url],
+                    &d.local,
+                )
+            })
+            .collect();
+        for r in runs {
+            let out = r.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("stalled"), "round {round}: {err}");
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "round {round}: a loser waited for its --timeout"
+        );
+        let got = sha256_file(&d.srv.join("same"));
+        assert!(
+            (0..3).any(|i| sha256_file(&d.local.join(format!("u{i}"))) == got),
+            "round {round}: the file is none of the uploads"
+        );
+    }
+}
+
 /// `--json` gives one object on stdout also for a wrong command line.
 #[test]
 fn a_wrong_command_line_with_json_still_prints_one_object() {
