@@ -1721,8 +1721,11 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
             ),
             _ => None,
         },
-        ClientError::Connect { .. } => Some(format!(
-            "is an FTP server running at {authority}? check the host and port"
+        ClientError::Connect { addr, source } => Some(super::transfer::connect_hint(
+            *addr,
+            source,
+            authority.rsplit(':').next().and_then(|p| p.parse().ok()),
+            &format!("is an FTP server running at {authority}? check the host and port"),
         )),
         ClientError::Resolve { .. } => Some("check the host name".into()),
         ClientError::Timeout { .. } if e.at_login() => Some(

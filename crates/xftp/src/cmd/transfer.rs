@@ -963,6 +963,28 @@ async fn get_once(a: &GetArgs, start: Instant) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
+/// The fix for a TCP connect that failed: out of descriptors is ours to
+/// fix; a port other than the control connection's is a data
+/// connection's (the server answered on its own port); else `control`.
+pub(crate) fn connect_hint(
+    addr: std::net::SocketAddr,
+    source: &std::io::Error,
+    control_port: Option<u16>,
+    control: &str,
+) -> String {
+    if source.raw_os_error() == Some(libc::EMFILE) || source.raw_os_error() == Some(libc::ENFILE) {
+        "this process is out of file descriptors: raise `ulimit -n`, or use fewer connections (-p)"
+            .into()
+    } else if control_port.is_some_and(|p| p != addr.port()) {
+        format!(
+            "that is a data connection (port {}): the server answered on its own port, then did not take it (out of descriptors or connections?) or a firewall is in the way; try again with fewer connections (-p), or --active",
+            addr.port()
+        )
+    } else {
+        control.into()
+    }
+}
+
 /// The longest wait a flag sets: longer is taken as this (a century).
 /// An `Instant` plus 1e19 s overflows, and a panic is no answer to
 /// `--timeout 1e19`.
@@ -1667,9 +1689,14 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             "is {} an FTP server's address? check the host and port (ftp://host:PORT/; ftps:// for implicit TLS)",
             url.authority()
         )),
-        ClientError::Connect { .. } => Some(format!(
-            "is an FTP server running at {}? check the host and port (ftp://host:PORT/)",
-            url.authority()
+        ClientError::Connect { addr, source } => Some(connect_hint(
+            *addr,
+            source,
+            Some(url.port),
+            &format!(
+                "is an FTP server running at {}? check the host and port (ftp://host:PORT/)",
+                url.authority()
+            ),
         )),
         ClientError::Resolve { .. } => Some("check the host name in the URL".into()),
         ClientError::NotThere { .. } => Some(format!(
@@ -1956,6 +1983,17 @@ mod tests {
         assert_eq!(parse_bufsize_arg("2k"), Ok(BufArg(Some(2048))));
         assert_eq!(parse_bufsize_arg("4MiB"), Ok(BufArg(Some(4 << 20))));
         assert!(parse_bufsize_arg("0").unwrap_err().contains("auto"));
+    }
+
+    #[test]
+    fn a_failed_connect_is_explained_by_whose_it_was() {
+        let a: std::net::SocketAddr = "127.0.0.1:45000".parse().unwrap();
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert_eq!(connect_hint(a, &refused, Some(45000), "ctl"), "ctl");
+        assert!(connect_hint(a, &refused, Some(21), "ctl").contains("data connection (port 45000)"));
+        assert!(connect_hint(a, &emfile, Some(45000), "ctl").contains("ulimit -n"));
+        assert_eq!(connect_hint(a, &refused, None, "ctl"), "ctl");
     }
 
     #[test]
