@@ -1745,6 +1745,17 @@ impl Session {
         let Some(from) = from else {
             return self.reply(503, "RNTO must come right after RNFR.").await;
         };
+        // "f/" and "f/." name a directory: a file renamed to them would
+        // take a name no later path with the slash could reach.
+        let t = arg.trim_ascii_end();
+        if (t.ends_with(b"/") || t.ends_with(b"/.")) && !from.is_dir() {
+            return self
+                .reply(
+                    553,
+                    "A file's new name cannot end with '/' (a directory's may).",
+                )
+                .await;
+        }
         let Some(v) = self.write_target(arg).await? else {
             return Ok(());
         };

@@ -613,6 +613,28 @@ fn put_r_reports_names_with_line_breaks_without_breaking_sessions() {
     }
 }
 
+/// RNTO of a file to `name/` or `name/.` (a directory's name) is
+/// refused as STOR to such a name is; a directory may take one.
+#[test]
+fn a_file_is_not_renamed_to_a_name_ending_in_a_slash() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::write(root.join("f"), b"f").unwrap();
+    let srv = serve(&root, &[]);
+    let mut c = support::Ctl::login(srv.port);
+    for to in ["g/", "g/."] {
+        assert!(c.cmd("RNFR f").starts_with("350"));
+        let r = c.cmd(&format!("RNTO {to}"));
+        assert!(r.starts_with("553"), "{to}: {r}");
+    }
+    assert_eq!(std::fs::read(root.join("f")).unwrap(), b"f");
+    assert!(c.cmd("RNFR d").starts_with("350"));
+    let r = c.cmd("RNTO e/");
+    assert!(r.starts_with("250"), "{r}");
+    assert!(root.join("e").is_dir());
+}
+
 #[test]
 fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
     use std::os::unix::ffi::OsStrExt;
