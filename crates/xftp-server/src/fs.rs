@@ -42,6 +42,18 @@ pub enum FsError {
     Io(#[from] std::io::Error),
 }
 
+/// Whether the server's user may search (enter) the directory `p`
+/// (`access(2)`, `X_OK`).
+pub fn can_enter(p: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path, read only.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// An OS error in words a client's user can act on, without the errno
 /// ("Permission denied", not "Permission denied (os error 13)").
 pub fn io_text(e: &std::io::Error) -> String {

@@ -1395,6 +1395,11 @@ impl Session {
         };
         match self.root.existing(&v) {
             Ok(p) if p.is_dir() => {
+                // A directory the server's user cannot enter would take
+                // the CWD and fail every command after it.
+                if let Err(e) = fs::can_enter(&p) {
+                    return self.reply(550, io_said(&v, &e)).await;
+                }
                 self.cwd = v;
                 let d = self.cwd.display();
                 self.reply(250, format!("Directory changed to {d}.")).await

@@ -635,6 +635,53 @@ fn a_file_is_not_renamed_to_a_name_ending_in_a_slash() {
     assert!(root.join("e").is_dir());
 }
 
+/// CWD into a directory the server's user cannot enter (no x bit) is
+/// refused, as chdir would be; it was taken, and every command after it
+/// failed. The server runs as nobody here (as root, modes do not hold).
+#[test]
+fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("nox")).unwrap();
+    std::fs::create_dir_all(root.join("ok")).unwrap();
+    for d in [dir.path(), root.as_path(), &root.join("ok")] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(root.join("nox"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let mut cmd = if unsafe { libc::geteuid() } == 0 {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_xftp"));
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_xftp"))
+    };
+    let mut child = cmd
+        .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    let _srv = support::Server { child, port };
+    let mut c = support::Ctl::login(port);
+    let r = c.cmd("CWD nox");
+    assert!(
+        r.starts_with("550") && r.contains("Permission denied"),
+        "{r}"
+    );
+    assert!(c.cmd("PWD").contains("\"/\""));
+    assert!(c.cmd("CWD ok").starts_with("250"));
+}
+
 #[test]
 fn names_that_are_not_utf8_go_both_ways_as_their_bytes() {
     use std::os::unix::ffi::OsStrExt;
