@@ -442,6 +442,41 @@ pub fn list_line(name: &[u8], md: &Metadata, link_to: Option<&[u8]>) -> Vec<u8> 
     line
 }
 
+/// Whether the server's user has `bit` (4 read, 2 write, 1 search) on
+/// what `md` describes, by its mode: root has all, but search on a file
+/// only where some x bit is set (as the kernel has it).
+fn may(md: &Metadata, bit: u32) -> bool {
+    use std::sync::OnceLock;
+    static ME: OnceLock<(u32, Vec<u32>)> = OnceLock::new();
+    let (uid, gids) = ME.get_or_init(|| {
+        // SAFETY: geteuid, getegid and getgroups have no preconditions;
+        // getgroups writes at most `n` entries into a buffer of `n`.
+        unsafe {
+            let mut gids = vec![libc::getegid()];
+            let n = libc::getgroups(0, std::ptr::null_mut());
+            if n > 0 {
+                let mut more = vec![0 as libc::gid_t; n as usize];
+                let got = libc::getgroups(n, more.as_mut_ptr());
+                more.truncate(got.max(0) as usize);
+                gids.extend(more);
+            }
+            (libc::geteuid(), gids)
+        }
+    });
+    let mode = md.mode();
+    if *uid == 0 {
+        return bit != 1 || md.is_dir() || mode & 0o111 != 0;
+    }
+    let shift = if md.uid() == *uid {
+        6
+    } else if gids.contains(&md.gid()) {
+        3
+    } else {
+        0
+    };
+    (mode >> shift) & bit != 0
+}
+
 /// RFC 3659 facts for MLSD/MLST, without the name: `type=file;size=..;...; `.
 pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) -> String {
     // RFC 3659 7.5.1: what is neither a file nor a directory is an
@@ -479,6 +514,18 @@ pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) ->
         (false, true) => "radfw",
         (false, false) => "r",
     };
+    // What the file's own mode lets the server's user do, too: a file of
+    // mode 000 is not `r` (RETR fails), a directory without x not `e`.
+    let perm: String = perm
+        .chars()
+        .filter(|c| match c {
+            'r' | 'l' => may(md, 4),
+            'a' | 'w' => may(md, 2),
+            'c' | 'm' | 'p' => may(md, 2) && may(md, 1),
+            'e' => may(md, 1),
+            _ => true,
+        })
+        .collect();
     // `unique` (RFC 3659 7.5.2): one value for every name of an object,
     // so that a client walking a tree sees a loop through a link.
     format!(
@@ -581,6 +628,19 @@ mod tests {
         assert_eq!(perm(dir.path(), false), "el");
         assert_eq!(perm(&dir.path().join("f"), true), "radfw");
         assert_eq!(perm(&dir.path().join("f"), false), "r");
+        // The file's own mode counts for the server's user (not for root,
+        // which reads and writes whatever the mode).
+        use std::os::unix::fs::PermissionsExt;
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(dir.path().join("f"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let f = perm(&dir.path().join("f"), true);
+        assert_eq!(f, if root { "radfw" } else { "df" });
+        assert_eq!(perm(&sub, true), if root { "elcdmfp" } else { "ldf" });
     }
 
     #[test]

@@ -679,6 +679,10 @@ fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
         "{r}"
     );
     assert!(c.cmd("PWD").contains("\"/\""));
+    // Its facts say so too: listable, not enterable.
+    let r = c.cmd("MLST nox");
+    let perm = r.split("perm=").nth(1).and_then(|p| p.split(';').next());
+    assert_eq!(perm, Some("l"), "{r}");
     assert!(c.cmd("CWD ok").starts_with("250"));
 }
 
