@@ -320,6 +320,9 @@ pub struct Client {
     /// The final reply to a stream-mode transfer, read before the end of
     /// its data ([`Client::beside_control`]).
     early_final: Option<Reply>,
+    /// The name progress shows while a transfer goes to another one (an
+    /// upload to its temporary `.NAME.xftp-part`): the user's target.
+    progress_name: Option<String>,
     /// Entries the server's listings said they left out, since the last
     /// [`Client::take_unlisted`].
     unlisted: usize,
@@ -540,6 +543,7 @@ impl Client {
             received_twice: 0,
             out_of_step: false,
             early_final: None,
+            progress_name: None,
             unlisted: 0,
             unreadable: 0,
             mlst_chosen: false,
@@ -1427,7 +1431,9 @@ impl Client {
         };
         let tmp = temp_remote_name(remote);
         self.verify_alg = Some(v.0);
+        self.progress_name = Some(remote.to_owned());
         let sent = self.upload_as(local, &tmp).await;
+        self.progress_name = None;
         self.verify_alg = None;
         let r = match sent {
             Ok(mut rep) => match self.verify_file(&tmp, local, rep.bytes, v).await {
@@ -1582,9 +1588,11 @@ impl Client {
         // What a REST line holds of it; the rest is sent again.
         let have = have.map(|h| rest_set(&h));
         let already = have.as_ref().map_or(0, |h| h.covered());
+        self.progress_name = Some(remote.to_owned());
         let r = self
             .upload_body(file, len, local, &tmp, start, have.as_ref())
             .await;
+        self.progress_name = None;
         if !framed_before && self.mode_e {
             self.mode_e = false;
             let _ = self.leave_mode_e().await;
@@ -2878,7 +2886,7 @@ impl Client {
 
     fn progress_begin(&self, label: &str, total: Option<u64>) {
         if let Some(p) = &self.cfg.progress {
-            p.begin(label, total);
+            p.begin(self.progress_name.as_deref().unwrap_or(label), total);
         }
     }
 

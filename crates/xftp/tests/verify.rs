@@ -510,6 +510,20 @@ fn progress_as_json_lines_and_nothing_on_a_pipe() {
         .collect();
     assert!(b.windows(2).all(|w| w[0] <= w[1]), "{b:?}");
 
+    // An upload that goes to a temporary name first (--verify, -c) is
+    // shown under the name the user gave, not `.NAME.xftp-part`.
+    for extra in ["--verify", "-c"] {
+        let url = format!("ftp://127.0.0.1:{}/up.bin", srv.port);
+        let out = xftp(
+            &["put", extra, "--json-progress", "--json", "a.bin", &url],
+            dir.path(),
+        );
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("\"path\":\"up.bin\""), "{extra}: {text}");
+        assert!(!text.contains("xftp-part"), "{extra}: {text}");
+    }
+
     // On a pipe: the summary line only, no bar, no escape sequences.
     let out = xftp(&["get", "-p", "2", &url, "b.bin"], dir.path());
     assert!(out.status.success());
