@@ -64,11 +64,8 @@ pub struct Endpoint {
 
 /// `--record-size`: 4 KiB to 8 MiB, with k/M suffixes as the other sizes.
 fn parse_record_size(s: &str) -> Result<u32, String> {
-    let n = super::transfer::parse_byte_count(s)?;
-    u32::try_from(n)
-        .ok()
-        .filter(|n| (4096..=8 << 20).contains(n))
-        .ok_or_else(|| format!("{s:?} is outside 4k to 8M"))
+    // Within u32 by the range.
+    super::transfer::byte_count_within(s, 4 << 10, 8 << 20, "4k to 8M").map(|n| n as u32)
 }
 
 /// `xftp send`: stdin to the peer.

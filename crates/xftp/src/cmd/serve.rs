@@ -120,11 +120,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 /// `--record-size`: 4 KiB to 64 MiB, with k/M suffixes as the other sizes.
 fn parse_record_size(s: &str) -> Result<u32, String> {
-    let n = super::transfer::parse_byte_count(s)?;
-    u32::try_from(n)
-        .ok()
-        .filter(|n| (4096..=64 << 20).contains(n))
-        .ok_or_else(|| format!("{s:?} is outside 4k to 64M"))
+    // Within u32 by the range.
+    super::transfer::byte_count_within(s, 4 << 10, 64 << 20, "4k to 64M").map(|n| n as u32)
 }
 
 fn parse_port_range(s: &str) -> Result<(u16, u16), String> {

@@ -313,6 +313,16 @@ pub(crate) fn parse_byte_count(s: &str) -> Result<u64, String> {
     })
 }
 
+/// [`parse_byte_count`] within `lo..=hi` bytes (`range` says it in words).
+pub(crate) fn byte_count_within(s: &str, lo: u64, hi: u64, range: &str) -> Result<u64, String> {
+    let n = parse_byte_count(s)?;
+    if (lo..=hi).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{s:?} is outside {range}"))
+    }
+}
+
 fn parse_rate(s: &str) -> Result<u64, String> {
     match parse_byte_count(s)? {
         0 => Err(format!(
