@@ -4520,10 +4520,15 @@ pub(crate) fn local_target(local: &Path) -> Result<PathBuf> {
     } else {
         "not a regular file"
     };
+    // (/dev/null as a target is mostly a measurement.)
+    let measure = if ft.is_dir() {
+        ""
+    } else {
+        " (to measure a transfer without keeping it, download into a file on tmpfs and remove it)"
+    };
     Err(ClientError::Usage(format!(
         "{} is {what}: xftp writes a download beside its target and renames it into place, \
-         which would replace it — give the path of a regular file (to measure a transfer \
-         without keeping it, download into a file on tmpfs and remove it)",
+         which would replace it — give the path of a regular file{measure}",
         local.display()
     )))
 }
