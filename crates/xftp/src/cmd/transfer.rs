@@ -1772,7 +1772,7 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ),
         ClientError::SourceChanged { partial, .. } => Some(match op {
             Op::Put => format!(
-                "the local file changed since the partial upload {}: run without -c to send it whole",
+                "the partial upload {} on the server is of another version: the local file changed since, or another upload of the same name (a second `xftp put -c` of another file) began it; run without -c to send it whole",
                 partial.display()
             ),
             _ => xftp_client::remove_partial_fix(partial),
