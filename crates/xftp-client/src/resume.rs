@@ -67,6 +67,12 @@ pub(crate) struct Partial {
     /// Present when the run began.
     pub had: RangeSet,
     pub rec: Arc<RecordedFile>,
+    /// Held while the record is written; true once it was removed. A
+    /// checkpoint in a blocking thread outlives the abort of its task,
+    /// and wrote a stale record after the file was complete, renamed
+    /// and its record removed: every later `-c` of a new version then
+    /// failed on it.
+    done: Arc<std::sync::Mutex<bool>>,
 }
 
 /// Why a resume cannot go on.
@@ -166,6 +172,9 @@ impl Partial {
             let p = p.to_owned();
             move |e| ResumeError::Io(p, e)
         };
+        // A record without its partial names bytes that are not there (a
+        // run that completed and was killed as its record went): stale.
+        let existed = path.symlink_metadata().is_ok();
         // Never through a link, nor into a FIFO or a device, put in the
         // partial's place (in a directory others may write to): O_NOFOLLOW
         // and O_NONBLOCK, and a plain file checked on the open descriptor.
@@ -211,6 +220,13 @@ impl Partial {
         match xftp_stripe::read_regular(&record, libc::O_NOFOLLOW).and_then(|b| {
             b.ok_or_else(|| io::Error::other("not a regular file: remove it and run again"))
         }) {
+            Ok(_) if !existed => {
+                tracing::info!(
+                    "{}: a resume record without its partial; removed",
+                    record.display()
+                );
+                let _ = std::fs::remove_file(&record);
+            }
             Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
                 Ok(r) if r.version == 1 => {
                     // Another file's partial (the same local name for
@@ -258,6 +274,7 @@ impl Partial {
             source: source.to_owned(),
             meta: now,
             had,
+            done: Arc::default(),
         })
     }
 
@@ -268,12 +285,19 @@ impl Partial {
 
     /// Make what was recorded durable and say so in the record.
     pub(crate) fn checkpoint(&self) -> io::Result<()> {
-        checkpoint(&self.rec, &self.record, &self.source, &self.meta)
+        checkpoint(
+            &self.done,
+            &self.rec,
+            &self.record,
+            &self.source,
+            &self.meta,
+        )
     }
 
     /// A task that checkpoints every [`CHECKPOINT_EVERY`] until aborted.
     pub(crate) fn spawn_checkpoints(&self) -> tokio::task::JoinHandle<()> {
-        let (rec, record, source, meta) = (
+        let (done, rec, record, source, meta) = (
+            self.done.clone(),
             self.rec.clone(),
             self.record.clone(),
             self.source.clone(),
@@ -284,11 +308,17 @@ impl Partial {
             t.tick().await;
             loop {
                 t.tick().await;
-                let (rec, record, source, meta) =
-                    (rec.clone(), record.clone(), source.clone(), meta.clone());
-                let r =
-                    tokio::task::spawn_blocking(move || checkpoint(&rec, &record, &source, &meta))
-                        .await;
+                let (done, rec, record, source, meta) = (
+                    done.clone(),
+                    rec.clone(),
+                    record.clone(),
+                    source.clone(),
+                    meta.clone(),
+                );
+                let r = tokio::task::spawn_blocking(move || {
+                    checkpoint(&done, &rec, &record, &source, &meta)
+                })
+                .await;
                 if let Ok(Err(e)) = r {
                     tracing::warn!("cannot write the resume record: {e}");
                 }
@@ -307,6 +337,9 @@ impl Partial {
     /// The whole file is here: remove the record (the caller renames the
     /// data into place).
     pub(crate) fn remove_record(&self) {
+        // After a checkpoint under way, and before any later one.
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *done = true;
         let _ = std::fs::remove_file(&self.record);
         // And what a run killed while writing it left.
         xftp_stripe::remove_stale_temps(&self.record);
@@ -314,11 +347,16 @@ impl Partial {
 }
 
 fn checkpoint(
+    done: &std::sync::Mutex<bool>,
     rec: &RecordedFile,
     record: &Path,
     source: &str,
     meta: &SourceMeta,
 ) -> io::Result<()> {
+    let done = done.lock().unwrap_or_else(|p| p.into_inner());
+    if *done {
+        return Ok(());
+    }
     let ranges: Vec<(u64, u64)> = rec.sync_ranges()?.iter().collect();
     let r = Record {
         version: 1,
@@ -340,6 +378,35 @@ mod tests {
             size,
             mdtm: Some("20261124120000".into()),
         }
+    }
+
+    /// A checkpoint that comes after the record was removed (one still
+    /// under way in a blocking thread when the transfer completed) writes
+    /// nothing: a stale record beside the complete file made every later
+    /// `-c` of a new version fail.
+    #[test]
+    fn no_checkpoint_after_the_record_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f.bin");
+        let p = Partial::open(&target, "h:21/f.bin", meta(10)).unwrap();
+        p.rec.write_at(&[1u8; 10], 0).unwrap();
+        p.checkpoint().unwrap();
+        assert!(p.record.exists());
+        p.remove_record();
+        assert!(!p.record.exists());
+        p.checkpoint().unwrap();
+        assert!(!p.record.exists(), "a stale record came back");
+        // And one left anyway (by an older build), with no partial beside
+        // it, names nothing: a changed source is no reason to refuse.
+        drop(p);
+        std::fs::rename(partial_path(&target), &target).unwrap();
+        std::fs::write(
+            record_path(&partial_path(&target)),
+            br#"{"version":1,"source":"h:21/f.bin","size":10,"mdtm":"20261124120000","ranges":[[0,9]]}"#,
+        )
+        .unwrap();
+        let p = Partial::open(&target, "h:21/f.bin", meta(7)).unwrap();
+        assert_eq!(p.already(), 0);
     }
 
     #[test]
