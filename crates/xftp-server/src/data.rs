@@ -81,7 +81,7 @@ pub fn passive_listener(
             IpAddr::V6(_) => TcpSocket::new_v6()?,
         };
         if let Some(b) = bufsize {
-            xftp_tune::sockbuf::apply(&sock, b)?;
+            xftp_tune::sockbuf::apply_capped(&sock, b)?;
         }
         // The server closes data connections first, so their ports sit in
         // TIME-WAIT for a minute: without this a `--passive-ports` range
@@ -294,7 +294,7 @@ pub(crate) async fn connect_from(
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     if let Some(b) = bufsize {
-        xftp_tune::sockbuf::apply(&sock, b)?;
+        xftp_tune::sockbuf::apply_capped(&sock, b)?;
     }
     if local.is_ipv4() == to.is_ipv4() {
         sock.bind(SocketAddr::new(local, 0))?;

@@ -1324,7 +1324,7 @@ impl Session {
     }
 
     fn bufsize_text(&self) -> String {
-        match (self.bufsize, xftp_tune::sockbuf::probe(self.bufsize)) {
+        match (self.bufsize, xftp_tune::sockbuf::probe_capped(self.bufsize)) {
             (None, Ok(f)) => format!(
                 "Data socket buffers: kernel autotuning (initial rcv {}, snd {}).",
                 f.rcv, f.snd

@@ -161,6 +161,29 @@ pub fn apply(sock: &impl AsRawFd, bytes: u64) -> std::io::Result<InForce> {
     read(sock)
 }
 
+/// Apply `bytes` to both buffers of `sock` with the plain options only:
+/// the kernel holds them to `net.core.rmem_max`/`wmem_max`. For sizes a
+/// peer asks for (`SITE BUFSIZE` on a server): run as root, FORCE let an
+/// anonymous client pin 512 MiB of the host's TCP memory per connection
+/// past the limits the operator set.
+pub fn apply_capped(sock: &impl AsRawFd, bytes: u64) -> std::io::Result<InForce> {
+    let fd = sock.as_raw_fd();
+    let v = bytes.min(i32::MAX as u64 / 2) as libc::c_int;
+    setopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v)?;
+    setopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v)?;
+    read(sock)
+}
+
+/// What [`apply_capped`] would give a data socket for `bytes`, measured on
+/// a probe socket.
+pub fn probe_capped(bytes: Option<u64>) -> std::io::Result<InForce> {
+    let s = TcpSocket::new_v4()?;
+    match bytes {
+        Some(b) => apply_capped(&s, b),
+        None => read(&s),
+    }
+}
+
 /// What the kernel reports for `sock`.
 pub fn read(sock: &impl AsRawFd) -> std::io::Result<InForce> {
     let fd = sock.as_raw_fd();

@@ -727,3 +727,33 @@ fn a_fifo_in_the_served_tree_holds_no_session() {
         sha256_file(&dir.path().join("f.bin"))
     );
 }
+
+/// A client's `SITE BUFSIZE` is held to the operator's limits
+/// (`net.core.rmem_max`/`wmem_max`) also when the server runs as root:
+/// with SO_RCVBUFFORCE an anonymous client that asked for 256 MiB and did
+/// not read pinned 512 MiB of the host's TCP memory per connection.
+#[test]
+fn site_bufsize_stays_within_the_operators_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    let r = c.cmd("SITE BUFSIZE 256M");
+    assert!(r.starts_with("200"), "{r}");
+    let in_force = |what: &str| -> u64 {
+        r.split(&format!("{what} "))
+            .nth(1)
+            .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {what} in {r}"))
+    };
+    let sysctl = |name: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The kernel doubles what it is given, for its bookkeeping.
+    assert!(in_force("rcv") <= 2 * sysctl("rmem_max"), "{r}");
+    assert!(in_force("snd") <= 2 * sysctl("wmem_max"), "{r}");
+}
