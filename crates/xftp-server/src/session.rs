@@ -1210,12 +1210,13 @@ impl Session {
             format!("Connected from {}", self.peer),
             format!("Logged in as {user}"),
             format!(
-                "TYPE: {}, STRU: F, MODE: S, MULT: {} (max {})",
+                "TYPE: {}, STRU: F, MODE: {}, MULT: {} (max {})",
                 if self.ttype == TransferType::Image {
                     "I"
                 } else {
                     "A"
                 },
+                if self.mode_e { "E" } else { "S" },
                 self.streams,
                 self.cfg.max_streams
             ),

@@ -753,6 +753,9 @@ fn site_bufsize_stays_within_the_operators_limits() {
             .parse()
             .unwrap()
     };
+    // (STAT tells the mode in force.)
+    assert!(c.cmd("MODE E").starts_with("200"));
+    assert!(c.cmd("STAT").contains("MODE: E"));
     // The kernel doubles what it is given, for its bookkeeping.
     assert!(in_force("rcv") <= 2 * sysctl("rmem_max"), "{r}");
     assert!(in_force("snd") <= 2 * sysctl("wmem_max"), "{r}");
