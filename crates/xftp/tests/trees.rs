@@ -651,15 +651,17 @@ fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
     }
     std::fs::set_permissions(root.join("nox"), std::fs::Permissions::from_mode(0o644)).unwrap();
     // SAFETY: geteuid has no preconditions.
-    let mut cmd = if unsafe { libc::geteuid() } == 0 {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(env!("CARGO_BIN_EXE_xftp"));
-        c
-    } else {
-        Command::new(env!("CARGO_BIN_EXE_xftp"))
+    let as_server = || {
+        if unsafe { libc::geteuid() } == 0 {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_xftp"));
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_xftp"))
+        }
     };
-    let mut child = cmd
+    let mut child = as_server()
         .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
         .arg(&root)
         .stdout(std::process::Stdio::piped())
@@ -672,6 +674,20 @@ fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
         .unwrap();
     let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
     let _srv = support::Server { child, port };
+    // A root it may not list at all is refused at start, not served.
+    let closed = dir.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = as_server()
+        .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
+        .arg(&closed)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("may not list it"),
+        "{err}"
+    );
     let mut c = support::Ctl::login(port);
     let r = c.cmd("CWD nox");
     assert!(

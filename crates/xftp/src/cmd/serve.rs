@@ -183,6 +183,23 @@ pub async fn run(a: Args) -> anyhow::Result<ExitCode> {
             a.root.display()
         )
     })?;
+    // A root the server's user cannot list (a root-owned 0700 directory
+    // under `setpriv`) took logins and failed every command after them.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(a.root.as_os_str().as_bytes())
+            .context("--root holds a NUL byte")?;
+        // SAFETY: a NUL-terminated path, read only.
+        if unsafe { libc::access(c.as_ptr(), libc::R_OK | libc::X_OK) } != 0 {
+            bail!(
+                "cannot serve {}: the server's user (uid {}) may not list it ({}); give it read and search permission, or run as its owner",
+                a.root.display(),
+                // SAFETY: geteuid has no preconditions.
+                unsafe { libc::geteuid() },
+                std::io::Error::last_os_error()
+            );
+        }
+    }
     config.anonymous = a.anonymous || a.anonymous_write;
     config.anonymous_write = a.anonymous_write;
     if let Some(u) = &a.users {
