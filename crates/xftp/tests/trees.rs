@@ -678,11 +678,24 @@ fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
     let closed = dir.path().join("closed");
     std::fs::create_dir(&closed).unwrap();
     std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o000)).unwrap();
-    let out = as_server()
+    let mut refused = as_server()
         .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
         .arg(&closed)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // Bounded: a server that takes the root does not end by itself.
+    let t0 = std::time::Instant::now();
+    while refused.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = refused.kill();
+            let _ = refused.wait();
+            panic!("a root it may not list was served");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = refused.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("may not list it"),
