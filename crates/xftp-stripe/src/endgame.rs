@@ -251,6 +251,13 @@ impl Books {
     fn trust_written(&mut self, idx: usize) {
         let b = &mut self.books[idx];
         b.acked = b.written;
+        self.settle_acked(idx);
+    }
+
+    /// Connection `idx`'s records up to what its peer acknowledged are
+    /// delivered.
+    fn settle_acked(&mut self, idx: usize) {
+        let b = &mut self.books[idx];
         while let Some(s) = b.pending.front() {
             if s.end > b.acked {
                 break;
@@ -296,14 +303,8 @@ impl Books {
             }
             b.progress = Some(b.progress.map_or(p, |seen| seen.max(p)));
         }
-        while let Some(s) = b.pending.front() {
-            if s.end > b.acked {
-                break;
-            }
-            self.delivered.union(s.offset, s.offset + s.len);
-            b.acked_ranges.union(s.offset, s.offset + s.len);
-            b.pending.pop_front();
-        }
+        self.settle_acked(idx);
+        let b = &mut self.books[idx];
         // Records delivered by another connection's copy.
         let delivered = &self.delivered;
         b.pending
