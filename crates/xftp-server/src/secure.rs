@@ -44,6 +44,65 @@ pub(crate) async fn secure_one(
     }
 }
 
+/// After the last handshake failed with no other under way, how long to
+/// wait for another connection from the client's address: its own comes
+/// within a round trip of the stranger's that took the slot first.
+const AFTER_A_FAILED_HANDSHAKE: Duration = Duration::from_secs(2);
+
+/// One passive data connection under TLS: the first connection from the
+/// client's address whose handshake succeeds, `first` (accepted already)
+/// or one accepted from `listener` while it shakes hands, within `limit`.
+/// A stranger from that address (another process, a user behind the same
+/// NAT) that connected first took the transfer's one slot, and its
+/// failed or silent handshake failed the transfer (522, or after 30 s).
+/// Its connection is closed; the error is the last handshake's.
+pub(crate) async fn first_secured(
+    tls: &DataTls,
+    listener: &tokio::net::TcpListener,
+    peer: std::net::IpAddr,
+    first: TcpStream,
+    limit: Duration,
+) -> Result<Stream, DataTlsError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut hs = tokio::task::JoinSet::new();
+    let t = tls.clone();
+    hs.spawn(async move { t.wrap(first).await });
+    let mut last = None;
+    let mut give_up = deadline;
+    loop {
+        tokio::select! {
+            r = hs.join_next(), if !hs.is_empty() => {
+                match r {
+                    Some(Ok(Ok(s))) => return Ok(s),
+                    Some(Ok(Err(e))) => last = Some(e),
+                    Some(Err(e)) => last = Some(DataTlsError::Handshake(std::io::Error::other(e))),
+                    None => {}
+                }
+                if hs.is_empty() {
+                    give_up = deadline.min(tokio::time::Instant::now() + AFTER_A_FAILED_HANDSHAKE);
+                }
+            }
+            c = crate::data::accept_from_peer(listener, peer) => match c {
+                Ok(c) => {
+                    let t = tls.clone();
+                    hs.spawn(async move { t.wrap(c).await });
+                    give_up = deadline;
+                }
+                // Out of descriptors, say: no busy loop.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            },
+            () = tokio::time::sleep_until(give_up) => {
+                return Err(last.unwrap_or_else(|| {
+                    DataTlsError::Handshake(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no data connection finished its handshake in time",
+                    ))
+                }));
+            }
+        }
+    }
+}
+
 /// TLS handshakes of data connections still under way when their
 /// transfer started (see [`secure_early`]); the transfer adopts each as it
 /// is done ([`Live::join_rest`](crate::live::Live::join_rest)).

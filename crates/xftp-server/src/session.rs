@@ -1950,7 +1950,24 @@ impl Session {
         // Under TLS the start waits for the first handshake, and the
         // others for `EARLY_START` more, as it waits for connections.
         let tls = self.data_tls(sending);
-        match crate::secure::secure_early(tls.as_ref(), conns, early.then_some(EARLY_START)).await {
+        let secured = match (tls.as_ref(), grow.as_ref()) {
+            // One passive connection (a stock client's): a stranger from
+            // the client's address must not take its slot.
+            (Some(t), Some(Grow::Passive(l))) if n == 1 && conns.len() == 1 => {
+                let first = conns.into_iter().next().expect("one connection");
+                crate::secure::first_secured(t, l, self.peer_ip(), first, self.cfg.data_timeout)
+                    .await
+                    .map(|s| crate::secure::Secured {
+                        conns: vec![s],
+                        handshakes: None,
+                        failed: 0,
+                    })
+            }
+            _ => {
+                crate::secure::secure_early(tls.as_ref(), conns, early.then_some(EARLY_START)).await
+            }
+        };
+        match secured {
             Ok(s) => Ok(Some((
                 s.conns,
                 grow,

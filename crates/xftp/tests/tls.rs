@@ -414,6 +414,65 @@ fn ftplib_in(python: &str, port: u16, ca: &Path, reuse: bool, active: bool) -> S
     text
 }
 
+/// A stranger from the client's own address (another process, a user
+/// behind the same NAT) connects to the passive port before the client
+/// does, then closes, sends garbage or stays silent. The stranger is
+/// dropped and the client's own connection carries the file; the
+/// stranger's failed handshake used to fail the transfer (522, or after
+/// 30 s for a silent one).
+#[test]
+fn a_stranger_on_the_passive_port_does_not_fail_the_transfer() {
+    if !have("python3") {
+        return;
+    }
+    const SCRIPT: &str = r#"
+import ftplib, io, socket, ssl, sys
+port, ca, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+keep = []
+class Stranger(ftplib.FTP_TLS):
+    def makepasv(self):
+        host, p = ftplib.FTP_TLS.makepasv(self)
+        s = socket.create_connection((host, p))
+        if mode == "close":
+            s.close()
+        else:
+            if mode == "garbage":
+                s.sendall(b"not a TLS hello" * 8)
+            keep.append(s)
+        return host, p
+    def ntransfercmd(self, cmd, rest=None):
+        conn, size = ftplib.FTP.ntransfercmd(self, cmd, rest)
+        conn = self.context.wrap_socket(conn, server_hostname=self.host, session=self.sock.session)
+        return conn, size
+f = Stranger(context=ssl.create_default_context(cafile=ca), timeout=20)
+f.connect("localhost", port)
+f.login()
+f.prot_p()
+buf = io.BytesIO()
+f.retrbinary("RETR src.bin", buf.write)
+print("GOT %d" % len(buf.getvalue()))
+f.quit()
+"#;
+    let pki = pki();
+    let root = tempfile::tempdir().unwrap();
+    write_prng_file(&root.path().join("src.bin"), 300_001, 11);
+    let srv = serve_tls(root.path(), &pki, &["--tls", "required"]);
+    for mode in ["close", "garbage", "silent"] {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(PYTHON)
+            .args(["-c", SCRIPT, &srv.port.to_string(), s(&pki.cert), mode])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("GOT 300001"),
+            "{mode}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(15), "{mode}");
+    }
+}
+
 #[test]
 fn python_ftplib_prot_p_with_and_without_session_reuse() {
     if !have("python3") {
