@@ -321,9 +321,10 @@ static SWEPT: std::sync::LazyLock<std::sync::Mutex<Swept>> =
 /// directory ever written to (a directory swept again costs one listing).
 const SWEPT_MAX: usize = 4096;
 
-/// A set of directories, emptied when it would hold more than `max`.
+/// Directories and when each was last swept, emptied when it would hold
+/// more than `max`.
 struct Swept {
-    dirs: std::collections::HashSet<PathBuf>,
+    dirs: std::collections::HashMap<PathBuf, std::time::Instant>,
     max: usize,
 }
 
@@ -335,28 +336,39 @@ impl Swept {
         }
     }
 
-    /// Whether `dir` is new to the set (it is in it afterwards).
-    fn first(&mut self, dir: &Path) -> bool {
-        if self.dirs.contains(dir) {
+    /// Whether `dir` is due a sweep at `now`: never swept, or last swept
+    /// more than [`STALE_TEMP`] before (it is recorded as swept now).
+    /// Once per life was not enough: a server restarted within a minute
+    /// of a kill found the dead upload's temporary too fresh at its first
+    /// upload there, and never looked again.
+    fn due(&mut self, dir: &Path, now: std::time::Instant) -> bool {
+        if self
+            .dirs
+            .get(dir)
+            .is_some_and(|&at| now.duration_since(at) <= STALE_TEMP)
+        {
             return false;
         }
-        if self.dirs.len() >= self.max {
+        if self.dirs.len() >= self.max && !self.dirs.contains_key(dir) {
             self.dirs.clear();
             self.dirs.shrink_to_fit();
         }
-        self.dirs.insert(dir.to_owned())
+        self.dirs.insert(dir.to_owned(), now);
+        true
     }
 }
 
-/// Remove, once per directory in this process's life (or until
-/// [`SWEPT_MAX`] others came after it) and off the async threads, the
-/// temporaries of uploads whose writer is gone (a server killed
-/// mid-upload). Each upload holds an exclusive lock on its temporary
-/// while it writes ([`Upload::begin`]), which the kernel drops with the
-/// process.
+/// Remove, off the async threads, the temporaries of uploads whose writer
+/// is gone (a server killed mid-upload), in a directory not swept for
+/// [`STALE_TEMP`] (so at most once a minute a directory, with a listing).
+/// Each upload holds an exclusive lock on its temporary while it writes
+/// ([`Upload::begin`]), which the kernel drops with the process.
 fn sweep_once(dir: &Path) {
-    let first = SWEPT.lock().unwrap_or_else(|e| e.into_inner()).first(dir);
-    if !first {
+    let due = SWEPT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .due(dir, std::time::Instant::now());
+    if !due {
         return;
     }
     let dir = dir.to_owned();
@@ -632,16 +644,23 @@ mod temp_tests {
     use super::*;
 
     #[test]
-    fn the_swept_set_is_bounded() {
+    fn the_swept_set_is_bounded_and_a_directory_is_swept_again_later() {
         let mut s = Swept::new(3);
+        let t = std::time::Instant::now();
         let p = |i: u32| PathBuf::from(format!("/d{i}"));
-        assert!(s.first(&p(1)) && s.first(&p(2)) && s.first(&p(3)));
-        assert!(!s.first(&p(2)), "a directory is swept once");
+        assert!(s.due(&p(1), t) && s.due(&p(2), t) && s.due(&p(3), t));
+        assert!(!s.due(&p(2), t), "not again so soon");
         // A fourth empties the set: each is swept once more, later.
-        assert!(s.first(&p(4)));
+        assert!(s.due(&p(4), t));
         assert_eq!(s.dirs.len(), 1);
-        assert!(!s.first(&p(4)));
-        assert!(s.first(&p(1)));
+        assert!(!s.due(&p(4), t));
+        assert!(s.due(&p(1), t));
+        // Past STALE_TEMP, a directory is due again: a temporary that was
+        // too fresh at the first sweep is old enough now.
+        let later = t + STALE_TEMP + std::time::Duration::from_secs(1);
+        assert!(!s.due(&p(4), t + STALE_TEMP / 2));
+        assert!(s.due(&p(4), later));
+        assert!(!s.due(&p(4), later));
     }
 
     #[test]
