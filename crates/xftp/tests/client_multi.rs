@@ -734,21 +734,15 @@ fn a_target_in_a_missing_directory_is_refused_before_connecting() {
 fn a_server_short_of_descriptors_grants_fewer_connections_and_keeps_none() {
     let d = dirs();
     write_prng_file(&d.srv.join("big.bin"), 24 << 20, 37);
-    let mut child = Command::new("bash")
-        .arg("-c")
-        .arg("ulimit -n 64 && exec \"$0\" serve --root \"$1\" --listen 127.0.0.1:0 --anonymous-write")
-        .arg(env!("CARGO_BIN_EXE_xftp"))
-        .arg(&d.srv)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
-    let srv = Server { child, port };
+    let srv = support::serve_spawned(
+        Command::new("bash")
+            .arg("-c")
+            .arg("ulimit -n 64 && exec \"$0\" serve --root \"$1\" --listen 127.0.0.1:0 --anonymous-write")
+            .arg(env!("CARGO_BIN_EXE_xftp"))
+            .arg(&d.srv)
+            .stderr(Stdio::null()),
+    );
+    let port = srv.port;
     let fds = || {
         std::fs::read_dir(format!("/proc/{}/fd", srv.child.id()))
             .unwrap()

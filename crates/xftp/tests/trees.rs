@@ -640,7 +640,6 @@ fn a_file_is_not_renamed_to_a_name_ending_in_a_slash() {
 /// failed. The server runs as nobody here (as root, modes do not hold).
 #[test]
 fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
-    use std::io::BufRead;
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
@@ -661,19 +660,13 @@ fn cwd_into_a_directory_the_server_cannot_enter_is_refused() {
             Command::new(env!("CARGO_BIN_EXE_xftp"))
         }
     };
-    let mut child = as_server()
-        .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
-        .arg(&root)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
-    let _srv = support::Server { child, port };
+    let srv = support::serve_spawned(
+        as_server()
+            .args(["serve", "--anonymous", "--listen", "127.0.0.1:0", "--root"])
+            .arg(&root)
+            .stderr(std::process::Stdio::null()),
+    );
+    let port = srv.port;
     // A root it may not list at all is refused at start, not served.
     let closed = dir.path().join("closed");
     std::fs::create_dir(&closed).unwrap();

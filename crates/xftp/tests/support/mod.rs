@@ -31,14 +31,21 @@ pub fn serve(root: &Path, extra: &[&str]) -> Server {
 /// `xftp serve` on 127.0.0.1 with `args` alone (no anonymous login unless
 /// they ask for it).
 pub fn serve_with(root: &Path, args: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
-        .args(["serve", "--root"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_xftp"));
+    cmd.args(["serve", "--root"])
         .arg(root)
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
+        .stderr(Stdio::null());
+    serve_spawned(&mut cmd)
+}
+
+/// Spawn `cmd`, an `xftp serve` however started (under `ulimit`, through
+/// `setpriv`), and wait for its `listening on HOST:PORT` line.
+pub fn serve_spawned(cmd: &mut Command) -> Server {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .expect("spawn xftp serve");
     let stdout = child.stdout.take().expect("stdout piped");
