@@ -92,6 +92,9 @@ const SUPERLINEAR: f64 = 1.25;
 /// Goodput above the last epoch's by this factor: still ramping up.
 const RAMPING: f64 = 1.15;
 
+/// Rule 14 holds from this RTT floor on.
+const EVEN_RTT: Duration = Duration::from_millis(10);
+
 /// The most epochs a start or a trial waits for its ramp to end.
 const MAX_WAIT: u32 = 4;
 
@@ -351,6 +354,10 @@ pub enum Reason {
     /// the connections wait out timeouts the stall blew up, and a fresh
     /// one is added to carry what they hold.
     Rescue,
+    /// The last growth step carried as much as the count before it and
+    /// crowded nothing: kept, as going back would cost more (once a
+    /// transfer).
+    KeptEven,
 }
 
 /// A change of the stream count.
@@ -511,6 +518,8 @@ pub struct Controller {
     up_failed: Option<(u32, u32)>,
     /// Epochs to wait after the next failed growth trial.
     up_backoff: u32,
+    /// A growth trial was kept on carrying as much as before (rule 14).
+    kept_even: bool,
     /// A step down from this count did not hold goodput.
     shed_failed: Option<u32>,
     /// Delay above the RTT floor that is no queue: it stood while added
@@ -564,6 +573,7 @@ impl Controller {
             probe_every,
             up_failed: None,
             up_backoff: 4,
+            kept_even: false,
             shed_failed: None,
             own_delay: Duration::ZERO,
             loss_floor: None,
@@ -1319,6 +1329,24 @@ impl Controller {
                 self.failed_up(self.n.saturating_mul(2));
                 return self.steady(self.n, Reason::NoGain);
             }
+        }
+        // Rule 14: a doubling that carries at least what the count before
+        // it did, without crowding the queue, is kept once: going back
+        // costs more than staying. The retired connections' records wait
+        // for them, and on a loss-based path the survivors' windows sit
+        // at their share of the larger count (CUBIC holds near the window
+        // of its last loss for seconds), so the smaller count carries
+        // less than it did before the trial. Once only, so that an even
+        // path does not ratchet up to the cap: later even trials go back.
+        // Not under 10 ms, where windows are a few segments and regrow in
+        // a few milliseconds: there the short BBR paths on which one
+        // connection carries as much as any count kept 4 for nothing.
+        let even = gained(mean) >= 0.0 && !e.crowded;
+        if even && !t.probe && !self.kept_even && self.path_rtt().is_some_and(|r| r >= EVEN_RTT) {
+            self.kept_even = true;
+            self.settled = Some(mean);
+            self.failed_up(self.n.saturating_mul(2));
+            return self.steady(self.n, Reason::KeptEven);
         }
         // A probe asks whether more connections help; if not, go back, or
         // every probe would ratchet the count up to the cap over a long
@@ -2087,14 +2115,31 @@ mod tests {
     #[test]
     fn a_trial_that_gains_nothing_goes_back_and_backs_off() {
         // A full link whose queue is too short to show: goodput is the
-        // same at any count. Each trial finds no gain and returns to 8;
-        // the trials come less and less often.
+        // same at any count. The first doubling that carries as much is
+        // kept (going back would cost more than staying); every later
+        // trial finds no gain and returns to 16, and the trials come less
+        // and less often.
         let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
         feed(&mut c, &mut f, 60, 100e6, 0.0, 50);
         let h = c.history();
         let trials = h.iter().filter(|s| s.next > s.streams).count();
-        assert!((1..=4).contains(&trials), "{trials}: {h:?}");
+        assert!((2..=4).contains(&trials), "{trials}: {h:?}");
         assert!(h.iter().any(|s| s.reason == Reason::Undo), "{h:?}");
+        let kept = h.iter().filter(|s| s.reason == Reason::KeptEven).count();
+        assert_eq!(kept, 1, "{h:?}");
+        assert_eq!(c.streams(), 16, "{h:?}");
+    }
+
+    #[test]
+    fn a_trial_that_gains_nothing_on_a_short_path_goes_back() {
+        // The same under 10 ms: windows regrow within milliseconds, so
+        // going back costs nothing and more connections would be for
+        // nothing.
+        let (mut c, mut f) = started(Controller::settled(TuneConfig::default(), 8));
+        feed(&mut c, &mut f, 60, 100e6, 0.0, 5);
+        let h = c.history();
+        assert!(h.iter().any(|s| s.reason == Reason::Undo), "{h:?}");
+        assert!(h.iter().all(|s| s.reason != Reason::KeptEven), "{h:?}");
         assert_eq!(c.streams(), 8, "{h:?}");
     }
 
