@@ -1283,8 +1283,17 @@ impl Client {
                 .await
         } else if !framed {
             let at = told.contiguous_prefix();
-            match self.recv_plain_at(&c_retr, conns, partial, at).await {
+            match self.recv_plain_at(&c_retr, conns, partial, at, size).await {
                 Ok(got) => self.expect_complete(&c_retr).await.map(|()| vec![got]),
+                Err(e @ ClientError::PastEnd { .. }) => {
+                    // Bytes past the end came from somewhere else than
+                    // where they were written: none of this run's is kept.
+                    drop(checkpoints);
+                    if let Err(w) = partial.roll_back() {
+                        return Err(local_err(&partial.path, w));
+                    }
+                    return Err(e);
+                }
                 Err(e) => Err(e),
             }
         } else {
@@ -1296,13 +1305,19 @@ impl Client {
     }
 
     /// Stream mode into the partial file from `at`, every chunk recorded.
+    /// A byte past `size` fails it ([`ClientError::PastEnd`]): a server
+    /// that ignores REST sends the file from its start, and those bytes
+    /// must not be recorded as the ones at `at`.
     async fn recv_plain_at(
         &mut self,
         c: &Cmd,
         mut conns: Vec<Stream>,
         partial: &resume::Partial,
         mut at: u64,
+        size: u64,
     ) -> Result<u64> {
+        let from = at;
+        let past = |at: u64, n: usize| at.saturating_add(n as u64) > size;
         let conn = conns
             .pop()
             .ok_or_else(|| ClientError::Stripe("no data connection".into()))?;
@@ -1331,6 +1346,9 @@ impl Client {
                 if n == 0 {
                     return Ok(got);
                 }
+                if past(at, n) {
+                    return Err(ClientError::PastEnd { size, from });
+                }
                 xftp_stripe::WriteAt::write_from_pipe(&*partial.rec, &pipe, n, at)
                     .map_err(|e| local_err(&partial.path, e))?;
                 at += n as u64;
@@ -1345,6 +1363,9 @@ impl Client {
                 .map_err(ClientError::DataIo)?;
             if n == 0 {
                 return Ok(got);
+            }
+            if past(at, n) {
+                return Err(ClientError::PastEnd { size, from });
             }
             // In place, like the engine's positional writes: a write into
             // the page cache costs less than handing it to another thread.

@@ -132,6 +132,16 @@ pub enum ClientError {
         /// Bytes that arrived.
         got: u64,
     },
+    /// A resumed download in stream mode received bytes past the file's
+    /// end: the server ignored REST (sent from 0) or the file grew. What
+    /// this run wrote is dropped from the partial's record.
+    #[error("the server sent more than the file holds ({size} bytes) when asked to start at byte {from}: it ignored REST, or the file grew; what this run received was dropped")]
+    PastEnd {
+        /// Bytes the server said the file has.
+        size: u64,
+        /// Where the run asked the server to start (REST).
+        from: u64,
+    },
     /// After an upload, the bytes sent or the server's SIZE do not match the
     /// local file's length.
     #[error("upload incomplete: {what} is {got} bytes, the local file has {expected}")]

@@ -334,6 +334,23 @@ impl Partial {
         self.remove_record();
     }
 
+    /// What this run wrote is not the source's (the server sent more than
+    /// the file holds from where it was asked to start: it ignored REST):
+    /// the record goes back to what was there before the run, and no
+    /// checkpoint writes it again.
+    pub(crate) fn roll_back(&self) -> io::Result<()> {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *done = true;
+        let r = Record {
+            version: 1,
+            source: self.source.clone(),
+            meta: self.meta.clone(),
+            ranges: self.had.iter().collect(),
+        };
+        let text = serde_json::to_vec(&r).map_err(io::Error::other)?;
+        xftp_stripe::write_atomic(&self.record, &text)
+    }
+
     /// The whole file is here: remove the record (the caller renames the
     /// data into place).
     pub(crate) fn remove_record(&self) {

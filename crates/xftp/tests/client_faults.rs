@@ -54,6 +54,19 @@ enum Script {
     /// FEAT lists MLST; MLSD names `ok.txt` and three files whose names
     /// would leave the directory (`../x`, `/abs`, `sub/../../x`).
     HostileMlsd,
+    /// RETR sends [`pattern`] from the REST offset: the first 600 bytes
+    /// only, then 226 (cut), ...
+    PatternCut,
+    /// ... all of it from byte 0 whatever REST said, then 226, ...
+    PatternIgnoresRest,
+    /// ... or honestly the rest, then 226.
+    Pattern,
+}
+
+/// The file of the `Pattern*` scripts: a byte pattern that shows any
+/// misplaced range.
+fn pattern() -> Vec<u8> {
+    (0..FILE_LEN).map(|i| (i % 251) as u8).collect()
 }
 
 const FILE_LEN: usize = 1000;
@@ -235,7 +248,23 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 w.write_all(b"150 here it comes\r\n")?;
                 let (mut d, _) = dl.accept()?;
                 let body = vec![b'x'; FILE_LEN];
+                let from = std::mem::take(&mut rest).min(FILE_LEN);
                 match script {
+                    Script::PatternCut => {
+                        d.write_all(&pattern()[from..600.max(from)])?;
+                        drop(d);
+                        "226 done (not really)".into()
+                    }
+                    Script::PatternIgnoresRest => {
+                        d.write_all(&pattern())?;
+                        drop(d);
+                        "226 done".into()
+                    }
+                    Script::Pattern => {
+                        d.write_all(&pattern()[from..])?;
+                        drop(d);
+                        "226 done".into()
+                    }
                     Script::ShortWith226 => {
                         d.write_all(&body[..600])?;
                         drop(d);
@@ -448,6 +477,35 @@ fn short_transfer_with_226_is_an_error_and_leaves_nothing() {
         "{j}"
     );
     assert_eq!(j["per_stream_bytes"], serde_json::json!([600]), "{j}");
+}
+
+#[test]
+fn a_server_that_ignores_rest_leaves_the_partial_as_it_was() {
+    // A cut `-c` run keeps 600 bytes; the next one meets a server that
+    // answers REST 600 with 350 and sends the file from byte 0. Those
+    // bytes are not the ones at 600: that run fails and its bytes are not
+    // recorded, so that an honest server's run completes the right file
+    // (it was renamed into place with bytes 0-399 at 600, "complete
+    // already").
+    let dir = tempfile::tempdir().unwrap();
+    let get = |script| {
+        let (port, _) = fake_server(script);
+        let url = format!("ftp://127.0.0.1:{port}/f.bin");
+        xftp(&["get", "-c", "-p", "1", &url], dir.path())
+    };
+    assert!(!get(Script::PatternCut).status.success());
+    let out = get(Script::PatternIgnoresRest);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ignored REST") && err.contains("without -c") && !err.contains("with -c"),
+        "{err}"
+    );
+    assert!(!dir.path().join("f.bin").exists());
+    let out = get(Script::Pattern);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("f.bin")).unwrap(), pattern());
 }
 
 #[test]

@@ -1746,6 +1746,10 @@ fn explain(e: ClientError, op: Op, authority: &str) -> anyhow::Error {
         ClientError::ShortTransfer { .. } => {
             Some("the transfer was cut short (nothing was kept); try again".into())
         }
+        ClientError::PastEnd { .. } => Some(
+            "if the server cannot restart transfers, fetch the whole file with `get` (the partial is kept as it was before)"
+                .into(),
+        ),
         ClientError::LocalFileChanged { .. } => {
             Some("something is writing the local file: send it again once it is complete".into())
         }

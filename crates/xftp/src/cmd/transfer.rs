@@ -1014,10 +1014,13 @@ pub(crate) fn positive_secs(s: f64, what: &str) -> anyhow::Result<Duration> {
 /// A local error whose text already says what to do (a resume lock held
 /// by another run, a partial that is no plain file).
 fn says_its_fix(e: &ClientError) -> bool {
-    matches!(e, ClientError::Local { source, .. } if {
-        let t = source.to_string();
-        t.contains("another xftp is resuming") || t.contains("remove it and run again")
-    })
+    // A server that ignores REST: running the same command again fails
+    // the same way.
+    matches!(e, ClientError::PastEnd { .. })
+        || matches!(e, ClientError::Local { source, .. } if {
+            let t = source.to_string();
+            t.contains("another xftp is resuming") || t.contains("remove it and run again")
+        })
 }
 
 pub async fn put(a: PutArgs) -> anyhow::Result<ExitCode> {
@@ -1751,6 +1754,10 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ClientError::ShortTransfer { .. } => {
             Some(format!("the transfer was cut short{nk}; run it again"))
         }
+        ClientError::PastEnd { .. } => Some(
+            "if the server cannot restart transfers, fetch the whole file: run it without -c (the partial is kept as it was before this run)"
+                .into(),
+        ),
         // What the server holds differs from what was sent: cut short, or
         // replaced by another upload in the meantime; the remote file is
         // the server's business either way.
