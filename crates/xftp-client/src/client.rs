@@ -1030,7 +1030,7 @@ impl Client {
             .collect();
         // The controller judges the payload of this transfer.
         let total = expected.map(|e| e - have.as_ref().map_or(0, |h| h.covered().min(e)));
-        let rx = framed_receiver(dst, expected, have, conns);
+        let rx = framed_receiver(dst, expected, have, conns, self.endgame_ok);
         let add = {
             let (ctl, meters, dog, socks) =
                 (rx.control(), meters.clone(), dog.clone(), socks.clone());
@@ -2859,7 +2859,7 @@ impl Client {
         self.note_buffers(std::slice::from_ref(&first));
         let dog = self.watchdog();
         let conns = vec![dog.guard(first)];
-        let rx = framed_receiver(dst, expected, have, conns);
+        let rx = framed_receiver(dst, expected, have, conns, self.endgame_ok);
         let ctl = rx.control();
         let (l, tls, dog) = (&listener, tls.as_ref(), &dog);
         let more = async move {
@@ -3846,7 +3846,7 @@ impl Client {
     ) -> Result<Vec<u64>> {
         let dog = self.watchdog();
         let conns: Vec<_> = conns.into_iter().map(|c| dog.guard(c)).collect();
-        let rx = framed_receiver(dst, expected, have, conns);
+        let rx = framed_receiver(dst, expected, have, conns, self.endgame_ok);
         let ctl = rx.control();
         let fin = late.beside(rx.finish(), move |s| {
             ctl.add_connection(dog.guard(s)).is_ok()
@@ -4088,16 +4088,22 @@ fn framed_receiver<S>(
     expected: Option<u64>,
     have: Option<xftp_stripe::ranges::RangeSet>,
     conns: Vec<S>,
+    endgame: bool,
 ) -> xftp_stripe::Receiver<S>
 where
     S: tokio::io::AsyncRead + xftp_stripe::DataSocket + Unpin + Send + 'static,
 {
+    // The endgame's looser rule (done once every byte is in, copies
+    // welcome, no EOF needed) only where the server agreed to it (`OPTS
+    // MULT ENDGAME`): from any other (GridFTP, a server that refused it) a
+    // second copy of a range is compared however late it comes, and every
+    // EOD and the EOF are counted.
     match (expected, have) {
-        (Some(size), have) => {
+        (Some(size), have) if endgame => {
             xftp_stripe::Receiver::file_endgame(dst, size, have.unwrap_or_default(), conns)
         }
-        (None, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
-        (None, None) => xftp_stripe::Receiver::file(dst, expected, conns),
+        (_, Some(h)) => xftp_stripe::Receiver::file_resume(dst, expected, h, conns),
+        (_, None) => xftp_stripe::Receiver::file(dst, expected, conns),
     }
 }
 
@@ -4314,6 +4320,12 @@ fn stripe_err(e: xftp_stripe::StripeError, limit: Duration) -> ClientError {
             what: "the data connections to move (stalled)".into(),
             after: limit,
         },
+        // The size the server gave is not what came: the file changed on
+        // the server, or the transfer was cut (the same words as a stream
+        // download's).
+        xftp_stripe::StripeError::SizeMismatch { expected, got } => {
+            ClientError::ShortTransfer { expected, got }
+        }
         other if other.may_pass() => ClientError::Stripe(other.to_string()),
         other => ClientError::StripeFault(other.to_string()),
     }

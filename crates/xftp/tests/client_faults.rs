@@ -61,13 +61,26 @@ enum Script {
     PatternIgnoresRest,
     /// ... or honestly the rest, then 226.
     Pattern,
+    /// An xftp-like server that grants MULT but refuses the endgame (OPTS
+    /// MULT ENDGAME): RETR sends [`pattern`] on two connections, the
+    /// second half first as zeros on the first connection and then, a
+    /// moment later, as itself on the second.
+    MultCopyDiffers,
 }
 
 /// The file of the `Pattern*` scripts: a byte pattern that shows any
 /// misplaced range.
 fn pattern() -> Vec<u8> {
-    (0..FILE_LEN).map(|i| (i % 251) as u8).collect()
+    pattern_of(FILE_LEN)
 }
+
+fn pattern_of(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// The file of [`Script::MultCopyDiffers`]: large enough for two
+/// connections.
+const MULT_LEN: usize = 4 << 20;
 
 const FILE_LEN: usize = 1000;
 
@@ -142,8 +155,43 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "SIZE" => match script {
                 Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
                 Script::RangedResetOnce => format!("213 {RANGED_LEN}"),
+                Script::MultCopyDiffers => format!("213 {MULT_LEN}"),
                 _ => format!("213 {FILE_LEN}"),
             },
+            "FEAT" if matches!(script, Script::MultCopyDiffers) => {
+                "211-Features:\r\n MULT\r\n MODE E\r\n SIZE\r\n211 End".into()
+            }
+            "MULT" if matches!(script, Script::MultCopyDiffers) => {
+                "200 MULT 2 granted (server maximum 2).".into()
+            }
+            "MODE" if matches!(script, Script::MultCopyDiffers) => "200 mode set".into(),
+            "RETR" if matches!(script, Script::MultCopyDiffers) => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (mut d0, _) = dl.accept()?;
+                let (mut d1, _) = dl.accept()?;
+                let body = pattern_of(MULT_LEN);
+                let half = MULT_LEN / 2;
+                let block = |d: &mut TcpStream, desc: u8, off: usize, data: &[u8]| {
+                    let mut h = vec![desc];
+                    h.extend_from_slice(&(data.len() as u64).to_be_bytes());
+                    h.extend_from_slice(&(off as u64).to_be_bytes());
+                    h.extend_from_slice(data);
+                    d.write_all(&h)
+                };
+                block(&mut d0, 0, 0, &body[..half])?;
+                block(&mut d0, 0, half, &vec![0u8; MULT_LEN - half])?;
+                thread::sleep(Duration::from_millis(300));
+                block(&mut d1, 0, half, &body[half..])?;
+                // EOD on both, EOF (two connections) on the first.
+                let _ = block(&mut d0, 0x48, 2, &[]);
+                let _ = block(&mut d1, 0x08, 0, &[]);
+                drop((d0, d1));
+                "226 done".into()
+            }
             "FEAT" if matches!(script, Script::RangedResetOnce) => {
                 "211-Features:\r\n REST STREAM\r\n211 End".into()
             }
@@ -506,6 +554,24 @@ fn a_server_that_ignores_rest_leaves_the_partial_as_it_was() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert_eq!(std::fs::read(dir.path().join("f.bin")).unwrap(), pattern());
+}
+
+#[test]
+fn copies_that_differ_fail_a_transfer_without_the_endgame() {
+    // Without the endgame agreed, every EOD counts and a second copy of a
+    // range is compared however late it comes: the zeros that came first
+    // were taken as the file, and the transfer "succeeded".
+    let (port, seen) = fake_server(Script::MultCopyDiffers);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", "-p", "2", "--timeout", "5", &url], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said: Vec<String> = seen.try_iter().collect();
+    assert!(said.iter().any(|c| c == "MULT 2"), "{said:?}");
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("overlaps") || err.contains("differ"), "{err}");
+    assert!(err.contains("the server sent data"), "{err}");
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 
 #[test]

@@ -1800,9 +1800,11 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
         ClientError::Stripe(_) => Some(format!(
             "a data connection broke mid-transfer{nk}; run it again, perhaps with fewer connections (-p)"
         )),
-        ClientError::StripeFault(_) => Some(format!(
-            "not a network failure{nk}: check the local file; if it repeats, report it with the log of -v"
-        )),
+        // The receiver's rules broken by what arrived: the sender's doing.
+        ClientError::StripeFault(_) => Some(match op {
+            Op::Put => format!("not a network failure{nk}: if it repeats, report it with the log of -v"),
+            _ => format!("the server sent data that breaks the transfer's rules (not a network failure){nk}; if it repeats, report it to the server's maintainers with the log of -v, or use -p 1"),
+        }),
         ClientError::Local { .. } if says_its_fix(&e) => None,
         ClientError::Local { .. } => Some("check the local path and its permissions".into()),
 
