@@ -2278,9 +2278,7 @@ impl Client {
         self.send(&[&there, &back]).await?;
         let entered = self.ctl.read_reply().await?.code == 250;
         let r = self.ctl.read_reply().await?;
-        if r.code != 250 {
-            return Err(unexpected(&back, &r));
-        }
+        home_left(&back, &r)?;
         Ok(entered)
     }
 
@@ -2505,7 +2503,7 @@ impl Client {
     /// Create a remote directory; `Ok(false)` when the server refuses
     /// (it may exist already).
     pub async fn mkd(&mut self, path: &str) -> Result<bool> {
-        self.accepted(Cmd::with("MKD", path), 257).await
+        self.accepted(Cmd::with("MKD", path), |c| c == 257).await
     }
 
     /// The current remote directory (PWD).
@@ -2556,9 +2554,7 @@ impl Client {
             for (i, why) in chunk {
                 let there = self.ctl.read_reply().await?.code == 250;
                 let back = self.ctl.read_reply().await?;
-                if back.code != 250 {
-                    return Err(unexpected(&Cmd::with("CWD", &home), &back));
-                }
+                home_left(&Cmd::with("CWD", &home), &back)?;
                 out[*i] = if there {
                     Made::There
                 } else {
@@ -2569,11 +2565,12 @@ impl Client {
         Ok(out)
     }
 
-    /// Send `c`; whether the reply has code `ok` (a refusal is no error).
-    async fn accepted(&mut self, c: Cmd, ok: u16) -> Result<bool> {
+    /// Send `c`; whether the reply's code passes `ok` (a refusal is no
+    /// error).
+    async fn accepted(&mut self, c: Cmd, ok: impl Fn(u16) -> bool) -> Result<bool> {
         self.send(&[&c]).await?;
         let r = self.ctl.read_reply().await?;
-        Ok(r.code == ok)
+        Ok(ok(r.code))
     }
 
     /// Set a remote file's modification time (MFMT, `ms` milliseconds
@@ -2582,7 +2579,7 @@ impl Client {
     /// does not know MFMT.
     pub async fn mfmt(&mut self, path: &str, ms: i64) -> Result<bool> {
         let fraction = self.mfmt_fraction().await?;
-        self.accepted(mfmt_cmd(path, ms, fraction), 213).await
+        self.accepted(mfmt_cmd(path, ms, fraction), facts_set).await
     }
 
     /// Set the times (MFMT, in milliseconds as [`Client::mfmt`]) and
@@ -2616,7 +2613,7 @@ impl Client {
             let (mut times_ok, mut modes_ok) = (false, false);
             for (is_mfmt, _) in &cmds {
                 let r = self.ctl.read_reply().await?;
-                let ok = r.code == if *is_mfmt { 213 } else { 200 };
+                let ok = facts_set(r.code);
                 if *is_mfmt {
                     times_ok |= ok;
                 } else {
@@ -2632,7 +2629,7 @@ impl Client {
     /// Set a remote file's permission bits (SITE CHMOD); `Ok(false)` when
     /// the server refuses.
     pub async fn chmod(&mut self, path: &str, mode: u32) -> Result<bool> {
-        self.accepted(chmod_cmd(path, mode), 200).await
+        self.accepted(chmod_cmd(path, mode), facts_set).await
     }
 
     /// Say goodbye. Errors are ignored: the session is over either way.
@@ -3647,10 +3644,29 @@ impl Client {
                 _ => Err(unexpected(c, &r)),
             };
         }
+        // One timeout for the whole wait: a marker extends it only when it
+        // counts more bytes than the last (a server that sends markers
+        // forever and no final reply hung the client past --timeout).
+        let limit = self.ctl.reply_timeout();
+        let mut deadline = tokio::time::Instant::now() + limit;
+        let mut moved = 0u64;
         loop {
-            let r = self.ctl.read_reply().await?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let r = match self.ctl.read_reply_within(left).await {
+                Err(ClientError::Timeout { .. }) => {
+                    return Err(ClientError::Timeout {
+                        what: format!("the server's final reply to {}", c.display()),
+                        after: limit,
+                    })
+                }
+                r => r?,
+            };
             if r.is_preliminary() {
                 tracing::debug!("during {}: {} {}", c.display(), r.code, reply_text(&r));
+                if let Some(n) = marker_bytes(&r.lines).filter(|&n| n > moved) {
+                    moved = n;
+                    deadline = tokio::time::Instant::now() + limit;
+                }
                 continue;
             }
             return match r.code {
@@ -4310,6 +4326,56 @@ fn choose_checksum(f: &Features, want: Verify) -> Result<(Algorithm, Via)> {
     }
 }
 
+/// The reply to a CWD back to the login directory after a check: a
+/// login directory that cannot be entered (globus-gridftp-server's
+/// anonymous user has `/nonexistent`) is no failure, as no relative path
+/// resolved from it before either; anything else is.
+fn home_left(back: &Cmd, r: &Reply) -> Result<()> {
+    match r.code {
+        250 => Ok(()),
+        550 => {
+            tracing::debug!("{}: {} {}", back.display(), r.code, reply_text(r));
+            Ok(())
+        }
+        _ => Err(unexpected(back, r)),
+    }
+}
+
+/// Whether a reply to MFMT or SITE CHMOD says it was done: any 2xx (RFC
+/// 3659's MFMT answers 213, most servers' CHMOD 200, globus-gridftp-server
+/// 250 to both; taken for refusals, one file's time and mode were set and
+/// no other's).
+fn facts_set(code: u16) -> bool {
+    code / 100 == 2
+}
+
+/// The bytes a GridFTP marker counts: the sum of a performance marker's
+/// (112) `Stripe Bytes Transferred`, or what a restart marker's (111)
+/// ranges cover; `None` for any other preliminary reply.
+fn marker_bytes(lines: &[String]) -> Option<u64> {
+    let mut sum = None;
+    for line in lines {
+        let line = line.trim();
+        if let Some((k, v)) = line.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("Stripe Bytes Transferred") {
+                let n = v.trim().parse::<u64>().ok()?;
+                sum = Some(sum.unwrap_or(0u64).saturating_add(n));
+            }
+        } else if let Some(ranges) = line
+            .get(..12)
+            .filter(|p| p.eq_ignore_ascii_case("Range Marker"))
+            .map(|_| &line[12..])
+        {
+            for r in ranges.trim().split(',') {
+                let (a, b) = r.trim().split_once('-')?;
+                let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
+                sum = Some(sum.unwrap_or(0u64).saturating_add(b.saturating_sub(a)));
+            }
+        }
+    }
+    sum
+}
+
 /// A stalled connection surfaces as a timeout; the rest keeps the engine's words.
 fn stripe_err(e: xftp_stripe::StripeError, limit: Duration) -> ClientError {
     match e {
@@ -4714,6 +4780,21 @@ fn a_download_never_replaces_a_device_fifo_or_link() {
         let e = local_target(p).unwrap_err().to_string();
         assert!(e.contains(what), "{}: {e}", p.display());
     }
+}
+
+#[cfg(test)]
+#[test]
+fn markers_count_their_bytes() {
+    let lines = |t: &str| t.lines().map(str::to_owned).collect::<Vec<_>>();
+    let perf = "Perf Marker\n Timestamp: 1.5\n Stripe Index: 0\n Stripe Bytes Transferred: 4096\n Total Stripe Count: 1\nEnd.";
+    assert_eq!(marker_bytes(&lines(perf)), Some(4096));
+    assert_eq!(marker_bytes(&lines("Range Marker 0-29,30-89")), Some(88));
+    assert_eq!(
+        marker_bytes(&lines("Perf Marker\n Timestamp: 1\nEnd")),
+        None
+    );
+    assert_eq!(marker_bytes(&lines("Opening data connection")), None);
+    assert_eq!(marker_bytes(&lines("Range Marker 0-x")), None);
 }
 
 #[cfg(test)]

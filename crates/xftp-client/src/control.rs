@@ -242,6 +242,11 @@ impl Control {
         self.read_reply_within(self.reply_timeout).await
     }
 
+    /// How long [`read_reply`](Control::read_reply) waits.
+    pub fn reply_timeout(&self) -> Duration {
+        self.reply_timeout
+    }
+
     /// Read the next reply, waiting at most `limit`; the replies owed to
     /// [`send_unawaited`](Control::send_unawaited) commands are read first.
     pub async fn read_reply_within(&mut self, limit: Duration) -> Result<Reply> {

@@ -61,6 +61,9 @@ enum Script {
     PatternIgnoresRest,
     /// ... or honestly the rest, then 226.
     Pattern,
+    /// RETR sends the file, then GridFTP performance markers (112) that
+    /// count no more bytes, every 200 ms, and never a final reply.
+    MarkersForever,
     /// An xftp-like server that grants MULT but refuses the endgame (OPTS
     /// MULT ENDGAME): RETR sends [`pattern`] on two connections, the
     /// second half first as zeros on the first connection and then, a
@@ -298,6 +301,15 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 let body = vec![b'x'; FILE_LEN];
                 let from = std::mem::take(&mut rest).min(FILE_LEN);
                 match script {
+                    Script::MarkersForever => {
+                        d.write_all(&body)?;
+                        drop(d);
+                        let marker = b"112-Perf Marker\r\n Timestamp: 1\r\n Stripe Bytes Transferred: 1000\r\n112 End.\r\n";
+                        while w.write_all(marker).is_ok() {
+                            thread::sleep(Duration::from_millis(200));
+                        }
+                        return Ok(());
+                    }
                     Script::PatternCut => {
                         d.write_all(&pattern()[from..600.max(from)])?;
                         drop(d);
@@ -571,6 +583,31 @@ fn copies_that_differ_fail_a_transfer_without_the_endgame() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("overlaps") || err.contains("differ"), "{err}");
     assert!(err.contains("the server sent data"), "{err}");
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn markers_that_count_nothing_more_do_not_hold_off_the_timeout() {
+    let (port, _) = fake_server(Script::MarkersForever);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xftp"))
+        .args(["get", "-p", "1", "--timeout", "2", &url])
+        .current_dir(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: without the fix it waits for ever.
+    while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(30) {
+        thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(20), "{err}");
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("final reply"), "{err}");
     assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
 

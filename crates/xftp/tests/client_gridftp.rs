@@ -459,3 +459,45 @@ fn a_cut_download_resumes_over_gridftp_parallelism() {
         sha256_file(&srv.join("r.bin"))
     );
 }
+
+/// `put -r` to globus-gridftp-server: every file keeps its time and mode
+/// (the server answers MFMT and SITE CHMOD with 250, which was taken for
+/// a refusal after the first file), and a second run into the directory
+/// the first made succeeds (the check that it exists went back to the
+/// anonymous user's `/nonexistent` login directory, and failed on that).
+#[test]
+fn a_tree_upload_keeps_every_files_facts_and_runs_again() {
+    if !usable("a_tree_upload_keeps_every_files_facts_and_runs_again") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    let tree = tmp.path().join("t");
+    std::fs::create_dir(&tree).unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(978_307_200);
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let f = tree.join(name);
+        write_prng_file(&f, 1000 + i as u64, 60 + i as u64);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let server = start(&tmp.path().join("gridftp.log"));
+    let url = format!("ftp://127.0.0.1:{}/{}/t/", server.port, srv.display());
+    for run in 0..2 {
+        let out = xftp(
+            &["put", "-r", "-p", "1", "--concurrency", "1", "t", &url],
+            tmp.path(),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run {run}: {err}");
+    }
+    for name in ["a", "b", "c"] {
+        let md = std::fs::metadata(srv.join("t").join(name)).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o600, "{name}");
+        assert_eq!(md.modified().unwrap(), old, "{name}");
+    }
+}
