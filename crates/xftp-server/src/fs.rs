@@ -33,6 +33,11 @@ pub enum FsError {
     /// Target exists (550 for MKD).
     #[error("File exists")]
     Exists,
+    /// A name of the server's own temporaries of uploads in progress
+    /// (553): listings hide them, and a sweep removes those a dead upload
+    /// left.
+    #[error("Names of the form .NAME.xftp-part-<16 hex digits> are the server's temporaries of uploads in progress; choose another name")]
+    Reserved,
     /// A new name with a line break (CR or LF): no listing could show it,
     /// nor a client name it again (550, 553 for STOR).
     #[error("A name with a line break cannot be listed; choose another name")]
@@ -113,6 +118,17 @@ pub struct Root {
     real: PathBuf,
 }
 
+/// `.NAME.xftp-part-` and 16 hex digits: a temporary of an upload in
+/// progress (`transfer::Upload::begin`; not a client's resumable partial,
+/// `.NAME.xftp-part`).
+pub fn is_upload_temp(name: &[u8]) -> bool {
+    const MARK: &[u8] = b".xftp-part-";
+    name.len() > 1 + MARK.len() + 16 && name[0] == b'.' && {
+        let (head, tag) = name.split_at(name.len() - 16);
+        head.ends_with(MARK) && tag.iter().all(u8::is_ascii_hexdigit)
+    }
+}
+
 impl Root {
     /// Open a root; it must exist and be a directory.
     pub fn new(dir: &Path) -> std::io::Result<Root> {
@@ -159,6 +175,15 @@ impl Root {
     /// RNTO): its parent must exist inside the root; the last component is
     /// appended as is (a rename onto it replaces a link, never its target).
     pub fn creatable(&self, v: &VPath) -> Result<PathBuf, FsError> {
+        if v.file_name().is_some_and(is_upload_temp) {
+            return Err(FsError::Reserved);
+        }
+        self.named(v)
+    }
+
+    /// The real path of `v` (its parent resolved, inside the root), for
+    /// [`Root::creatable`] and [`Root::entry`].
+    fn named(&self, v: &VPath) -> Result<PathBuf, FsError> {
         let name = v.file_name().ok_or(FsError::Exists)?;
         if name.iter().any(|b| matches!(b, b'\r' | b'\n')) {
             return Err(FsError::LineBreak);
@@ -201,7 +226,8 @@ impl Root {
     /// The real path of an object to delete or rename (the link itself,
     /// not its target, when the last component is a symbolic link).
     pub fn entry(&self, v: &VPath) -> Result<PathBuf, FsError> {
-        let p = self.creatable(v)?;
+        // A dead upload's temporary may be deleted by name.
+        let p = self.named(v)?;
         std::fs::symlink_metadata(&p).map_err(FsError::from_io)?;
         Ok(p)
     }

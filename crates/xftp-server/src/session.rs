@@ -3339,11 +3339,6 @@ const EARLY_START: Duration = Duration::from_millis(250);
 /// file on clean paths paid nothing measurable (docs/tuning.md).
 const ENDGAME_MIN: u64 = 1 << 20;
 
-/// Uploads in progress (see `Upload`) are not listed.
-fn is_part_file(name: &[u8]) -> bool {
-    name.starts_with(b".") && name.windows(11).any(|w| w == b".xftp-part-")
-}
-
 /// A shell pattern (`*`, `?`, `[...]`) where `name` holds one.
 fn wildcard(name: &[u8]) -> Option<glob::Pattern> {
     if !name.iter().any(|b| matches!(b, b'*' | b'?' | b'[')) {
@@ -3458,7 +3453,8 @@ fn listing_where(
     for e in entries {
         let name = e.file_name();
         let name = name.as_bytes();
-        if is_part_file(name) || !keep(name) {
+        // Uploads in progress (see `Upload`) are not listed.
+        if fs::is_upload_temp(name) || !keep(name) {
             continue;
         }
         if name.contains(&b'\n') || name.contains(&b'\r') {

@@ -390,7 +390,7 @@ pub(crate) fn sweep_stale_temps(dir: &Path, stale: std::time::Duration) -> usize
     };
     let mut removed = 0;
     for e in entries.flatten() {
-        if !is_upload_temp(e.file_name().as_bytes()) {
+        if !crate::fs::is_upload_temp(e.file_name().as_bytes()) {
             continue;
         }
         let p = e.path();
@@ -411,16 +411,6 @@ pub(crate) fn sweep_stale_temps(dir: &Path, stale: std::time::Duration) -> usize
         }
     }
     removed
-}
-
-/// `.NAME.xftp-part-` and 16 hex digits: a temporary of [`Upload::begin`]
-/// (not a client's resumable partial, `.NAME.xftp-part`).
-fn is_upload_temp(name: &[u8]) -> bool {
-    const MARK: &[u8] = b".xftp-part-";
-    name.len() > 1 + MARK.len() + 16 && name[0] == b'.' && {
-        let (head, tag) = name.split_at(name.len() - 16);
-        head.ends_with(MARK) && tag.iter().all(u8::is_ascii_hexdigit)
-    }
 }
 
 /// Kinds of upload.
@@ -685,9 +675,9 @@ mod temp_tests {
         drop(held);
         assert_eq!(sweep_stale_temps(d, std::time::Duration::ZERO), 1);
         assert!(!live.exists());
-        assert!(is_upload_temp(b".x.xftp-part-0123456789abcdef"));
-        assert!(!is_upload_temp(b".x.xftp-part-0123456789abcdeg"));
-        assert!(!is_upload_temp(b"x.xftp-part-0123456789abcdef"));
-        assert!(!is_upload_temp(b".xftp-part-0123456789abcdef"));
+        assert!(crate::fs::is_upload_temp(b".x.xftp-part-0123456789abcdef"));
+        assert!(!crate::fs::is_upload_temp(b".x.xftp-part-0123456789abcdeg"));
+        assert!(!crate::fs::is_upload_temp(b"x.xftp-part-0123456789abcdef"));
+        assert!(!crate::fs::is_upload_temp(b".xftp-part-0123456789abcdef"));
     }
 }

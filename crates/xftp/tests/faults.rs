@@ -760,3 +760,48 @@ fn site_bufsize_stays_within_the_operators_limits() {
     assert!(in_force("rcv") <= 2 * sysctl("rmem_max"), "{r}");
     assert!(in_force("snd") <= 2 * sysctl("wmem_max"), "{r}");
 }
+
+/// Names of the form `.NAME.xftp-part-<16 hex>` are the server's
+/// temporaries of uploads in progress: hidden from listings and swept when
+/// a dead upload leaves one. A client's STOR, STOU, APPE, MKD or RNTO to
+/// such a name is refused (it was stored with 226, hidden, and deleted by
+/// the next sweep); other names that merely look alike are listed, and a
+/// leftover temporary can still be deleted by name.
+#[test]
+fn the_servers_temporary_names_are_not_given_to_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("x"), b"x").unwrap();
+    std::fs::write(root.join(".old.xftp-part-00112233aabbccdd"), b"left").unwrap();
+    let srv = serve(root, &[]);
+    let mut c = Ctl::login(srv.port);
+    let reserved = ".data.xftp-part-0123456789abcdef";
+    for cmd in ["STOR", "APPE", "MKD"] {
+        let r = c.cmd(&format!("{cmd} {reserved}"));
+        assert!(r.starts_with("55"), "{cmd}: {r}");
+        assert!(r.contains("temporaries"), "{cmd}: {r}");
+    }
+    assert!(c.cmd("RNFR x").starts_with("350"));
+    let r = c.cmd(&format!("RNTO {reserved}"));
+    assert!(r.starts_with("553") || r.starts_with("550"), "{r}");
+    assert!(!root.join(reserved).exists());
+    // A look-alike without the 16 hex digits is an ordinary name.
+    let port = c.epsv_port();
+    c.w_line("STOR .data.xftp-part-abc");
+    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(c.reply().starts_with("150"));
+    d.write_all(b"kept").unwrap();
+    drop(d);
+    assert!(c.reply().starts_with("226"));
+    let port = c.epsv_port();
+    c.w_line("NLST -a");
+    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(c.reply().starts_with("150"));
+    let mut names = String::new();
+    d.read_to_string(&mut names).unwrap();
+    assert!(c.reply().starts_with("226"));
+    assert!(names.contains(".data.xftp-part-abc"), "{names}");
+    assert!(!names.contains(".old.xftp-part-"), "{names}");
+    let r = c.cmd("DELE .old.xftp-part-00112233aabbccdd");
+    assert!(r.starts_with("250"), "{r}");
+}
