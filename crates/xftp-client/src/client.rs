@@ -314,6 +314,9 @@ pub struct Client {
     inline_digest: Option<(xftp_proto::cksum::Digest, u64)>,
     /// The last striped receive's copies (`TransferReport::received_twice`).
     received_twice: u64,
+    /// The size a listing gave for the next download: its check where the
+    /// server does not answer SIZE ([`Client::expect_listed_size`]).
+    listed_size: Option<u64>,
     /// A failed exchange left replies unread that did not come in time:
     /// the next reply read may not be the next command's.
     out_of_step: bool,
@@ -541,6 +544,7 @@ impl Client {
             last_controller: None,
             inline_digest: None,
             received_twice: 0,
+            listed_size: None,
             out_of_step: false,
             early_final: None,
             progress_name: None,
@@ -890,12 +894,21 @@ impl Client {
         self.in_step_after(r).await
     }
 
+    /// The next [`download`](Client::download) is of a file a listing gave
+    /// as `size` bytes: where the server does not answer SIZE, the copy is
+    /// checked against it (a server that cut the file and said 226
+    /// passed).
+    pub fn expect_listed_size(&mut self, size: Option<u64>) {
+        self.listed_size = size;
+    }
+
     async fn download_inner(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
         let local = &local_target(local)?;
         self.inline_digest = None;
         self.received_twice = 0;
+        let listed = self.listed_size.take();
         if self.cfg.resume {
-            return self.download_resumable(remote, local).await;
+            return self.download_resumable(remote, local, listed).await;
         }
         let tmp = temp_next_to(local, true)?;
         let start = Instant::now();
@@ -915,7 +928,10 @@ impl Client {
         let (size_reply, setup) = self
             .prepare_data(false, Some(&c_size), Fit::Download(None))
             .await?;
-        let expected = size_reply.as_ref().and_then(negotiate::size_value);
+        let expected = size_reply
+            .as_ref()
+            .and_then(negotiate::size_value)
+            .or(listed);
         self.progress_begin(remote, expected);
         // Decided only now, with the login's replies read on the way (no
         // round trip of its own where it does not apply): ranged sessions
@@ -1062,7 +1078,12 @@ impl Client {
     /// (`.NAME.xftp-part`) and its record of ranges stay on any failure,
     /// for the next `-c`; a source whose size or modification time
     /// changed since is refused.
-    async fn download_resumable(&mut self, remote: &str, local: &Path) -> Result<TransferReport> {
+    async fn download_resumable(
+        &mut self,
+        remote: &str,
+        local: &Path,
+        listed: Option<u64>,
+    ) -> Result<TransferReport> {
         let start = Instant::now();
         let verify = self.verify_plan().await?;
         self.auto_prelude().await?;
@@ -1074,7 +1095,7 @@ impl Client {
         if r.code == 550 {
             return Err(unexpected(&c_size, &r));
         }
-        let size = negotiate::size_value(&r).ok_or_else(|| {
+        let size = negotiate::size_value(&r).or(listed).ok_or_else(|| {
             ClientError::Usage(format!(
                 "-c: the server does not tell the size of {remote} (SIZE), so what is missing cannot be known; run without -c"
             ))

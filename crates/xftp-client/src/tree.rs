@@ -156,7 +156,10 @@ impl LargeFiles {
 struct Job {
     /// Path below the tree's root, `/`-separated.
     rel: String,
+    /// Bytes (0 where the listing did not say).
     size: u64,
+    /// Bytes, as the listing gave them.
+    listed: Option<u64>,
     /// Milliseconds since the epoch.
     mtime: Option<i64>,
     mode: Option<u32>,
@@ -327,6 +330,7 @@ pub async fn get_tree(
                     continue;
                 };
                 let started = Instant::now();
+                c.expect_listed_size(job.listed);
                 match c.download(&src, &target).await {
                     Ok(r) => {
                         w.rep.files += 1;
@@ -588,6 +592,7 @@ async fn walk(
                 Kind::File => st.jobs.push(Job {
                     rel,
                     size: e.size.unwrap_or(0),
+                    listed: e.size,
                     mtime: e.modify_ms,
                     mode: e.mode,
                 }),
@@ -830,7 +835,7 @@ async fn get_batched(w: &mut Worker, q: &Queues, remote: &str, local: &Path, opt
             let item = BatchItem {
                 remote: join(remote, &job.rel),
                 local: target.clone(),
-                size: Some(job.size),
+                size: job.listed,
             };
             books.lend(target, job);
             return Some(item);
@@ -979,6 +984,7 @@ pub async fn put_tree(
                 jobs.push(Job {
                     rel,
                     size: md.len(),
+                    listed: Some(md.len()),
                     mtime: mtime_ms(&md),
                     mode: Some(md.permissions().mode() & 0o777),
                 });
@@ -1626,6 +1632,7 @@ mod then_tests {
         let job = |rel: &str| Job {
             rel: rel.into(),
             size: 1,
+            listed: Some(1),
             mtime: None,
             mode: None,
         };

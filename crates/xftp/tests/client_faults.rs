@@ -61,6 +61,9 @@ enum Script {
     PatternIgnoresRest,
     /// ... or honestly the rest, then 226.
     Pattern,
+    /// MLSD lists `ok.txt` at 1000 bytes; SIZE is refused; RETR sends
+    /// 600 bytes, then 226.
+    ListedSizeShort,
     /// RETR sends the file, then GridFTP performance markers (112) that
     /// count no more bytes, every 200 ms, and never a final reply.
     MarkersForever,
@@ -155,6 +158,7 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "EPSV" if matches!(script, Script::PortZero) => {
                 "229 Entering Extended Passive Mode (|||0|)".into()
             }
+            "SIZE" if matches!(script, Script::ListedSizeShort) => "502 no SIZE here".into(),
             "SIZE" => match script {
                 Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
                 Script::RangedResetOnce => format!("213 {RANGED_LEN}"),
@@ -235,8 +239,26 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
                 format!("229 Entering Extended Passive Mode (|||{p}|)")
             }
+            "MLST" if matches!(script, Script::ListedSizeShort) => {
+                "250-listed\r\n type=dir;modify=20200101000000; d/\r\n250 end".into()
+            }
+            "MDTM" if matches!(script, Script::ListedSizeShort) => "213 20200101000000".into(),
+            "FEAT" if matches!(script, Script::ListedSizeShort) => {
+                "211-Features:\r\n MDTM\r\n SIZE\r\n REST STREAM\r\n EPSV\r\n MLST type*;size*;modify*;\r\n211 End".into()
+            }
             "FEAT" if matches!(script, Script::HostileMlsd) => {
                 "211-Features:\r\n MLST type*;size*;modify*;\r\n211 End".into()
+            }
+            "MLSD" if matches!(script, Script::ListedSizeShort) => {
+                let Some(dl) = data_listener.take() else {
+                    w.write_all(b"425 no data connection\r\n")?;
+                    continue;
+                };
+                w.write_all(b"150 here it comes\r\n")?;
+                let (mut d, _) = dl.accept()?;
+                d.write_all(format!("type=file;size={FILE_LEN}; ok.txt\r\n").as_bytes())?;
+                drop(d);
+                "226 listed".into()
             }
             "MLSD" if matches!(script, Script::HostileMlsd) => {
                 let Some(dl) = data_listener.take() else {
@@ -325,7 +347,7 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                         drop(d);
                         "226 done".into()
                     }
-                    Script::ShortWith226 => {
+                    Script::ShortWith226 | Script::ListedSizeShort => {
                         d.write_all(&body[..600])?;
                         drop(d);
                         "226 done (not really)".into()
@@ -475,6 +497,20 @@ fn a_name_listed_twice_is_fetched_once() {
 
 /// Names that would leave the target are not taken, and not dropped
 /// unsaid either: the tree fails with what they were.
+#[test]
+fn a_tree_file_shorter_than_its_listing_fails_where_size_is_refused() {
+    let (port, _) = fake_server(Script::ListedSizeShort);
+    let dir = tempfile::tempdir().unwrap();
+    let out = xftp(
+        &["get", "-r", &format!("ftp://127.0.0.1:{port}/d/"), "got"],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("short transfer"), "{err}");
+    assert!(!dir.path().join("got/ok.txt").exists(), "{err}");
+}
+
 #[test]
 fn names_that_would_leave_the_tree_are_reported_not_dropped() {
     let (port, _) = fake_server(Script::HostileMlsd);
