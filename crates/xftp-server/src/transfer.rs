@@ -554,6 +554,18 @@ impl Upload {
                     libc::O_NOFOLLOW,
                 )?;
                 lock_exclusive(&f)?;
+                // An offset past the largest file the file system takes
+                // (2^44 on ext4, 2^63 - 1 on tmpfs): refused now, before
+                // the 150, not when the first write fails with EINVAL.
+                if let Err(e) = std::io::Seek::seek(&mut &f, std::io::SeekFrom::Start(rest)) {
+                    return Err(if e.raw_os_error() == Some(libc::EINVAL) {
+                        std::io::Error::other(format!(
+                            "REST {rest} is past the largest file this file system holds"
+                        ))
+                    } else {
+                        e
+                    });
+                }
                 Ok((Upload::in_place(final_path, &f, None, false)?, f, rest))
             }
             UploadKind::Unique => {

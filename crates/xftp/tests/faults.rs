@@ -805,3 +805,22 @@ fn the_servers_temporary_names_are_not_given_to_clients() {
     let r = c.cmd("DELE .old.xftp-part-00112233aabbccdd");
     assert!(r.starts_with("250"), "{r}");
 }
+
+/// A REST offset past the largest file the file system holds is refused
+/// before the 150, in words (it got 150, then "451 ... Invalid argument").
+#[test]
+fn a_rest_past_the_largest_file_is_refused_before_the_transfer() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.bin"), b"0123456789").unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    assert!(c.cmd("TYPE I").starts_with("200"));
+    assert!(c.cmd("REST 18446744073709551615").starts_with("350"));
+    let _ = c.epsv_port();
+    let r = c.cmd("STOR r.bin");
+    assert!(r.starts_with("553") && r.contains("largest file"), "{r}");
+    assert_eq!(
+        std::fs::read(dir.path().join("r.bin")).unwrap(),
+        b"0123456789"
+    );
+}
