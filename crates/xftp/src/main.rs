@@ -13,12 +13,31 @@ macro_rules! out {
 
 /// `eprintln!` (this shadows it for the whole binary) that ignores a
 /// closed stderr (`xftp get ... 2>&1 | head -1`): std's panics there, and
-/// a finished transfer then exited with 101 as if it had crashed.
+/// a finished transfer then exited with 101 as if it had crashed. Control
+/// characters are written escaped (`\u{1b}`): messages carry a server's
+/// reply text and names from its listings, and a hostile one could
+/// otherwise drive the terminal (retitle it, clear it, hide lines).
 macro_rules! eprintln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+        let _ = writeln!(std::io::stderr().lock(), "{}", $crate::printable(&format!($($arg)*)));
     }};
+}
+
+/// `s` with its control characters but line feeds and tabs escaped.
+fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 mod cmd;

@@ -61,6 +61,8 @@ enum Script {
     PatternIgnoresRest,
     /// ... or honestly the rest, then 226.
     Pattern,
+    /// RETR is refused with a text that holds terminal escapes.
+    EscapesInReply,
     /// MLSD lists `ok.txt` at 1000 bytes; SIZE is refused; RETR sends
     /// 600 bytes, then 226.
     ListedSizeShort,
@@ -172,6 +174,9 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 "200 MULT 2 granted (server maximum 2).".into()
             }
             "MODE" if matches!(script, Script::MultCopyDiffers) => "200 mode set".into(),
+            "RETR" if matches!(script, Script::EscapesInReply) => {
+                "550 \x1b]0;PWNED\x07\x1b[2Jno such file".into()
+            }
             "RETR" if matches!(script, Script::MultCopyDiffers) => {
                 let Some(dl) = data_listener.take() else {
                     w.write_all(b"425 no data connection\r\n")?;
@@ -497,6 +502,20 @@ fn a_name_listed_twice_is_fetched_once() {
 
 /// Names that would leave the target are not taken, and not dropped
 /// unsaid either: the tree fails with what they were.
+#[test]
+fn a_servers_terminal_escapes_reach_stderr_escaped() {
+    let (port, _) = fake_server(Script::EscapesInReply);
+    let dir = tempfile::tempdir().unwrap();
+    let out = xftp(&["get", &format!("ftp://127.0.0.1:{port}/f")], dir.path());
+    assert!(!out.status.success());
+    assert!(!out.stderr.contains(&0x1b) && !out.stderr.contains(&0x07));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\\u{1b}]0;PWNED") && err.contains("no such file"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_tree_file_shorter_than_its_listing_fails_where_size_is_refused() {
     let (port, _) = fake_server(Script::ListedSizeShort);
