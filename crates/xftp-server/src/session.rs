@@ -717,8 +717,8 @@ impl Session {
                 self.data = DataPlan::None;
                 self.reply(226, "No transfer to abort.").await?
             }
-            Command::Port(a) => self.active(SocketAddr::V4(a)).await?,
-            Command::Eprt(a) => self.active(a).await?,
+            Command::Port(a) => self.active(SocketAddr::V4(a), "PORT").await?,
+            Command::Eprt(a) => self.active(a, "EPRT").await?,
             Command::Pasv => self.pasv().await?,
             Command::Epsv(arg) => self.epsv(arg).await?,
             Command::Mult(n) => {
@@ -1792,7 +1792,7 @@ impl Session {
 
     // ---- data connection setup ----
 
-    async fn active(&mut self, addr: SocketAddr) -> std::io::Result<()> {
+    async fn active(&mut self, addr: SocketAddr, verb: &str) -> std::io::Result<()> {
         if self.epsv_all {
             return self.reply(501, "EPSV ALL is in effect: use EPSV.").await;
         }
@@ -1801,7 +1801,7 @@ impl Session {
         }
         self.data = DataPlan::Active(addr);
         self.cached.clear();
-        self.reply(200, "PORT command successful.").await
+        self.reply(200, format!("{verb} command successful.")).await
     }
 
     async fn mprt(&mut self, addrs: Vec<SocketAddr>) -> std::io::Result<()> {
@@ -1871,15 +1871,16 @@ impl Session {
 
     async fn epsv(&mut self, arg: Option<String>) -> std::io::Result<()> {
         let want_v6 = !matches!(self.local.ip().to_canonical(), IpAddr::V4(_));
-        match arg.as_deref().map(str::to_ascii_uppercase).as_deref() {
+        match arg.as_deref() {
             None => {}
-            Some("ALL") => {
+            Some(a) if a.eq_ignore_ascii_case("ALL") => {
                 self.epsv_all = true;
                 return self.reply(200, "EPSV ALL accepted.").await;
             }
             Some("1") if !want_v6 => {}
             Some("2") if want_v6 => {}
-            Some("1") | Some("2") => {
+            // RFC 2428: any other protocol number is one not supported.
+            Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
                 let p = if want_v6 { 2 } else { 1 };
                 return self
                     .reply(522, format!("Network protocol not supported, use ({p})"))

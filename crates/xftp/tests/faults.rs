@@ -824,3 +824,19 @@ fn a_rest_past_the_largest_file_is_refused_before_the_transfer() {
         b"0123456789"
     );
 }
+
+/// RFC 2428: EPSV with a protocol number the server does not take is 522
+/// (naming the one it does), a malformed argument 501 in its own words;
+/// EPRT is answered as EPRT.
+#[test]
+fn epsv_and_eprt_replies_follow_rfc_2428() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    let r = c.cmd("EPSV 3");
+    assert!(r.starts_with("522") && r.contains("(1)"), "{r}");
+    let r = c.cmd("EPSV foo");
+    assert!(r.starts_with("501") && r.contains("foo"), "{r}");
+    let r = c.cmd("EPRT |1|127.0.0.1|40000|");
+    assert!(r.starts_with("200 EPRT"), "{r}");
+}
