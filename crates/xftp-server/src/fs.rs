@@ -504,6 +504,76 @@ fn may(md: &Metadata, bit: u32) -> bool {
 }
 
 /// RFC 3659 facts for MLSD/MLST, without the name: `type=file;size=..;...; `.
+/// The facts MLST and MLSD give, in order (RFC 3659 7.5; `OPTS MLST`
+/// selects among them).
+pub const MLST_FACTS: [&str; 6] = ["type", "size", "modify", "perm", "UNIX.mode", "unique"];
+
+/// A selection of [`MLST_FACTS`], one bit each in their order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FactSet(u8);
+
+impl FactSet {
+    /// Every fact: the default.
+    pub const ALL: FactSet = FactSet((1 << MLST_FACTS.len()) - 1);
+
+    /// The facts `OPTS MLST` names (`type;size;`, any case); names not
+    /// offered are ignored, as RFC 3659 7.9 has it.
+    pub fn parse(list: &str) -> FactSet {
+        let mut bits = 0;
+        for name in list.split(';').map(str::trim) {
+            if let Some(i) = MLST_FACTS.iter().position(|f| f.eq_ignore_ascii_case(name)) {
+                bits |= 1 << i;
+            }
+        }
+        FactSet(bits)
+    }
+
+    fn has(self, i: usize) -> bool {
+        self.0 & (1 << i) != 0
+    }
+
+    /// `type;size;` for OPTS's reply; FEAT's list with `*` on these.
+    pub fn names(self) -> String {
+        MLST_FACTS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.has(*i))
+            .map(|(_, f)| format!("{f};"))
+            .collect()
+    }
+
+    /// FEAT's `MLST` line: every fact, the selected ones marked `*`.
+    pub fn feat(self) -> String {
+        let facts: String = MLST_FACTS
+            .iter()
+            .enumerate()
+            .map(|(i, f)| format!("{f}{};", if self.has(i) { "*" } else { "" }))
+            .collect();
+        format!("MLST {facts}")
+    }
+
+    /// `facts` ([`mlsx_facts`]) cut to this selection.
+    pub fn select(self, facts: String) -> String {
+        if self == FactSet::ALL {
+            return facts;
+        }
+        let mut out: String = facts
+            .trim_end()
+            .split(';')
+            .filter(|f| {
+                let name = f.split('=').next().unwrap_or("");
+                MLST_FACTS
+                    .iter()
+                    .position(|k| k.eq_ignore_ascii_case(name))
+                    .is_some_and(|i| self.has(i))
+            })
+            .map(|f| format!("{f};"))
+            .collect();
+        out.push(' ');
+        out
+    }
+}
+
 pub fn mlsx_facts(md: &Metadata, writable: bool, kind_override: Option<&str>) -> String {
     // RFC 3659 7.5.1: what is neither a file nor a directory is an
     // OS.name=type fact, not a file a client would try to fetch.

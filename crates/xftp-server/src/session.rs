@@ -124,6 +124,7 @@ pub async fn run(
         cached: Vec::new(),
         streams: 1,
         epsv_all: false,
+        facts: fs::FactSet::ALL,
         bufsize: None,
         schedule: Schedule::Dynamic,
         mode_e: false,
@@ -245,6 +246,8 @@ struct Session {
     /// Data connections per transfer, granted by MULT.
     streams: u32,
     epsv_all: bool,
+    /// The facts MLST and MLSD give (`OPTS MLST`).
+    facts: fs::FactSet,
     /// SO_SNDBUF/SO_RCVBUF for data sockets; `None` = kernel autotuning.
     bufsize: Option<u64>,
     /// How multi-stream sends assign records to connections (OPTS MULT).
@@ -665,7 +668,7 @@ impl Session {
             }
             Command::List(a) => self.listing(ListKind::List, a).await?,
             Command::Nlst(a) => self.listing(ListKind::Nlst, a).await?,
-            Command::Mlsd(a) => self.listing(ListKind::Mlsd, a).await?,
+            Command::Mlsd(a) => self.listing(ListKind::Mlsd(self.facts), a).await?,
             Command::Mlst(a) => self.mlst(a).await?,
             Command::Size(p) => self.size(&p).await?,
             Command::Mdtm(p) => self.mdtm(&p).await?,
@@ -1035,6 +1038,7 @@ impl Session {
         } else {
             &[]
         };
+        let mlst = self.facts.feat();
         let lines = [
             "Extensions supported:",
             "EPRT",
@@ -1042,7 +1046,7 @@ impl Session {
             "CKSM MD5:10;ADLER32:10;CRC32:10;CRC32C:10;SHA1:10;SHA256:11;SHA512:12;",
             "MDTM",
             "MFMT",
-            "MLST type*;size*;modify*;perm*;UNIX.mode*;unique*;",
+            &mlst,
             "MULT",
             "MODE E",
             "CACHE",
@@ -1192,9 +1196,17 @@ impl Session {
                         .await
                 }
             }
-        } else if up.starts_with("MLST") {
-            self.reply(200, "MLST OPTS type;size;modify;perm;UNIX.mode;unique;")
-                .await
+        } else if up == "MLST" || up.starts_with("MLST ") {
+            // RFC 3659 7.9: the facts named (none, without a list) from now
+            // on; the reply lists those taken.
+            self.facts = fs::FactSet::parse(o.trim().get(4..).unwrap_or(""));
+            let names = self.facts.names();
+            let text = if names.is_empty() {
+                "MLST OPTS".to_string()
+            } else {
+                format!("MLST OPTS {names}")
+            };
+            self.reply(200, text).await
         } else {
             self.reply(501, format!("Option not understood: {o}")).await
         }
@@ -3113,7 +3125,7 @@ impl Session {
                 // would. Only there: no wildcards in directories above, no
                 // recursion.
                 let glob = match (&arg, v.file_name()) {
-                    (Some(a), Some(last)) if !matches!(kind, ListKind::Mlsd) => {
+                    (Some(a), Some(last)) if !matches!(kind, ListKind::Mlsd(_)) => {
                         wildcard(last).map(|p| (p, a.clone()))
                     }
                     _ => None,
@@ -3267,7 +3279,9 @@ impl Session {
                 .and_then(|p| std::fs::symlink_metadata(p).ok())
                 .is_some_and(|m| m.file_type().is_symlink());
         let kind = link.then_some("OS.unix=symlink");
-        let facts = fs::mlsx_facts(&md, self.may_write(), kind);
+        let facts = self
+            .facts
+            .select(fs::mlsx_facts(&md, self.may_write(), kind));
         let lines = vec![
             format!("Listing {}", v.display()),
             format!("{facts}{}", v.display()),
@@ -3324,7 +3338,8 @@ impl Unlisted {
 enum ListKind {
     List,
     Nlst,
-    Mlsd,
+    /// With the facts selected.
+    Mlsd(fs::FactSet),
 }
 
 /// How long a download waits for its other data connections once the
@@ -3421,16 +3436,16 @@ fn listing_where(
         match kind {
             ListKind::List => out.extend_from_slice(&fs::list_line(name, md, link_to)),
             ListKind::Nlst => out.extend_from_slice(name),
-            ListKind::Mlsd => {
+            ListKind::Mlsd(facts) => {
                 let kind = link_to.map(|_| "OS.unix=symlink");
-                out.extend_from_slice(fs::mlsx_facts(md, writable, kind).as_bytes());
+                out.extend_from_slice(facts.select(fs::mlsx_facts(md, writable, kind)).as_bytes());
                 out.extend_from_slice(name);
             }
         }
         out.extend_from_slice(b"\r\n");
     };
     if !md.is_dir() {
-        if matches!(kind, ListKind::Mlsd) {
+        if matches!(kind, ListKind::Mlsd(_)) {
             return Err(std::io::Error::other("Not a directory"));
         }
         let name = match named {

@@ -840,3 +840,39 @@ fn epsv_and_eprt_replies_follow_rfc_2428() {
     let r = c.cmd("EPRT |1|127.0.0.1|40000|");
     assert!(r.starts_with("200 EPRT"), "{r}");
 }
+
+/// RFC 3659 7.9: OPTS MLST selects the facts MLST and MLSD give from then
+/// on, names those taken in its reply, and FEAT marks them; unknown names
+/// are left out, and no list selects none.
+#[test]
+fn opts_mlst_selects_the_facts_given() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f.txt"), b"0123456789").unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    let r = c.cmd("OPTS MLST Size;type;bogus;");
+    assert!(r.starts_with("200 MLST OPTS type;size;\r"), "{r}");
+    let r = c.cmd("MLST f.txt");
+    assert!(r.contains(" type=file;size=10; /f.txt"), "{r}");
+    let r = c.cmd("FEAT");
+    assert!(
+        r.contains("MLST type*;size*;modify;perm;UNIX.mode;unique;"),
+        "{r}"
+    );
+    let port = c.epsv_port();
+    c.w_line("MLSD");
+    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(c.reply().starts_with("150"));
+    let mut listing = String::new();
+    d.read_to_string(&mut listing).unwrap();
+    assert!(c.reply().starts_with("226"));
+    assert!(
+        listing.contains("type=file;size=10; f.txt\r\n"),
+        "{listing}"
+    );
+    assert!(!listing.contains("modify="), "{listing}");
+    let r = c.cmd("OPTS MLST");
+    assert!(r.starts_with("200 MLST OPTS\r"), "{r}");
+    let r = c.cmd("MLST f.txt");
+    assert!(r.contains("\n  /f.txt") || r.contains("\n /f.txt"), "{r}");
+}
