@@ -2338,7 +2338,18 @@ impl Client {
             left: MAX_LISTING,
         };
         self.recv_plain(&c, conns, &mut capped, Path::new("(listing)"), None)
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // The cap, not the local disk.
+                ClientError::Local { path, .. } if path == Path::new("(listing)") => {
+                    ClientError::Usage(format!(
+                        "{}: the server's listing is longer than {} MiB, more than this client keeps: list a smaller directory",
+                        c.display(),
+                        MAX_LISTING >> 20
+                    ))
+                }
+                e => e,
+            })?;
         let done = self.expect_complete_reply(&c).await?;
         let left_out = negotiate::unlisted(&done);
         if left_out > 0 {

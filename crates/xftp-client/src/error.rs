@@ -74,7 +74,7 @@ pub enum ClientError {
     /// The connection was accepted but no greeting came in time: an FTP
     /// server greets at once, so the server is stalled, or the network
     /// lost the greeting (a flow reset during the handshake).
-    #[error("no FTP server's greeting: nothing within {:.0} s", .after.as_secs_f64())]
+    #[error("no FTP server's greeting: no complete one within {:.0} s", .after.as_secs_f64())]
     NoGreeting {
         /// How long we waited.
         after: Duration,

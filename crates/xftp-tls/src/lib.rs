@@ -177,7 +177,7 @@ pub fn explain_handshake_error(e: &std::io::Error) -> String {
             other => format!("the server's certificate was refused: {other:?}"),
         },
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => {
-            "the peer does not speak TLS here (plain FTP on a TLS port? use ftp:// or ftpes:// for a server without implicit TLS)".into()
+            "the peer does not speak TLS here: it answered in plain text (a server that accepted AUTH TLS without starting it, or plain FTP on the port given for implicit TLS: use ftp:// or ftpes:// for a server without implicit TLS)".into()
         }
         Some(E::AlertReceived(a)) => format!("the peer refused the TLS handshake ({a:?})"),
         Some(E::PeerIncompatible(p)) => format!("no TLS version or cipher suite in common ({p:?})"),

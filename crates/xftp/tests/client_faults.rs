@@ -1012,7 +1012,7 @@ fn a_port_that_is_no_ftp_servers_is_named_as_such() {
         if banner.is_some() {
             assert!(err.contains("SSH-2.0"), "{err}");
         } else {
-            assert!(err.contains("nothing within 1 s"), "{err}");
+            assert!(err.contains("no complete one within 1 s"), "{err}");
         }
         t.join().unwrap();
         assert!(entries(dir.path()).is_empty());
