@@ -622,10 +622,15 @@ impl Client {
             user: Cmd::with("USER", user),
             pass: password.map(|p| Cmd::with("PASS", p)),
             ty: Cmd::with("TYPE", "I"),
-            bufsize: self
-                .cfg
-                .bufsize
-                .map(|b| Cmd::with("SITE", format!("BUFSIZE {b}"))),
+            // GridFTP's spelling to a server that greets as one
+            // (globus-gridftp-server refuses SITE BUFSIZE).
+            bufsize: self.cfg.bufsize.map(|b| {
+                if self.greets_gridftp {
+                    Cmd::with("SBUF", b.to_string())
+                } else {
+                    Cmd::with("SITE", format!("BUFSIZE {b}"))
+                }
+            }),
             opts_static: self
                 .cfg
                 .static_split
@@ -785,7 +790,8 @@ impl Client {
                 tracing::info!("server buffers: {text}");
             } else if r.is_failure() {
                 self.notices.push(format!(
-                    "server refused SITE BUFSIZE ({text}); only this client's buffers are set"
+                    "server refused {} ({text}); only this client's buffers are set",
+                    c.display()
                 ));
             } else {
                 return Err(unexpected(c, &r));

@@ -501,3 +501,29 @@ fn a_tree_upload_keeps_every_files_facts_and_runs_again() {
         assert_eq!(md.modified().unwrap(), old, "{name}");
     }
 }
+
+/// `--bufsize` reaches globus-gridftp-server: it refuses `SITE BUFSIZE`,
+/// and takes GridFTP's `SBUF`, which the client sends then.
+#[test]
+fn bufsize_reaches_gridftp_as_sbuf() {
+    if !usable("bufsize_reaches_gridftp_as_sbuf") {
+        return;
+    }
+    let (tmp, srv) = served_dir();
+    write_prng_file(&srv.join("b.bin"), 100_000, 71);
+    let server = start(&tmp.path().join("gridftp.log"));
+    let url = format!("ftp://127.0.0.1:{}/{}/b.bin", server.port, srv.display());
+    let out = xftp(
+        &["get", "--bufsize", "1M", "--json", &url, "b.bin"],
+        tmp.path(),
+    );
+    let j = ok_json(&out, "get --bufsize 1M");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("refused"), "{err}");
+    let reply = j["server_bufsize_reply"].as_str().unwrap_or("");
+    assert!(reply.starts_with('2'), "{j}");
+    assert_eq!(
+        sha256_file(&tmp.path().join("b.bin")),
+        sha256_file(&srv.join("b.bin"))
+    );
+}
