@@ -773,7 +773,7 @@ impl Session {
                 self.reply(534, "CCC refused: the control connection stays encrypted.")
                     .await?
             }
-            Command::Sbuf(b) => self.set_bufsize(b).await?,
+            Command::Sbuf(b) => self.set_bufsize_clamped(b).await?,
             Command::Unknown(v) => match v.as_str() {
                 "ACCT" | "SMNT" | "REIN" => {
                     self.reply(502, format!("{v} not implemented.")).await?
@@ -1347,6 +1347,23 @@ impl Session {
                 f.rcv, f.snd
             ),
             (_, Err(e)) => format!("Data socket buffers: unknown ({e})."),
+        }
+    }
+
+    /// GridFTP's SBUF: a size out of range is held to it, as
+    /// globus-gridftp-server lets the kernel do (globus-url-copy gives up
+    /// on a refusal of `-tcp-bs`); SITE BUFSIZE refuses it, and xftp's
+    /// client says so.
+    async fn set_bufsize_clamped(&mut self, b: BufSize) -> std::io::Result<()> {
+        let (lo, hi) = (self.cfg.min_bufsize, self.cfg.max_bufsize);
+        match b {
+            BufSize::Bytes(n) if n < lo || n > hi => {
+                self.bufsize = Some(n.clamp(lo, hi));
+                let t = self.bufsize_text();
+                self.reply(200, format!("{t} (held to {lo} to {hi} bytes)"))
+                    .await
+            }
+            b => self.set_bufsize(b).await,
         }
     }
 

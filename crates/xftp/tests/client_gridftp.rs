@@ -346,6 +346,19 @@ fn a_relative_path_on_gridftp_gets_the_absolute_path_hint() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("//abs/path"), "{err}");
+    // Absolute already, and missing: no advice to write it so.
+    let url = format!(
+        "ftp://127.0.0.1:{}/{}",
+        server.port,
+        srv.join("gone.bin").display()
+    );
+    let out = xftp(&["get", &url, "g"], tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        !err.contains("//abs/path") && err.contains("permissions"),
+        "{err}"
+    );
 }
 
 /// A file rewritten in place while a GridFTP server sends it over four

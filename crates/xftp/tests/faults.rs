@@ -876,3 +876,17 @@ fn opts_mlst_selects_the_facts_given() {
     let r = c.cmd("MLST f.txt");
     assert!(r.contains("\n  /f.txt") || r.contains("\n /f.txt"), "{r}");
 }
+
+/// GridFTP's SBUF holds a size out of range to the server's limits (as
+/// globus-gridftp-server takes any: globus-url-copy -tcp-bs 1024 failed);
+/// SITE BUFSIZE still refuses it.
+#[test]
+fn sbuf_holds_a_size_out_of_range_and_site_bufsize_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &[]);
+    let mut c = Ctl::login(srv.port);
+    let r = c.cmd("SBUF 1024");
+    assert!(r.starts_with("200") && r.contains("2048 requested"), "{r}");
+    let r = c.cmd("SITE BUFSIZE 1024");
+    assert!(r.starts_with("501"), "{r}");
+}

@@ -1657,11 +1657,20 @@ fn explain_noting(e: ClientError, op: Op, url: &FtpUrl, nothing_kept: bool) -> a
             (550, Op::Get) | (500, Op::Get)
                 if *code == 550 || e.to_string().contains("Unable to open file") =>
             {
-                Some(format!(
-                    "check the path with `xftp ls {}/`; URL paths are relative to the login directory, an absolute server path is written {}//abs/path",
-                    url.base(),
-                    url.base()
-                ))
+                Some(if url.path.starts_with('/') {
+                    // Absolute already (`//abs/path`): the file is missing
+                    // or unreadable there.
+                    format!(
+                        "check the path and its permissions on the server with `xftp ls {}/`",
+                        url.base()
+                    )
+                } else {
+                    format!(
+                        "check the path with `xftp ls {}/`; URL paths are relative to the login directory, an absolute server path is written {}//abs/path",
+                        url.base(),
+                        url.base()
+                    )
+                })
             }
             (550, Op::Ls) => Some("check the directory path".into()),
             (550 | 553, Op::Put) if e.to_string().contains("Is a directory") => Some(
