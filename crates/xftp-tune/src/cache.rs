@@ -37,6 +37,12 @@ pub struct PathRecord {
     /// direction's records, or from those that do not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload: Option<bool>,
+    /// The count a `-p auto` transfer started from (`None` for a fixed
+    /// count, a probe, and in files written before it was kept). One that
+    /// learned another count says the start no longer pays on this path:
+    /// the earlier records of that count are left out ([`Cache::best`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u32>,
 }
 
 /// Errors saving the cache (loading never fails: a bad cache is ignored).
@@ -163,17 +169,30 @@ impl Cache {
             (Some(want), Some(was)) => want == was,
             _ => true,
         };
-        for r in self
+        // Oldest first, as recorded.
+        let runs: Vec<&PathRecord> = self
             .fresh(dest, max_age)
             .into_iter()
-            .filter(|r| this_way(r))
+            .filter(|r| this_way(r) && r.throughput_bps > 0.0 && r.streams > 0)
+            .collect();
+        // A later `-p auto` run that started at this count and learned
+        // another: one run of 1 connection at 47 Mbit/s, before the link
+        // turned lossy, started every later transfer at 1, each of which
+        // grew to 8 and recorded 8 at 24-35 (the median of 1 stayed 47).
+        let superseded = |i: usize, n: u32| {
+            runs[i + 1..]
+                .iter()
+                .any(|later| later.started == Some(n) && later.streams != n)
+        };
+        for (_, r) in runs
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| !superseded(*i, r.streams))
         {
-            if r.throughput_bps > 0.0 && r.streams > 0 {
-                by_count
-                    .entry(r.streams)
-                    .or_default()
-                    .push(r.throughput_bps);
-            }
+            by_count
+                .entry(r.streams)
+                .or_default()
+                .push(r.throughput_bps);
         }
         let medians: Vec<(u32, f64)> = by_count
             .into_iter()
@@ -448,6 +467,7 @@ mod tests {
                                 throughput_bps: 1e6,
                                 bytes: 1 << 20,
                                 upload: None,
+                                started: None,
                             },
                         );
                         c.save().unwrap();
@@ -478,6 +498,7 @@ mod tests {
                             throughput_bps: 1e6,
                             bytes: 1 << 20,
                             upload: None,
+                            started: None,
                         };
                         Cache::record_at(&p, &format!("h{t}:21"), rec).unwrap();
                     }
@@ -508,6 +529,7 @@ mod tests {
             throughput_bps: 1e6,
             bytes: 1,
             upload: None,
+            started: None,
         };
         let t = std::time::Instant::now();
         let e = Cache::record_at(&p, "h:21", rec.clone())
@@ -537,6 +559,7 @@ mod tests {
                 throughput_bps: 80e6,
                 bytes: 1 << 30,
                 upload: None,
+                started: None,
             },
         );
         c.record(
@@ -548,6 +571,7 @@ mod tests {
                 throughput_bps: 40e6,
                 bytes: 1 << 30,
                 upload: None,
+                started: None,
             },
         );
         c.record(
@@ -559,6 +583,7 @@ mod tests {
                 throughput_bps: 900e6,
                 bytes: 1,
                 upload: None,
+                started: None,
             },
         );
         c.save().unwrap();
@@ -578,6 +603,7 @@ mod tests {
                 throughput_bps: 900e6,
                 bytes: 1,
                 upload: None,
+                started: None,
             },
         );
         assert_eq!(ahead.best("h:21", day, None), None);
@@ -592,6 +618,7 @@ mod tests {
                 throughput_bps: 77e6,
                 bytes: 1 << 30,
                 upload: None,
+                started: None,
             },
         );
         assert_eq!(c.best("h:21", day, None), Some((6, 77e6)));
@@ -607,6 +634,7 @@ mod tests {
                     throughput_bps: t,
                     bytes: 1 << 30,
                     upload: None,
+                    started: None,
                 },
             )
         };
@@ -625,6 +653,34 @@ mod tests {
     }
 
     #[test]
+    fn a_start_that_a_later_auto_run_left_is_not_taken_again() {
+        // One fast run of 1 connection; then the link turned lossy, and
+        // each `-p auto` run started at 1 and learned 8, slower than the
+        // old run: 1 is not chosen again. A fixed count's runs (no start)
+        // supersede nothing.
+        let mut c = Cache::in_memory();
+        let now = now_secs();
+        let rec = |streams, bps: f64, started| PathRecord {
+            when: now,
+            rtt_us: 20_000,
+            streams,
+            throughput_bps: bps,
+            bytes: 1 << 26,
+            upload: Some(false),
+            started,
+        };
+        let day = Duration::from_secs(86_400);
+        c.record("h:21", rec(1, 47e6, None));
+        c.record("h:21", rec(4, 30e6, None));
+        assert_eq!(c.best("h:21", day, Some(false)), Some((1, 47e6)));
+        c.record("h:21", rec(8, 30e6, Some(1)));
+        assert_eq!(c.best("h:21", day, Some(false)), Some((4, 30e6)));
+        // A later run that started at 1 and kept it counts again.
+        c.record("h:21", rec(1, 45e6, Some(1)));
+        assert_eq!(c.best("h:21", day, Some(false)), Some((1, 45e6)));
+    }
+
+    #[test]
     fn each_direction_takes_its_own_best() {
         // An asymmetric path: downloads fast on 16, uploads on a narrow
         // uplink best on 2.
@@ -637,6 +693,7 @@ mod tests {
             throughput_bps: bps,
             bytes: 1 << 24,
             upload,
+            started: None,
         };
         c.record("h:21", rec(16, 61e6, Some(false)));
         c.record("h:21", rec(2, 1.95e6, Some(true)));
@@ -665,6 +722,7 @@ mod tests {
             throughput_bps: 1e8,
             bytes: 1 << 20,
             upload: None,
+            started: None,
         };
         c.record("old:21", rec(now - 30 * 86400));
         c.record("kept:21", rec(now - 3600));
@@ -698,6 +756,7 @@ mod tests {
                     throughput_bps: 1.0,
                     bytes: 1,
                     upload: None,
+                    started: None,
                 },
             );
         }
@@ -711,6 +770,7 @@ mod tests {
             throughput_bps: bps,
             bytes: 0,
             upload: None,
+            started: None,
         };
         let mut c = Cache::in_memory();
         c.record("p", at(500, 8, 9e7));

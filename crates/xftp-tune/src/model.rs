@@ -1053,11 +1053,7 @@ pub fn judge(
         limit,
         path.seed ^ 0xf0,
     );
-    let learned = c
-        .history()
-        .iter()
-        .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
-        .map_or(fresh_run.final_streams, |s| s.streams);
+    let learned = c.learned().unwrap_or(fresh_run.final_streams);
     let mut w = warm(learned);
     let warm_run = run(
         spec,

@@ -52,8 +52,10 @@ pub struct Timeline {
     /// every connection a transfer opened, so a count halved and grown
     /// again counts twice there.
     pub most_streams: u32,
-    /// The count that carried the most goodput in an epoch (the final count
-    /// when no epoch was evaluated).
+    /// The count to remember for the path ([`Controller::learned`]: the
+    /// one that carried the most goodput in an epoch, short of counts
+    /// stepped down from as crowded; the final count when no epoch was
+    /// evaluated).
     pub best_streams: u32,
     /// Smallest RTT seen (control connection and data path), microseconds.
     pub rtt_floor_us: Option<u64>,
@@ -667,10 +669,7 @@ pub(crate) fn timeline(
     control_rtt: Option<Duration>,
 ) -> Timeline {
     let steps: Vec<Step> = ctlr.map(|c| c.history().to_vec()).unwrap_or_default();
-    let best_streams = steps
-        .iter()
-        .max_by(|a, b| a.goodput_bps.total_cmp(&b.goodput_bps))
-        .map_or(final_streams, |s| s.streams);
+    let best_streams = ctlr.and_then(Controller::learned).unwrap_or(final_streams);
     let most_streams = steps
         .iter()
         .map(|s| s.streams)

@@ -175,6 +175,7 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
             throughput_bps: 0.0,
             bytes: 0,
             upload: None,
+            started: None,
         },
     );
     Ok(Probe {

@@ -1422,6 +1422,7 @@ impl Shell {
                 throughput_bps: rate * 8.0,
                 bytes: r.bytes,
                 upload: Some(upload),
+                started: t.adaptive.then_some(t.start),
             };
             record_path(&cache_key(&conn.url), rec);
         }

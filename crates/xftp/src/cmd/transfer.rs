@@ -1233,6 +1233,7 @@ fn conclude(
             },
             bytes: if limited { 0 } else { r.bytes },
             upload: Some(upload),
+            started: t.adaptive.then_some(t.start),
         };
         record_path(&cache_key(url), rec);
     }
