@@ -537,7 +537,7 @@ pub struct Controller {
     starved: bool,
     /// Rule 11 has looked at the start's first flights.
     flights_read: bool,
-    /// The last epoch's goodput reached the outside limit
+    /// An epoch's goodput reached the outside limit (sticky)
     /// ([`TuneConfig::ceiling_bps`]).
     at_ceiling: bool,
     /// In a stall (rule 12): when the peer was first heard in it, and
@@ -898,7 +898,10 @@ impl Controller {
         let timeout_bound = short && per_conn < SHED_SHARE && loss > self.cfg.loss_threshold;
         let now_s = s.rtt.map_or(floor_s, |r| r.as_secs_f64());
         let pipe = goodput * now_s / SEGMENT_BITS;
-        self.at_ceiling = self.near_ceiling(goodput);
+        // Sticky: an epoch that dips under the limit (a sawtooth, a
+        // slow reader) is no call for more connections; a probe after
+        // one added two to a transfer held at 8.4 Mbit/s.
+        self.at_ceiling |= self.near_ceiling(goodput);
         let (next, reason) = self.decide(Judged {
             g: goodput,
             ramping,
@@ -1727,6 +1730,17 @@ mod tests {
         let held = flat(Some(16.5e6));
         assert_eq!(most(&held), 4, "{:?}", held.history());
         assert_eq!(last(&held), Some(Reason::RateLimit), "{:?}", held.history());
+        // Once reached, epochs under it (a slow reader, a sawtooth) start
+        // no growth either: a probe after one added two under a limit.
+        let cfg = TuneConfig {
+            ceiling_bps: Some(16.5e6),
+            ..TuneConfig::default()
+        };
+        let (mut c, mut f) = started(Controller::new(cfg, 4));
+        feed(&mut c, &mut f, 4, 16e6, 0.0, 100);
+        feed(&mut c, &mut f, 40, 11e6, 0.0, 100);
+        assert_eq!(most(&c), 4, "{:?}", c.history());
+        assert_eq!(last(&c), Some(Reason::RateLimit), "{:?}", c.history());
         // A limit the path does not reach bars nothing.
         let high = flat(Some(100e6));
         assert!(most(&high) > 4, "{:?}", high.history());
