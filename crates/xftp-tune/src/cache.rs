@@ -116,19 +116,57 @@ impl Cache {
                 BTreeMap::new()
             }
             Ok(0) => BTreeMap::new(),
-            Ok(_) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(
-                    "path cache {}: unreadable ({e}); starting a new one",
-                    path.display()
-                );
-                BTreeMap::new()
-            }),
+            Ok(_) => Self::parse(path, &bytes),
             Err(_) => BTreeMap::new(),
         };
         Cache {
             path: Some(path.to_owned()),
             entries,
         }
+    }
+
+    /// The records of a cache file, record by record: one that does not
+    /// read (a hand edit, a field out of range) is dropped with a
+    /// warning, and the other destinations' records kept (they all went).
+    fn parse(path: &Path, bytes: &[u8]) -> BTreeMap<String, Vec<PathRecord>> {
+        let raw: BTreeMap<String, Vec<serde_json::Value>> = match serde_json::from_slice(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(
+                    "path cache {}: unreadable ({e}); starting a new one",
+                    path.display()
+                );
+                return BTreeMap::new();
+            }
+        };
+        let mut dropped = 0usize;
+        let mut out = BTreeMap::new();
+        for (dest, recs) in raw {
+            let mut v: Vec<PathRecord> = recs
+                .into_iter()
+                .filter_map(|r| {
+                    serde_json::from_value(r).ok().or_else(|| {
+                        dropped += 1;
+                        None
+                    })
+                })
+                .collect();
+            // A hand-made list past the bound: the newest, as `record`
+            // keeps them.
+            if v.len() > KEEP {
+                v.drain(..v.len() - KEEP);
+            }
+            if !v.is_empty() {
+                out.insert(dest, v);
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                "path cache {}: {dropped} record(s) unreadable, left out",
+                path.display()
+            );
+        }
+        out
     }
 
     /// A cache that is never saved.
@@ -267,12 +305,8 @@ impl Cache {
     /// processes) each keep their record; a plain load-record-save lets the
     /// last writer drop what another saved in between.
     pub fn record_at(path: &Path, dest: &str, rec: PathRecord) -> Result<(), CacheError> {
-        let err = |source| CacheError::Io {
-            path: path.display().to_string(),
-            source,
-        };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
+            create_private_dir(dir)?;
         }
         let mut lock_path = path.as_os_str().to_owned();
         lock_path.push(".lock");
@@ -331,7 +365,7 @@ impl Cache {
             source,
         };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
+            create_private_dir(dir)?;
         }
         // Unique per save, not only per process: the sessions of a tree
         // transfer save from one process at the same time, and two
@@ -341,9 +375,47 @@ impl Cache {
         let tmp = path.with_extension(format!("tmp{}.{n}", std::process::id()));
         let text =
             serde_json::to_vec_pretty(&self.entries).map_err(|e| err(std::io::Error::other(e)))?;
-        std::fs::write(&tmp, text).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        // The user's alone (the file names every host contacted), and
+        // not left behind when the disk is full.
+        let written = {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .and_then(|mut f| f.write_all(&text))
+                .and_then(|()| std::fs::rename(&tmp, path))
+        };
+        written.map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            err(e)
+        })
     }
+}
+
+/// `dir` and its missing parents, the new ones private (0700, as the XDG
+/// base directory spec asks); one that exists but is no directory is
+/// named as such.
+fn create_private_dir(dir: &Path) -> Result<(), CacheError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(p) = dir.ancestors().find(|p| p.exists()) {
+        if !p.is_dir() {
+            return Err(CacheError::Io {
+                path: p.display().to_string(),
+                source: std::io::Error::other("not a directory: remove it, or set XDG_CACHE_HOME"),
+            });
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| CacheError::Io {
+            path: dir.display().to_string(),
+            source,
+        })
 }
 
 /// The starting count on a path of round-trip time `rtt` with nothing
@@ -678,6 +750,53 @@ mod tests {
         // A later run that started at 1 and kept it counts again.
         c.record("h:21", rec(1, 45e6, Some(1)));
         assert_eq!(c.best("h:21", day, Some(false)), Some((1, 45e6)));
+    }
+
+    #[test]
+    fn a_bad_record_costs_itself_alone_and_the_file_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub").join("paths.json");
+        let now = now_secs();
+        let good =
+            format!(r#"{{"when":{now},"rtt_us":1000,"streams":4,"throughput_bps":4e7,"bytes":1}}"#);
+        let bad = r#"{"when":1,"rtt_us":-5,"streams":1e12,"throughput_bps":1,"bytes":1}"#;
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, format!(r#"{{"a:21":[{bad},{good}],"b:21":[{good}]}}"#)).unwrap();
+        let c = Cache::load(&p);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(c.best("a:21", day, None), Some((4, 4e7)));
+        assert_eq!(c.best("b:21", day, None), Some((4, 4e7)));
+        // Saved as the user's alone, into a new private directory; no
+        // temporary left.
+        let fresh = dir.path().join("new").join("xftp").join("paths.json");
+        let mut c = Cache::load(&fresh);
+        c.record(
+            "a:21",
+            PathRecord {
+                when: now,
+                rtt_us: 1,
+                streams: 1,
+                throughput_bps: 1.0,
+                bytes: 1,
+                upload: None,
+                started: None,
+            },
+        );
+        c.save().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&fresh), 0o600);
+        assert_eq!(mode(fresh.parent().unwrap()), 0o700);
+        let names: Vec<_> = std::fs::read_dir(fresh.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["paths.json"]);
+        // A file where the directory should be is named as such.
+        let blocked = dir.path().join("blocked");
+        std::fs::write(&blocked, b"").unwrap();
+        let e = Cache::load(&blocked.join("paths.json")).save().unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
     }
 
     #[test]

@@ -1194,10 +1194,16 @@ pub const RECORD_MIN_BYTES: u64 = 1 << 20;
 /// Add a transfer's record to the parameter cache (a failure to save is
 /// a warning; no cache directory known, nothing).
 pub fn record_path(dest: &str, rec: PathRecord) {
-    if let Some(p) = Cache::default_path() {
-        if let Err(e) = Cache::record_at(&p, dest, rec) {
-            eprintln!("xftp: warning: cannot save the path cache: {e}");
+    match Cache::default_path() {
+        Some(p) => {
+            if let Err(e) = Cache::record_at(&p, dest, rec) {
+                eprintln!("xftp: warning: cannot save the path cache: {e}");
+            }
         }
+        // A service's environment often has neither: said with -v only.
+        None => tracing::info!(
+            "no path cache: neither XDG_CACHE_HOME nor HOME names an absolute directory"
+        ),
     }
 }
 
