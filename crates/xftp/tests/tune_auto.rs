@@ -461,6 +461,7 @@ fn probe_prints_what_it_measured() {
     let rtt = j["rtt_tcp_info_ms"].as_f64().unwrap();
     let want = if rtt < 5.0 { 1 } else { 2 };
     assert_eq!(j["initial_streams"], want, "loopback: {j}");
+    assert_eq!(j["initial_streams_put"], want, "loopback: {j}");
     assert!(j["reason"].as_str().unwrap().contains("RTT"), "{j}");
     // The probe recorded the RTT.
     let cached: serde_json::Value = serde_json::from_slice(
@@ -481,6 +482,7 @@ fn probe_prints_what_it_measured() {
         assert!(text.contains(field), "{field} missing: {text}");
     }
     assert!(text.contains("1 fresh record"), "{text}");
+    assert!(text.contains("probe  rtt"), "{text}");
     // A failure is one JSON object too, and exit status 1.
     let out = xftp(&d, &["probe", "ftp://127.0.0.1:1/", "--json"]);
     assert_eq!(out.status.code(), Some(1));

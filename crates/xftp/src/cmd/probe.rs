@@ -58,10 +58,15 @@ struct Probe {
     feat: Vec<String>,
     cache_file: Option<String>,
     cached: Vec<PathRecord>,
-    /// (connections, bits per second) of the fastest fresh cached transfer.
+    /// (connections, bits per second): the count a download would start
+    /// from and its median rate ([`xftp_tune::Cache::best`]).
     cached_best: Option<(u32, f64)>,
-    /// The starting number of connections `-p auto` would use.
+    /// The same for an upload (each direction has its own records).
+    cached_best_put: Option<(u32, f64)>,
+    /// The starting number of connections `get -p auto` would use.
     initial_streams: u32,
+    /// ... and `put -p auto`, where MULT applies (else the same).
+    initial_streams_put: u32,
     reason: String,
     /// Whether `-p auto` could change the count during a transfer.
     adaptive: bool,
@@ -126,8 +131,19 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
         .as_ref()
         .map(|c| c.fresh(&key, CACHE_AGE).into_iter().cloned().collect())
         .unwrap_or_default();
-    let best = cache.as_ref().and_then(|c| c.best(&key, CACHE_AGE, None));
+    // As `get` and `put` choose: each from its own direction's records.
+    let best = cache
+        .as_ref()
+        .and_then(|c| c.best(&key, CACHE_AGE, Some(false)));
+    let best_put = cache
+        .as_ref()
+        .and_then(|c| c.best(&key, CACHE_AGE, Some(true)));
     let rtt = tcp_rtt.or(Some(median));
+    let n_put = if feat.mult || feat.gridftp {
+        xftp_tune::initial_streams(rtt, a.bufsize.0, best_put, 32).0
+    } else {
+        1
+    };
     let (n, reason, adaptive) = if feat.mult {
         let (n, why) = xftp_tune::initial_streams(rtt, a.bufsize.0, best, 32);
         (n, why, feat.mode_e)
@@ -192,7 +208,9 @@ async fn measure(a: ProbeArgs) -> anyhow::Result<Probe> {
         cache_file: xftp_tune::Cache::default_path().map(|p| p.display().to_string()),
         cached,
         cached_best: best,
+        cached_best_put: best_put,
         initial_streams: n,
+        initial_streams_put: n_put,
         reason,
         adaptive,
     })
@@ -222,16 +240,28 @@ fn render(p: &Probe) {
         p.cached.len()
     );
     for r in &p.cached {
+        let way = match r.upload {
+            Some(true) => "put",
+            Some(false) => "get",
+            None if r.streams == 0 => "probe",
+            None => "-",
+        };
         out!(
-            "  rtt {:.3} ms  streams {}  {:.1} Mbit/s  {} bytes",
+            "  {way:5}  rtt {:.3} ms  streams {}  {:.1} Mbit/s  {} bytes",
             r.rtt_us as f64 / 1e3,
             r.streams,
             r.throughput_bps / 1e6,
             r.bytes
         );
     }
+    if p.initial_streams_put != p.initial_streams {
+        out!(
+            "put would start with {} connection(s)",
+            p.initial_streams_put
+        );
+    }
     out!(
-        "would start with {} connection(s){}: {}",
+        "get would start with {} connection(s){}: {}",
         p.initial_streams,
         if p.adaptive {
             ", then adapt"
