@@ -449,6 +449,14 @@ impl Client {
                                     }
                                     server = Some(t);
                                 }
+                                // The transfer is over on the server's side
+                                // (its status, no progress line): the race
+                                // of a STAT with the 226, not a server
+                                // without progress reports.
+                                _ if r.code == 211 && server.is_some() => {
+                                    tracing::debug!("STAT after the server's end of the transfer: {}", reply_text(&r));
+                                    stat_ok = false;
+                                }
                                 _ => {
                                     tracing::info!("server answers STAT without progress ({} {}); using our own meters", r.code, reply_text(&r));
                                     stat_ok = false;
