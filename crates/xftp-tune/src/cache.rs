@@ -305,6 +305,12 @@ impl Cache {
     /// processes) each keep their record; a plain load-record-save lets the
     /// last writer drop what another saved in between.
     pub fn record_at(path: &Path, dest: &str, rec: PathRecord) -> Result<(), CacheError> {
+        Self::update_at(path, |c| c.record(dest, rec))
+    }
+
+    /// Change the cache file at `path` with `f`, under its lock (see
+    /// [`record_at`](Cache::record_at)).
+    pub fn update_at(path: &Path, f: impl FnOnce(&mut Cache)) -> Result<(), CacheError> {
         if let Some(dir) = path.parent() {
             create_private_dir(dir)?;
         }
@@ -351,8 +357,23 @@ impl Cache {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let mut c = Cache::load(path);
-        c.record(dest, rec);
+        f(&mut c);
         c.save()
+    }
+
+    /// Every destination with its records, oldest first.
+    pub fn destinations(&self) -> impl Iterator<Item = (&str, &[PathRecord])> {
+        self.entries.iter().map(|(d, v)| (d.as_str(), v.as_slice()))
+    }
+
+    /// Drop `dest`'s records; whether there were any.
+    pub fn forget(&mut self, dest: &str) -> bool {
+        self.entries.remove(dest).is_some()
+    }
+
+    /// Drop every record.
+    pub fn clear(&mut self) {
+        self.entries.clear();
     }
 
     /// Write the cache atomically (temporary file, then rename).

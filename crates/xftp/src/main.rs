@@ -78,6 +78,9 @@ enum Command {
     /// Measure a destination (RTT, features, cached history) and show the
     /// number of connections `-p auto` would start with.
     Probe(cmd::probe::ProbeArgs),
+    /// Show the path cache (what `-p auto` starts from), or forget it:
+    /// --forget HOST:PORT, --clear.
+    Cache(cmd::cache::CacheArgs),
     /// Send stdin over N parallel TCP connections.
     Send(cmd::pipe::SendArgs),
     /// Receive a parallel stream and write it to stdout.
@@ -147,6 +150,7 @@ fn main() -> ExitCode {
         Command::Put(a) => a.json(),
         Command::Ls(a) => a.json(),
         Command::Probe(a) => a.json(),
+        Command::Cache(a) => a.json(),
         Command::Send(a) => a.ep.json,
         Command::Recv(a) => a.ep.json,
         _ => false,
@@ -172,6 +176,7 @@ fn main() -> ExitCode {
             Command::Put(a) => Box::pin(cmd::transfer::put(a)),
             Command::Ls(a) => Box::pin(cmd::transfer::ls(a)),
             Command::Probe(a) => Box::pin(cmd::probe::run(a)),
+            Command::Cache(a) => Box::pin(cmd::cache::run(a)),
             Command::Send(a) => Box::pin(cmd::pipe::send(a)),
             Command::Recv(a) => Box::pin(cmd::pipe::recv(a)),
         };

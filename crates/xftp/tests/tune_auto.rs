@@ -483,6 +483,22 @@ fn probe_prints_what_it_measured() {
     }
     assert!(text.contains("1 fresh record"), "{text}");
     assert!(text.contains("probe  rtt"), "{text}");
+    // `xftp cache` lists the destination, and forgets it.
+    let list = xftp(&d, &["cache"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success() && text.contains(&key), "{text}");
+    let gone = xftp(&d, &["cache", "--forget", &url]);
+    assert!(
+        gone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+    let j = json_ok(&xftp(&d, &["cache", "--json"]), "cache --json");
+    assert!(j["destinations"].get(&key).is_none(), "{j}");
+    let again = xftp(&d, &["cache", "--forget", &key]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no records"));
+    assert!(xftp(&d, &["cache", "--clear"]).status.success());
     // A failure is one JSON object too, and exit status 1.
     let out = xftp(&d, &["probe", "ftp://127.0.0.1:1/", "--json"]);
     assert_eq!(out.status.code(), Some(1));

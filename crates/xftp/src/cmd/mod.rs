@@ -1,4 +1,5 @@
 //! One module per group of subcommands.
+pub mod cache;
 pub mod pipe;
 pub mod probe;
 pub mod progress;
