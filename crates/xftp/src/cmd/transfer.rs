@@ -1174,9 +1174,16 @@ pub async fn ls(a: LsArgs) -> anyhow::Result<ExitCode> {
     finish(summary, json, false, start, "ls")
 }
 
-/// The parameter-cache key of a destination.
+/// The parameter-cache key of a destination: `host:port`, the host as
+/// DNS and IP addresses compare (`LOCALHOST` is `localhost`,
+/// `[0:0:0:0:0:0:0:1]` is `[::1]`), so one path keeps one history.
 pub fn cache_key(url: &FtpUrl) -> String {
-    url.authority()
+    let host = url.host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(ip)) => format!("[{ip}]:{}", url.port),
+        Ok(ip) => format!("{ip}:{}", url.port),
+        Err(_) => format!("{}:{}", host.to_ascii_lowercase(), url.port),
+    }
 }
 
 /// The parameter cache, `None` when no cache directory is known.
@@ -1917,6 +1924,15 @@ fn finish_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_destination_has_one_cache_key() {
+        let key = |u: &str| cache_key(&FtpUrl::parse(u).unwrap());
+        assert_eq!(key("ftp://LocalHost:21/"), key("ftp://localhost/"));
+        assert_eq!(key("ftp://[0:0:0:0:0:0:0:1]:2121/"), "[::1]:2121");
+        assert_eq!(key("ftp://127.0.0.1:2121/x"), "127.0.0.1:2121");
+        assert_ne!(key("ftp://h:21/"), key("ftp://h:2121/"));
+    }
 
     #[test]
     fn an_upload_taken_over_is_not_told_to_try_active() {
