@@ -282,8 +282,11 @@ impl Cache {
             v.remove(at);
         }
         let oldest = now.saturating_sub(RETAIN_SECS);
+        // A record from the future (a clock set back since, a hand edit)
+        // is never taken (`fresh`), and would never age out.
+        let latest = now_secs().max(now) + FUTURE_SLACK_SECS;
         for v in self.entries.values_mut() {
-            v.retain(|r| r.when >= oldest);
+            v.retain(|r| r.when >= oldest && r.when <= latest);
         }
         self.entries.retain(|_, v| !v.is_empty());
         if self.entries.len() > MAX_DESTS {
@@ -881,6 +884,10 @@ mod tests {
         c.record("kept:21", rec(now - 40 * 86400));
         c.record("kept:21", rec(now - 3600));
         assert_eq!(c.entries["kept:21"].len(), 1, "the 40-day-old one is gone");
+        // One from a day ahead goes with the next record.
+        c.record("ahead:21", rec(now + 86_400));
+        c.record("kept:21", rec(now));
+        assert!(!c.entries.contains_key("ahead:21"));
     }
 
     #[test]
