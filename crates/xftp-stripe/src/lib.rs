@@ -205,6 +205,15 @@ pub enum StripeError {
         /// The receiver's limit.
         max: u64,
     },
+    /// The EOF block announced another count than a fixed group's (a
+    /// parallel-sockets stream's) connections.
+    #[error("the sender announced {announced} data connections (EOF block) on a group of {group}")]
+    WrongGroup {
+        /// The EOF block's count.
+        announced: u64,
+        /// The group's connections.
+        group: u64,
+    },
     /// More EODs arrived than the EOF block announced.
     #[error("{seen} end-of-data marks, EOF announced {expected}")]
     TooManyEods {

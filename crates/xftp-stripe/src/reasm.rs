@@ -45,6 +45,8 @@ pub struct Reassembly {
     /// The most connections the receiver will take (an EOF announcing more
     /// could never complete).
     max_conns: Option<u64>,
+    /// `max_conns` is the group's size, which the EOF must announce.
+    exact_conns: bool,
     /// Duplicates taken ([`Reassembly::take_duplicates`]): the size, and
     /// the bytes actually stored.
     dup: Option<Duplicates>,
@@ -116,6 +118,13 @@ impl Reassembly {
         self.max_conns = Some(max);
     }
 
+    /// A fixed group of `n` connections (the parallel-sockets stream):
+    /// an EOF block must announce exactly `n`.
+    pub fn require_connections(&mut self, n: u64) {
+        self.max_conns = Some(n);
+        self.exact_conns = true;
+    }
+
     /// Register a data connection; returns its index.
     pub fn add_conn(&mut self) -> usize {
         self.conns.push(ConnState::Open);
@@ -147,6 +156,15 @@ impl Reassembly {
                 return Err(StripeError::TooManyConnections {
                     announced: h.offset,
                     max,
+                });
+            }
+            if let Some(n) = self
+                .max_conns
+                .filter(|&n| self.exact_conns && h.offset != n)
+            {
+                return Err(StripeError::WrongGroup {
+                    announced: h.offset,
+                    group: n,
                 });
             }
             self.eof = Some(h.offset);

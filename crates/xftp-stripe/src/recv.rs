@@ -201,6 +201,7 @@ impl<S: AsyncRead + DataSocket + Unpin + Send + 'static> Receiver<S> {
     /// [`poll_read`](Self::poll_read). At most `cap` bytes are held
     /// (raised to two blocks); blocks larger than `max_block` are refused.
     pub fn stream(conns: Vec<S>, max_block: u32, cap: usize) -> Self {
+        let group = conns.len() as u64;
         let max_block = u64::from(max_block.max(1));
         let ro = Reorder {
             cap: (cap as u64).max(2 * max_block),
@@ -211,7 +212,15 @@ impl<S: AsyncRead + DataSocket + Unpin + Send + 'static> Receiver<S> {
             read_pos: 0,
             admitted: RangeSet::new(),
         };
-        Self::start(None, None, Some(ro), Reassembly::new(), conns, false)
+        // A fixed group: the sender's EOF block must name all of it (one
+        // naming fewer ended the stream with the others' data unread),
+        // and no connection joins later, so once all have ended without
+        // completing, nothing can (it waited for ever).
+        let mut reasm = Reassembly::new();
+        reasm.require_connections(group);
+        let mut r = Self::start(None, None, Some(ro), reasm, conns, false);
+        r.ctl.tx = mpsc::unbounded_channel().0;
+        r
     }
 
     fn start(

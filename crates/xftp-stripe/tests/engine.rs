@@ -1603,3 +1603,59 @@ async fn a_sender_in_the_endgame_learns_of_a_reset_from_the_probe() {
         s.duplicate_bytes
     );
 }
+
+/// A fixed group (the parallel-sockets stream): an EOF block naming fewer
+/// connections than the group is refused (it ended the stream with the
+/// others' data unread), and every connection ended without an EOF fails
+/// the read (it waited for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_groups_end_needs_every_connection_and_an_eof() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use xftp_stripe::block::BlockHeader;
+    use xftp_stripe::Receiver;
+    let blk = |off: u64, data: &[u8]| {
+        let mut v = BlockHeader::data(off, data.len() as u64).encode().to_vec();
+        v.extend_from_slice(data);
+        v
+    };
+    let eof_eod = BlockHeader::eof(1);
+    let eod = BlockHeader::eod().encode().to_vec();
+    // EOF|EOD naming 1 on a group of 3.
+    let (mut t0, r0) = tokio::io::duplex(1 << 16);
+    let (mut t1, r1) = tokio::io::duplex(1 << 16);
+    let (mut t2, r2) = tokio::io::duplex(1 << 16);
+    let mut reader = ReadStream(Receiver::stream(vec![r0, r1, r2], 1 << 16, 1 << 20));
+    t0.write_all(&[blk(0, b"abc"), eof_eod.encode().to_vec()].concat())
+        .await
+        .unwrap();
+    // The others' data comes later (it was never read).
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = t1.write_all(&[blk(3, b"def"), eod.clone()].concat()).await;
+        let _ = t2.write_all(&[blk(6, b"ghi"), eod.clone()].concat()).await;
+        (t0, t1, t2)
+    });
+    let mut got = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut got))
+        .await
+        .expect("the read must end");
+    assert!(r.is_err(), "{got:?}");
+    drop(late.await);
+    let eod = BlockHeader::eod().encode().to_vec();
+    // Every connection's EOD, no EOF, all closed: an error, not a hang.
+    let (mut t0, r0) = tokio::io::duplex(1 << 16);
+    let (mut t1, r1) = tokio::io::duplex(1 << 16);
+    let mut reader = ReadStream(Receiver::stream(vec![r0, r1], 1 << 16, 1 << 20));
+    t0.write_all(&[blk(0, b"abc"), eod.clone()].concat())
+        .await
+        .unwrap();
+    t1.write_all(&[blk(3, b"def"), eod.clone()].concat())
+        .await
+        .unwrap();
+    drop((t0, t1));
+    let mut got = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut got))
+        .await
+        .expect("the read must end");
+    assert!(r.is_err(), "{got:?}");
+}
