@@ -449,3 +449,36 @@ fn an_idle_pair_probes_its_peer_with_keepalive() {
     let _ = recv.wait();
     assert!(recv_side >= 2 && send_side >= 2, "{seen}");
 }
+
+/// A receiver whose stdout closes early (`| head -c 100`) says so, not
+/// "receiving the stream"; the sender says that the receiver ended it.
+#[test]
+fn a_closed_stdout_is_named_at_both_ends() {
+    let (mut recv, addr, mut rerr) = listen("recv", &[], Stdio::null());
+    // Read a little of recv's output, then close it.
+    let mut rout = recv.stdout.take().unwrap();
+    let mut send = Command::new(XFTP)
+        .args(["send", &addr, "-p", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sin = send.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let d = data(64 << 20);
+        let _ = sin.write_all(&d);
+    });
+    let mut first = [0u8; 100];
+    rout.read_exact(&mut first).unwrap();
+    drop(rout);
+    feeder.join().unwrap();
+    let so = send.wait_with_output().unwrap();
+    assert!(!recv.wait().unwrap().success());
+    let mut rtext = String::new();
+    rerr.read_to_string(&mut rtext).unwrap();
+    let stext = String::from_utf8_lossy(&so.stderr);
+    assert!(!so.status.success(), "{stext}");
+    assert!(rtext.contains("writing stdout"), "{rtext}");
+    assert!(stext.contains("the receiver ended it"), "{stext}");
+}

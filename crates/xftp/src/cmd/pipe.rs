@@ -191,7 +191,15 @@ pub fn print_interrupted(why: &str, total: std::time::Duration) {
 }
 
 /// Copy `r` to `w` until end of input, counting bytes.
-async fn pump<R, W>(r: &mut R, w: &mut W, count: &mut u64) -> std::io::Result<()>
+/// Which end of a [`pump`] failed.
+enum Pumped {
+    /// Reading its source.
+    Read(std::io::Error),
+    /// Writing its sink.
+    Write(std::io::Error),
+}
+
+async fn pump<R, W>(r: &mut R, w: &mut W, count: &mut u64) -> Result<(), Pumped>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -204,18 +212,18 @@ where
     loop {
         let mut read = std::pin::pin!(r.read(&mut buf));
         let n = match tokio::time::timeout(FLUSH_AFTER, &mut read).await {
-            Ok(n) => n?,
+            Ok(n) => n.map_err(Pumped::Read)?,
             Err(_) => {
                 if unflushed {
-                    w.flush().await?;
+                    w.flush().await.map_err(Pumped::Write)?;
                 }
-                read.await?
+                read.await.map_err(Pumped::Read)?
             }
         };
         if n == 0 {
             return Ok(());
         }
-        w.write_all(&buf[..n]).await?;
+        w.write_all(&buf[..n]).await.map_err(Pumped::Write)?;
         unflushed = true;
         *count += n as u64;
         MOVED.store(*count, std::sync::atomic::Ordering::Relaxed);
@@ -314,10 +322,15 @@ pub async fn send(a: SendArgs) -> anyhow::Result<ExitCode> {
             exchange_roles(s, ROLE_SEND).await?;
         }
         let mut stdin = tokio::io::stdin();
-        pump(&mut stdin, s, &mut bytes)
-            .await
-            .map_err(peer_error)
-            .context("sending stdin")?;
+        match pump(&mut stdin, s, &mut bytes).await {
+            Ok(()) => {}
+            Err(Pumped::Read(e)) => return Err(e).context("reading stdin"),
+            Err(Pumped::Write(e)) => {
+                return Err(peer_error(e)).context(
+                    "sending stdin (the receiver ended it: its own message says why, e.g. its output was closed)",
+                )
+            }
+        }
         s.shutdown().await.context("finishing the stream")?;
         // Wait for the receiver's end-of-stream: it closes only after
         // writing everything out.
@@ -391,10 +404,13 @@ pub async fn recv(a: RecvArgs) -> anyhow::Result<ExitCode> {
                 .context("writing stdout")?;
             bytes += n as u64;
             MOVED.store(bytes, std::sync::atomic::Ordering::Relaxed);
-            pump(s, &mut stdout, &mut bytes)
-                .await
-                .map_err(peer_error)
-                .context("receiving the stream")?;
+            match pump(s, &mut stdout, &mut bytes).await {
+                Ok(()) => {}
+                Err(Pumped::Read(e)) => {
+                    return Err(peer_error(e)).context("receiving the stream")
+                }
+                Err(Pumped::Write(e)) => return Err(e).context("writing stdout"),
+            }
         }
         stdout.flush().await.context("writing stdout")?;
         // Confirms to the sender that everything arrived (and, with
