@@ -119,6 +119,20 @@ fn ranged_body() -> Vec<u8> {
     (0..RANGED_LEN).map(|i| (i % 251) as u8).collect()
 }
 
+/// The data connection of a transfer: 425 without a passive listener,
+/// else 150 and the client's connection (`None` after the 425).
+fn data_conn(
+    listener: &mut Option<TcpListener>,
+    w: &mut TcpStream,
+) -> std::io::Result<Option<TcpStream>> {
+    let Some(dl) = listener.take() else {
+        w.write_all(b"425 no data connection\r\n")?;
+        return Ok(None);
+    };
+    w.write_all(b"150 here it comes\r\n")?;
+    Ok(Some(dl.accept()?.0))
+}
+
 fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::io::Result<()> {
     let mut w = ctl.try_clone()?;
     let mut r = BufReader::new(ctl);
@@ -214,12 +228,9 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "ABOR" => "225 no transfer to abort".into(),
             "PWD" => "257 \"/\" is the directory".into(),
             "RETR" if matches!(script, Script::RangedResetOnce) => {
-                let Some(dl) = data_listener.take() else {
-                    w.write_all(b"425 no data connection\r\n")?;
+                let Some(d) = data_conn(&mut data_listener, &mut w)? else {
                     continue;
                 };
-                w.write_all(b"150 here it comes\r\n")?;
-                let (d, _) = dl.accept()?;
                 let body = ranged_body();
                 let from = std::mem::take(&mut rest).min(RANGED_LEN);
                 retrs += 1;
@@ -255,23 +266,17 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 "211-Features:\r\n MLST type*;size*;modify*;\r\n211 End".into()
             }
             "MLSD" if matches!(script, Script::ListedSizeShort) => {
-                let Some(dl) = data_listener.take() else {
-                    w.write_all(b"425 no data connection\r\n")?;
+                let Some(mut d) = data_conn(&mut data_listener, &mut w)? else {
                     continue;
                 };
-                w.write_all(b"150 here it comes\r\n")?;
-                let (mut d, _) = dl.accept()?;
                 d.write_all(format!("type=file;size={FILE_LEN}; ok.txt\r\n").as_bytes())?;
                 drop(d);
                 "226 listed".into()
             }
             "MLSD" if matches!(script, Script::HostileMlsd) => {
-                let Some(dl) = data_listener.take() else {
-                    w.write_all(b"425 no data connection\r\n")?;
+                let Some(mut d) = data_conn(&mut data_listener, &mut w)? else {
                     continue;
                 };
-                w.write_all(b"150 here it comes\r\n")?;
-                let (mut d, _) = dl.accept()?;
                 for name in [
                     "../../escape1.txt",
                     "/tmp/escape2.txt",
@@ -285,12 +290,9 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 "226 listed".into()
             }
             "LIST" if matches!(script, Script::DupListing) => {
-                let Some(dl) = data_listener.take() else {
-                    w.write_all(b"425 no data connection\r\n")?;
+                let Some(mut d) = data_conn(&mut data_listener, &mut w)? else {
                     continue;
                 };
-                w.write_all(b"150 here it comes\r\n")?;
-                let (mut d, _) = dl.accept()?;
                 let line = format!("-rw-r--r--   1 0  0  {FILE_LEN} Jan  5 12:00 a\r\n");
                 d.write_all(b"drwxr-xr-x   2 0  0  4096 Jan  5 12:00 .\r\n")?;
                 d.write_all(line.as_bytes())?;
@@ -319,12 +321,9 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
                 )
             }
             "RETR" => {
-                let Some(dl) = data_listener.take() else {
-                    w.write_all(b"425 no data connection\r\n")?;
+                let Some(mut d) = data_conn(&mut data_listener, &mut w)? else {
                     continue;
                 };
-                w.write_all(b"150 here it comes\r\n")?;
-                let (mut d, _) = dl.accept()?;
                 let body = vec![b'x'; FILE_LEN];
                 let from = std::mem::take(&mut rest).min(FILE_LEN);
                 match script {
