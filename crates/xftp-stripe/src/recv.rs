@@ -649,8 +649,14 @@ async fn conn_task<S: AsyncRead + DataSocket + Unpin>(
             }
             // With an announced size, refuse data beyond it before writing
             // anything (a hostile peer could otherwise grow the file).
+            // (A count no sender cuts is refused as such below, not read
+            // as the file's size: "received 4611686018427537904 bytes".)
             if let Some(e) = sh.expected {
-                if !h.descriptor.contains(Descriptor::EOF) && h.count > 0 && h.end() > e {
+                if !h.descriptor.contains(Descriptor::EOF)
+                    && h.count > 0
+                    && h.count <= crate::reasm::MAX_RECORD
+                    && h.end() > e
+                {
                     return Err(StripeError::SizeMismatch {
                         expected: e,
                         got: h.end(),
