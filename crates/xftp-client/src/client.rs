@@ -946,7 +946,7 @@ impl Client {
         if let Some(size) = expected.filter(|&s| s >= 2 * ranged::RANGE_MIN) {
             if let Some(want) = self.ranged_want().await? {
                 let file = tmp.reopen().map_err(|e| local_err(tmp.path(), e))?;
-                let per_stream = self
+                let per_stream = match self
                     .fetch_ranges(
                         remote,
                         Arc::new(file),
@@ -956,7 +956,26 @@ impl Client {
                         Some(setup),
                         None,
                     )
-                    .await?;
+                    .await
+                {
+                    // FEAT said REST STREAM and REST was refused: the
+                    // whole file over one connection, from the start.
+                    Err(
+                        e @ ClientError::Reply {
+                            code: 500..=599, ..
+                        },
+                    ) if e.to_string().starts_with("REST ") => {
+                        self.notices.push(format!(
+                            "the server refused REST ({e}); downloading over one connection"
+                        ));
+                        if let Some(f) = self.features.as_mut() {
+                            f.rest_stream = false;
+                        }
+                        drop(tmp);
+                        return Box::pin(self.download_inner(remote, local)).await;
+                    }
+                    r => r?,
+                };
                 let timeline = self.timeline(false, per_stream.len() as u32);
                 let done = Done {
                     per_stream,

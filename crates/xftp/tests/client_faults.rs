@@ -63,6 +63,9 @@ enum Script {
     Pattern,
     /// RETR is refused with a text that holds terminal escapes.
     EscapesInReply,
+    /// FEAT lists REST STREAM, but REST is refused (502); RETR sends the
+    /// whole [`MULT_LEN`] pattern.
+    RestRefused,
     /// MLSD lists `ok.txt` at 1000 bytes; SIZE is refused; RETR sends
     /// 600 bytes, then 226.
     ListedSizeShort,
@@ -178,7 +181,7 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             "SIZE" => match script {
                 Script::UploadSizeLies => format!("213 {}", uploaded.saturating_sub(1)),
                 Script::RangedResetOnce => format!("213 {RANGED_LEN}"),
-                Script::MultCopyDiffers => format!("213 {MULT_LEN}"),
+                Script::MultCopyDiffers | Script::RestRefused => format!("213 {MULT_LEN}"),
                 _ => format!("213 {FILE_LEN}"),
             },
             "FEAT" if matches!(script, Script::MultCopyDiffers) => {
@@ -220,6 +223,19 @@ fn session(ctl: TcpStream, script: Script, seen: &mpsc::Sender<String>) -> std::
             }
             "FEAT" if matches!(script, Script::RangedResetOnce) => {
                 "211-Features:\r\n REST STREAM\r\n211 End".into()
+            }
+            "REST" if matches!(script, Script::RestRefused) => "502 REST not implemented".into(),
+            "FEAT" if matches!(script, Script::RestRefused) => {
+                "211-Features:\r\n SIZE\r\n REST STREAM\r\n211 End".into()
+            }
+            "RETR" if matches!(script, Script::RestRefused) => {
+                let Some(mut d) = data_conn(&mut data_listener, &mut w)? else {
+                    continue;
+                };
+                // The client may close early once it has what it wants.
+                let _ = d.write_all(&pattern_of(MULT_LEN));
+                drop(d);
+                "226 done".into()
             }
             "REST" => {
                 rest = cmd[5..].trim().parse().unwrap_or(0);
@@ -501,6 +517,23 @@ fn a_name_listed_twice_is_fetched_once() {
 
 /// Names that would leave the target are not taken, and not dropped
 /// unsaid either: the tree fails with what they were.
+#[test]
+fn a_refused_rest_falls_back_to_one_connection() {
+    // FEAT promised REST STREAM; `-p 4` from a server without MULT fetches
+    // ranges, whose REST is refused: the file comes whole over one.
+    let (port, _) = fake_server(Script::RestRefused);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("ftp://127.0.0.1:{port}/f.bin");
+    let out = xftp(&["get", "-p", "4", &url], dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("refused REST"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("f.bin")).unwrap(),
+        pattern_of(MULT_LEN)
+    );
+}
+
 #[test]
 fn a_servers_terminal_escapes_reach_stderr_escaped() {
     let (port, _) = fake_server(Script::EscapesInReply);
