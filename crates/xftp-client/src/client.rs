@@ -358,6 +358,10 @@ pub struct Client {
     /// The greeting names GridFTP: worth reading the login's replies
     /// before the first transfer to learn whether to use its parallelism.
     greets_gridftp: bool,
+    /// The greeting is `xftp serve`'s: a server that fails a download
+    /// whose file is written meanwhile (451), so its file's time need not
+    /// be checked after the transfer.
+    greets_xftp: bool,
     /// TLS for data connections (PROT P in force).
     data_tls: Option<ClientTls>,
     /// More sessions to the same server, for ranged downloads from a
@@ -479,6 +483,7 @@ impl Client {
             .lines
             .iter()
             .any(|l| l.to_ascii_lowercase().contains("gridftp"));
+        let greets_xftp = r.lines.first().is_some_and(|l| l.starts_with("xftp "));
         let data_tls = match tls {
             Some((t, implicit)) => {
                 if !implicit {
@@ -560,6 +565,7 @@ impl Client {
             gridftp_retr_refused: false,
             gridftp_told: false,
             greets_gridftp,
+            greets_xftp,
             data_tls,
             sessions: None,
         })
@@ -994,8 +1000,12 @@ impl Client {
         // before and after tells a file rewritten in place, whose copy
         // would mix two versions. Asked in RETR's round trip (FEAT is not
         // asked for this: a server not known to be an xftp one is watched).
-        let watch =
-            !self.mode_e && self.granted <= 1 && !self.features.as_ref().is_some_and(|f| f.mult);
+        // Nor from `xftp serve` (its greeting): that check cost `get -p 1`
+        // a sixth round trip.
+        let watch = !self.mode_e
+            && self.granted <= 1
+            && !self.greets_xftp
+            && !self.features.as_ref().is_some_and(|f| f.mult);
         let before = if watch {
             let c_mdtm = Cmd::with("MDTM", remote);
             self.ctl.send(&[&c_mdtm, &c_retr]).await?;
