@@ -47,7 +47,7 @@ pub mod units;
 
 pub use forward::{DirectionCounters, DEFAULT_BATCH};
 pub use link::{
-    remove_leftovers, unique_name, Link, LinkCounters, LinkSpec, NetemError, ADDR_A, ADDR_B,
-    MAX_NAME_LEN, PREFIX_LEN,
+    random_seed, remove_leftovers, unique_name, Link, LinkCounters, LinkSpec, NetemError, ADDR_A,
+    ADDR_B, MAX_NAME_LEN, PREFIX_LEN,
 };
 pub use model::{DirectionSpec, QueueLimit};

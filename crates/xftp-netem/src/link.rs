@@ -508,7 +508,8 @@ fn run(program: &str, args: &[&str]) -> Result<(), NetemError> {
     }
 }
 
-fn random_seed() -> u64 {
+/// A seed for the loss and bit-error draws when none is given.
+pub fn random_seed() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: b is valid for 8 bytes of writes.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

@@ -38,7 +38,8 @@ struct RunArgs {
     /// Link name: namespaces NAMEa (198.18.0.1) and NAMEb (198.18.0.2).
     #[arg(long)]
     name: String,
-    /// Bottleneck rate A->B, e.g. 100mbit, 1.544mbit, 1gbit (default: none).
+    /// Bottleneck rate A->B, e.g. 100mbit, 1.544mbit, 1gbit (default: none;
+    /// `none`, `unlimited` or 0 say so).
     #[arg(long, value_parser = rate_arg)]
     rate: Option<Rate>,
     /// One-way delay A->B, e.g. 50ms.
@@ -185,7 +186,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let spec = args.spec();
+    let mut spec = args.spec();
+    // A lossy link's draws replay only with their seed: one drawn here is
+    // said (stderr, and the JSON's spec), not lost.
+    let random = [&spec.a_to_b, &spec.b_to_a]
+        .iter()
+        .any(|d| d.loss > 0.0 || d.ber > 0.0);
+    if spec.seed.is_none() && random {
+        let seed = xftp_netem::random_seed();
+        spec.seed = Some(seed);
+        eprintln!("xftp-netem: seed {seed} (--seed {seed} replays this link's losses)");
+    }
     // Block the stop signals before any thread starts, so every thread
     // inherits the mask and only sigwait below sees them.
     let signals = StopSignals::block().context("cannot block SIGINT/SIGTERM")?;
