@@ -255,23 +255,25 @@ def main():
                             "subjectAltName=DNS:localhost", "-keyout", key, "-out", cert],
                            check=True, capture_output=True)
         # Servers: one xftp (plain), one xftp (TLS required) and one GridFTP
-        # server, each serving /, so every storage's files are reachable.
+        # server, each serving /, so every storage's files are reachable;
+        # read-only (every transfer here is a download), so that no local
+        # user can write through them while the benchmark runs.
         srv = {}
         if tools & {"xftp"}:
-            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous-write"]
+            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous"]
             p, port = start_server(argv, logf)
             servers.append(p)
             srv["xftp"] = (p, port)
             commands["xftp serve"] = " ".join(argv)
         if "xftp-nozc" in tools:
             # The same server with sendfile(2) off: what zero copy saves.
-            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous-write"]
+            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous"]
             p, port = start_server(argv, logf, env=dict(os.environ, XFTP_ZEROCOPY="off"))
             servers.append(p)
             srv["nozc"] = (p, port)
             commands["xftp serve (no sendfile)"] = "XFTP_ZEROCOPY=off " + " ".join(argv)
         if tools & {"xftp-tls", "curl", "lftp"}:
-            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous-write",
+            argv = [XFTP, "serve", "--root", "/", "--listen", "127.0.0.1:0", "--anonymous",
                     "--tls-cert", cert, "--tls-key", key, "--tls", "required"]
             p, port = start_server(argv, logf)
             servers.append(p)
