@@ -1514,6 +1514,18 @@ impl Client {
         self.verify_alg = None;
         let r = match sent {
             Ok(mut rep) => match self.verify_file(&tmp, local, rep.bytes, v).await {
+                // Interrupted while the checksums were compared: the
+                // target stays as it was (it was replaced, and the run
+                // said it verified and then exited 130).
+                Ok(_)
+                    if self
+                        .cfg
+                        .interrupt
+                        .as_ref()
+                        .is_some_and(|s| s.is_cancelled()) =>
+                {
+                    Err(ClientError::Interrupted)
+                }
                 Ok(c) => {
                     rep.checksum = Some(c);
                     self.rename(&tmp, remote).await.map(|()| rep)
@@ -1822,6 +1834,17 @@ impl Client {
             .then(|| Cmd::with("ALLO", len.to_string()));
         let mut flight: Vec<&Cmd> = c_allo.iter().collect();
         flight.push(&c_stor);
+        // An interrupt that came while the data connection was set up: no
+        // STOR, which on a stock server truncates the old file before a
+        // byte moves (vsftpd's old file went, with nothing sent).
+        if self
+            .cfg
+            .interrupt
+            .as_ref()
+            .is_some_and(|s| s.is_cancelled())
+        {
+            return Err(ClientError::Interrupted);
+        }
         self.ctl.send(&flight).await?;
         let endgame = match &c_allo {
             Some(a) => {
@@ -1854,6 +1877,7 @@ impl Client {
             let cfg = xftp_stripe::SendConfig {
                 record_size: upload_record_size(len, have, n),
                 endgame,
+                source_check: Some(source_check(&file, len)),
                 ..xftp_stripe::SendConfig::default()
             };
             let tx = match have {
@@ -1910,8 +1934,21 @@ impl Client {
             self.inline_digest = self
                 .verify_alg
                 .map(|a| (xftp_proto::cksum::Digest::new(a), 0));
-            let v = match self.send_plain(conns, &mut file, local, len, count).await {
+            let v = match self
+                .send_plain(conns, &mut file, local, len, count, Some(&stamp))
+                .await
+            {
                 Ok(b) => vec![b],
+                Err(ClientError::LocalFileWritten { .. }) => {
+                    // As below: the data connection was reset before its
+                    // end, so an xftp server kept what was there.
+                    let reset = std::io::Error::other("reset: the local file was written");
+                    let _ = self
+                        .after_failure(&c_stor, ClientError::DataIo(reset))
+                        .await;
+                    let cleared = self.clear_cut_upload_quietly(remote).await;
+                    return Err(ClientError::LocalFileWritten { cleared });
+                }
                 Err(ClientError::LocalFileChanged { expected, read, .. }) => {
                     // The data connection was reset; the server ends the
                     // transfer with an error. A stock server wrote what came
@@ -3843,6 +3880,7 @@ impl Client {
         src_path: &Path,
         len: u64,
         count: Option<Arc<std::sync::atomic::AtomicU64>>,
+        stamp: Option<&xftp_stripe::FileStamp>,
     ) -> Result<u64> {
         let mut conn = ResetUnlessDone(conns.pop());
         let Some(c) = conn.0.as_mut() else {
@@ -3895,6 +3933,14 @@ impl Client {
                 read: sent,
                 cleared: false,
             });
+        }
+        // Written meanwhile at the same size (or touched): checked before
+        // the clean close that completes the upload, so that the
+        // connection is reset instead and an xftp server keeps the old
+        // file (checked after the 226, the new one had replaced it and
+        // its deletion left nothing).
+        if stamp.is_some_and(|s| s.changed()) {
+            return Err(ClientError::LocalFileWritten { cleared: false });
         }
         // Half-close: end of file for the server, then wait for its close.
         match tokio::time::timeout(t, c.shutdown()).await {
@@ -3975,6 +4021,7 @@ impl Client {
                 xftp_stripe::Schedule::Dynamic
             },
             endgame,
+            source_check: Some(source_check(&file, len)),
             ..xftp_stripe::SendConfig::default()
         };
         let sender = match have {
@@ -4408,6 +4455,13 @@ fn home_left(back: &Cmd, r: &Reply) -> Result<()> {
     }
 }
 
+/// The engine's check, as an upload's last record goes out, that the
+/// local file is as it was (`SendConfig::source_check`).
+fn source_check(file: &std::fs::File, len: u64) -> xftp_stripe::SourceCheck {
+    let stamp = xftp_stripe::FileStamp::new(file, len);
+    xftp_stripe::SourceCheck(Arc::new(move || stamp.changed()))
+}
+
 /// Whether a reply to MFMT or SITE CHMOD says it was done: any 2xx (RFC
 /// 3659's MFMT answers 213, most servers' CHMOD 200, globus-gridftp-server
 /// 250 to both; taken for refusals, one file's time and mode were set and
@@ -4459,6 +4513,14 @@ fn stripe_err(e: xftp_stripe::StripeError, limit: Duration) -> ClientError {
         xftp_stripe::StripeError::SizeMismatch { expected, got } => {
             ClientError::ShortTransfer { expected, got }
         }
+        // Found before the last record went: the server completed nothing.
+        xftp_stripe::StripeError::SourceChanged => ClientError::LocalFileWritten { cleared: true },
+        // The local file shrank while a framed upload read it.
+        xftp_stripe::StripeError::SourceShort { at, len } => ClientError::LocalFileChanged {
+            expected: len,
+            read: at,
+            cleared: true,
+        },
         other if other.may_pass() => ClientError::Stripe(other.to_string()),
         other => ClientError::StripeFault(other.to_string()),
     }

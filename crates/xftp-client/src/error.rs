@@ -207,7 +207,7 @@ pub enum ClientError {
     /// modification time at the end differs from the start's, though as
     /// many bytes as it had were sent): what the server received is of no
     /// one version.
-    #[error("the local file was written while it was sent (its size or modification time changed): the server's copy would be of no one version; {}", if *cleared { "it was deleted" } else { "it could not be deleted and may stand under the target's name" })]
+    #[error("the local file was written while it was sent (its size or modification time changed): the server's copy would be of no one version; {}", if *cleared { "the server holds none of it" } else { "it could not be deleted and may stand under the target's name" })]
     LocalFileWritten {
         /// The server's copy was deleted.
         cleared: bool,

@@ -1797,6 +1797,26 @@ impl Session {
         let r = self.root.creatable(&v).and_then(|to| {
             let (from_dir, from_name) = self.root.pin_parent(&from)?;
             let (to_dir, to_name) = self.root.pin_parent(&to)?;
+            // A resumable upload's partial moved over a file replaces it
+            // as STOR does: the replaced file's permission bits are kept
+            // (`put -c` made a 0600 file 0644). Set on the partial, opened
+            // without following a link, before the move.
+            if matches!(crate::resumable::read(&from), Ok(Some(_))) {
+                use std::os::unix::fs::PermissionsExt;
+                let keep = std::fs::symlink_metadata(&to)
+                    .ok()
+                    .filter(|md| md.is_file())
+                    .map(|md| md.permissions().mode() & 0o777);
+                if let Some(mode) = keep {
+                    if let Ok(f) = fs::open_plain(
+                        &from,
+                        std::fs::OpenOptions::new().write(true),
+                        libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    ) {
+                        let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
+                    }
+                }
+            }
             use std::os::fd::AsFd;
             fs::rename_at(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name)
         });
@@ -2474,6 +2494,9 @@ impl Session {
                 schedule: self.schedule,
                 keep_open: !endgame,
                 endgame,
+                // A file written meanwhile fails the download on its own
+                // (451, `transfer.rs`).
+                source_check: None,
             };
             let sender = match &have {
                 Some(h) => Sender::file_except(Arc::new(file), len, h, conns, &cfg),
@@ -3251,6 +3274,7 @@ impl Session {
             schedule: Schedule::Dynamic,
             keep_open: true,
             endgame: false,
+            source_check: None,
         };
         let sender = Sender::file(Arc::new(xftp_stripe::MemFile::from(body)), len, conns, &cfg);
         let progress: Progress = Arc::new(AtomicU64::new(0));

@@ -67,7 +67,7 @@ pub use io::{
 pub use pipe::Pipe;
 pub use recv::{recv_file, Receiver, RecvControl};
 pub use sched::Schedule;
-pub use send::{send_file, SendConfig, SendControl, Sender};
+pub use send::{send_file, SendConfig, SendControl, Sender, SourceCheck};
 pub use sock::{socket_bytes, DataSocket, Delivery, Probe, SocketBytes};
 
 /// A task aborted when this handle is dropped (a spawned task otherwise
@@ -214,6 +214,11 @@ pub enum StripeError {
         /// The group's connections.
         group: u64,
     },
+    /// The source file changed while it was sent
+    /// ([`SendConfig::source_check`](crate::SendConfig::source_check)):
+    /// its last record was held back.
+    #[error("the source file changed while it was sent")]
+    SourceChanged,
     /// More EODs arrived than the EOF block announced.
     #[error("{seen} end-of-data marks, EOF announced {expected}")]
     TooManyEods {

@@ -38,6 +38,22 @@ pub struct SendConfig {
     /// EOD (`Receiver::file_endgame`; xftp's `OPTS MULT ENDGAME`). Files
     /// only; not with `keep_open`.
     pub endgame: bool,
+    /// Asked as the last record of a file is handed out: whether the
+    /// source changed since the transfer began. If so, the transfer fails
+    /// ([`StripeError::SourceChanged`]) before that record goes, so the
+    /// receiver never completes a copy of no one version (a receiver that
+    /// writes a temporary keeps what it had).
+    pub source_check: Option<SourceCheck>,
+}
+
+/// See [`SendConfig::source_check`]: true when the source changed.
+#[derive(Clone)]
+pub struct SourceCheck(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for SourceCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourceCheck")
+    }
 }
 
 impl Default for SendConfig {
@@ -47,6 +63,7 @@ impl Default for SendConfig {
             schedule: Schedule::Dynamic,
             keep_open: false,
             endgame: false,
+            source_check: None,
         }
     }
 }
@@ -178,6 +195,8 @@ struct Shared {
     file: Option<Arc<dyn ReadAt>>,
     /// [`SendConfig::keep_open`].
     keep_open: bool,
+    /// [`SendConfig::source_check`].
+    source_check: Option<SourceCheck>,
     /// Reading the source took long once (a disk, not the page cache):
     /// from then on records are read in the blocking pool.
     slow_source: std::sync::atomic::AtomicBool,
@@ -233,7 +252,15 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
         };
         let endgame = Self::endgame_for(cfg, len, &crate::ranges::RangeSet::new());
-        Self::start(sched, None, Some(src), conns, cfg.keep_open, endgame)
+        Self::start(
+            sched,
+            None,
+            Some(src),
+            conns,
+            cfg.keep_open,
+            endgame,
+            cfg.source_check.clone(),
+        )
     }
 
     fn endgame_for(
@@ -267,7 +294,15 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
     ) -> Self {
         let sched = Scheduler::dynamic_except(cfg.record_size, len, have);
         let endgame = Self::endgame_for(cfg, len, have);
-        Self::start(sched, None, Some(src), conns, cfg.keep_open, endgame)
+        Self::start(
+            sched,
+            None,
+            Some(src),
+            conns,
+            cfg.keep_open,
+            endgame,
+            cfg.source_check.clone(),
+        )
     }
 
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
@@ -285,7 +320,15 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             written: 0,
             closing: false,
         };
-        Self::start(Scheduler::stream(rs), Some(sb), None, conns, false, None)
+        Self::start(
+            Scheduler::stream(rs),
+            Some(sb),
+            None,
+            conns,
+            false,
+            None,
+            None,
+        )
     }
 
     fn start(
@@ -295,6 +338,7 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
         conns: Vec<S>,
         keep_open: bool,
         mut endgame: Option<EndgameState>,
+        source_check: Option<SourceCheck>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let n = conns.len();
@@ -327,6 +371,7 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             wake: Notify::new(),
             file,
             keep_open,
+            source_check,
             slow_source: Default::default(),
             abort: Notify::new(),
             ended: Notify::new(),
@@ -876,6 +921,12 @@ async fn conn_body<S: AsyncWrite + DataSocket + Unpin>(
                 return Ok(Ended::Lost);
             }
             match st.sched.next(idx) {
+                Next::Record { .. }
+                    if st.sched.exhausted()
+                        && sh.source_check.as_ref().is_some_and(|c| (c.0)()) =>
+                {
+                    return Err(StripeError::SourceChanged);
+                }
                 Next::Record { offset, len } => {
                     let payload = st.stream.as_mut().map(|sb| {
                         // Records leave the stream buffer in offset order

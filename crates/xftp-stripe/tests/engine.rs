@@ -77,6 +77,7 @@ async fn sizes_and_stream_counts_in_memory() {
                     schedule,
                     keep_open: false,
                     endgame: false,
+                    source_check: None,
                 };
                 let (s, r, got) = roundtrip(&data, tx, rx, &cfg).await;
                 assert!(got == data, "size {size} n {n} {schedule:?}");
@@ -216,6 +217,7 @@ async fn timed_with_slow_conn(schedule: Schedule, data: &[u8]) -> (Duration, Tra
         schedule,
         keep_open: false,
         endgame: false,
+        source_check: None,
     };
     let t = Instant::now();
     let (s, r, got) = roundtrip(data, tx, rx, &cfg).await;
@@ -351,6 +353,7 @@ async fn add_and_retire_connections_mid_transfer() {
         schedule: Schedule::Dynamic,
         keep_open: false,
         endgame: false,
+        source_check: None,
     };
     let src = Arc::new(MemFile::from(data.clone()));
     let dst = Arc::new(MemFile::default());
@@ -601,6 +604,7 @@ async fn a_resumed_transfer_sends_only_the_holes() {
             schedule: Schedule::Dynamic,
             keep_open: false,
             endgame: false,
+            source_check: None,
         };
         let src = Arc::new(MemFile::from(data.clone()));
         let sender = Sender::file_except(src, len, &have, tx, &cfg);
