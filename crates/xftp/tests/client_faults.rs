@@ -1366,6 +1366,10 @@ fn local_mistakes_are_named_before_connecting() {
             &["put", "-r", "file", "ftp://127.0.0.1:1/x/"],
             "file is not a directory",
         ),
+        (
+            &["put", "nothere", "ftp://127.0.0.1:1/x/"],
+            "nothere: no such file",
+        ),
     ] {
         let out = xftp(args, dir.path());
         let err = String::from_utf8_lossy(&out.stderr);

@@ -1087,3 +1087,32 @@ fn another_file_of_the_same_size_and_time_is_not_spliced_into_an_upload() {
         sha256_file(&local.join("data.bin"))
     );
 }
+
+/// `put -c` over an existing file replaces it as `put` does: the replaced
+/// file's permission bits are kept (it made a 0600 file 0644).
+#[test]
+fn a_resumable_upload_keeps_the_replaced_files_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, root, local) = root_and_local();
+    write_prng_file(&local.join("m.bin"), SIZE, 46);
+    std::fs::write(root.join("m.bin"), b"old").unwrap();
+    std::fs::set_permissions(root.join("m.bin"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let srv = serve(&root, &[]);
+    let url = format!("ftp://127.0.0.1:{}/m.bin", srv.port);
+    let out = xftp(&["put", "-c", "m.bin", &url], &local);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        sha256_file(&root.join("m.bin")),
+        sha256_file(&local.join("m.bin"))
+    );
+    let mode = std::fs::metadata(root.join("m.bin"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+}

@@ -1092,8 +1092,11 @@ async fn put_once(a: &PutArgs, start: Instant) -> anyhow::Result<Summary> {
         );
     }
     if !a.local.is_file() {
+        if a.local.symlink_metadata().is_err() {
+            anyhow::bail!("{}: no such file — check the local path", a.local.display());
+        }
         anyhow::bail!(
-            "{} is not a readable regular file — check the local path",
+            "{} is not a readable regular file (a FIFO, a device or a link to nothing) — check the local path",
             a.local.display()
         );
     }
