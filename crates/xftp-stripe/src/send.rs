@@ -251,7 +251,19 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
             Schedule::Dynamic => Scheduler::dynamic(cfg.record_size, len),
             Schedule::Static => Scheduler::fixed(cfg.record_size, len, conns.len()),
         };
-        let endgame = Self::endgame_for(cfg, len, &crate::ranges::RangeSet::new());
+        Self::start_file(sched, src, len, &crate::ranges::RangeSet::new(), conns, cfg)
+    }
+
+    /// A file's send (of the bytes `have` leaves) as `cfg` sets it up.
+    fn start_file(
+        sched: Scheduler,
+        src: Arc<dyn ReadAt>,
+        len: u64,
+        have: &crate::ranges::RangeSet,
+        conns: Vec<S>,
+        cfg: &SendConfig,
+    ) -> Self {
+        let endgame = Self::endgame_for(cfg, len, have);
         Self::start(
             sched,
             None,
@@ -293,16 +305,7 @@ impl<S: AsyncWrite + DataSocket + Unpin + Send + 'static> Sender<S> {
         cfg: &SendConfig,
     ) -> Self {
         let sched = Scheduler::dynamic_except(cfg.record_size, len, have);
-        let endgame = Self::endgame_for(cfg, len, have);
-        Self::start(
-            sched,
-            None,
-            Some(src),
-            conns,
-            cfg.keep_open,
-            endgame,
-            cfg.source_check.clone(),
-        )
+        Self::start_file(sched, src, len, have, conns, cfg)
     }
 
     /// Start a byte stream (dynamic scheduling, length unknown) fed with
